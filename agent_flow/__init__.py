@@ -1,0 +1,1 @@
+"""agent_flow: stateful, tool-using LLM agents whose every prompt fits a hard token budget."""

@@ -1,0 +1,237 @@
+"""Every exception agent_flow raises, in one tree.
+
+```
+AgentFlowError
+├── UserError                   a usage mistake, raised early, before anything runs
+│   ├── ConfigError             a configuration value or file is invalid
+│   ├── ToolDefinitionError     a tool cannot be built from what was given
+│   │   └── DuplicateToolError  two tools would share one name
+│   └── PointerError            a JSON pointer is malformed or names nothing
+├── EnvironmentValidationError  a write would break the environment's JSON schema
+├── TokenizerError              no usable tokenizer encoding is installed
+├── ContextBudgetError          the fixed parts of a prompt alone exceed the budget
+├── ModelError                  calling the model failed
+│   ├── ModelHTTPError          the server answered with an HTTP error status
+│   │   ├── ModelAuthenticationError   401 / 403: credentials are wrong
+│   │   ├── ModelRateLimitError        429 after the SDK's retries
+│   │   ├── ModelBadRequestError       400 / 404 / 422: the request was refused
+│   │   └── ModelServerError           5xx after the SDK's retries
+│   ├── ModelConnectionError    the server could not be reached, or dropped the connection
+│   ├── ModelTimeoutError       the server did not answer in time
+│   └── ModelResponseError      the answer could not be understood
+│       ├── IncompleteStreamError   a stream ended without a finish reason
+│       └── MalformedChunkError     a stream chunk was not valid JSON
+├── ToolError                   a tool failed (turned into an error result for the model)
+│   ├── ToolTimeoutError        a tool call ran past its timeout
+│   └── MCPServerError          an MCP server could not be started or reached
+├── RunError                    an agent run ended abnormally
+│   └── OutputValidationError   the final answer never matched the output schema
+└── StoreError                  the session store failed
+    └── SessionNotFoundError    no session has the given id
+```
+
+`UserError` subclasses say what to change in the caller's code or config; the others are
+failures of a run. Every message is one sentence naming the offending value.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentFlowError",
+    "ConfigError",
+    "ContextBudgetError",
+    "DuplicateToolError",
+    "EnvironmentValidationError",
+    "IncompleteStreamError",
+    "MCPServerError",
+    "MalformedChunkError",
+    "ModelAuthenticationError",
+    "ModelBadRequestError",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelHTTPError",
+    "ModelRateLimitError",
+    "ModelResponseError",
+    "ModelServerError",
+    "ModelTimeoutError",
+    "OutputValidationError",
+    "PointerError",
+    "RunError",
+    "SessionNotFoundError",
+    "StoreError",
+    "TokenizerError",
+    "ToolDefinitionError",
+    "ToolError",
+    "ToolTimeoutError",
+    "UserError",
+]
+
+
+class AgentFlowError(Exception):
+    """Base class of every error agent_flow raises."""
+
+
+class UserError(AgentFlowError):
+    """The library was used wrongly; raised early, before any work is done."""
+
+
+class ConfigError(UserError):
+    """A configuration value or file is invalid; the message names the key and its location."""
+
+
+class ToolDefinitionError(UserError):
+    """A tool cannot be built from the function, class or schema it was given."""
+
+
+class DuplicateToolError(ToolDefinitionError):
+    """Registering a tool would give two tools the same name."""
+
+
+class PointerError(UserError, LookupError):
+    """A JSON pointer is malformed, or names a location that does not exist."""
+
+
+class EnvironmentValidationError(AgentFlowError):
+    """A write would leave the environment invalid against its JSON schema; nothing changed."""
+
+
+class TokenizerError(AgentFlowError):
+    """No installed tokenizer encoding can be loaded (agent_flow never downloads one)."""
+
+
+class ContextBudgetError(AgentFlowError):
+    """The fixed parts of a prompt (system template, tools, pinned entries) exceed the budget.
+
+    Attributes:
+        part: The part that is too large (``"system_prompt"``, ``"tools"``, ``"pinned_history"``
+            or ``"fixed_costs"``).
+        needed: Tokens the fixed parts need.
+        available: Tokens the budget leaves for them.
+    """
+
+    def __init__(self, message: str, *, part: str, needed: int, available: int) -> None:
+        super().__init__(message)
+        self.part = part
+        self.needed = needed
+        self.available = available
+
+
+class ModelError(AgentFlowError):
+    """Calling the model failed.
+
+    Attributes:
+        retryable: Whether trying again later may succeed (rate limits, server errors,
+            dropped connections) as opposed to errors that will repeat (bad credentials).
+    """
+
+    retryable: bool = False
+
+
+class ModelHTTPError(ModelError):
+    """The server answered with an HTTP error status.
+
+    Attributes:
+        status_code: The HTTP status.
+        code: The provider's error code, when the body carried one.
+        body: The response body (parsed JSON when possible).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        code: str | None = None,
+        body: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.body = body
+
+
+class ModelAuthenticationError(ModelHTTPError):
+    """The server refused the credentials (401 or 403); check the API key and its variable."""
+
+
+class ModelRateLimitError(ModelHTTPError):
+    """The server kept answering 429 after the SDK's retries."""
+
+    retryable = True
+
+
+class ModelBadRequestError(ModelHTTPError):
+    """The server refused the request itself (400, 404, 422): model name, options or messages."""
+
+
+class ModelServerError(ModelHTTPError):
+    """The server kept failing (5xx) after the SDK's retries."""
+
+    retryable = True
+
+
+class ModelConnectionError(ModelError):
+    """The server could not be reached, or dropped the connection mid-answer."""
+
+    retryable = True
+
+
+class ModelTimeoutError(ModelError):
+    """The server did not answer within the configured timeout."""
+
+    retryable = True
+
+
+class ModelResponseError(ModelError):
+    """The server's answer could not be understood (empty, malformed, cut short)."""
+
+
+class IncompleteStreamError(ModelResponseError):
+    """A streamed answer ended without a finish reason: the answer is truncated."""
+
+    retryable = True
+
+
+class MalformedChunkError(ModelResponseError):
+    """A chunk of a streamed answer was not valid JSON."""
+
+
+class ToolError(AgentFlowError):
+    """A tool failed; the executor turns it into an error result the model can read.
+
+    Tools may raise it themselves to give the model a precise message.
+    """
+
+
+class ToolTimeoutError(ToolError):
+    """A tool call ran past its timeout and was cancelled."""
+
+
+class MCPServerError(ToolError):
+    """An MCP server could not be started, reached, or kept alive."""
+
+
+class RunError(AgentFlowError):
+    """An agent run ended abnormally."""
+
+
+class OutputValidationError(RunError):
+    """The model's final answer never matched the output schema within the allowed retries.
+
+    Attributes:
+        last_answer: The last answer the model gave.
+        problems: What was wrong with it.
+    """
+
+    def __init__(self, message: str, *, last_answer: str, problems: str) -> None:
+        super().__init__(message)
+        self.last_answer = last_answer
+        self.problems = problems
+
+
+class StoreError(AgentFlowError):
+    """The session store could not be read or written."""
+
+
+class SessionNotFoundError(StoreError, LookupError):
+    """No stored session has the given id."""

