@@ -1,0 +1,222 @@
+"""Hypothesis strategies for history entries, valid entry sequences, histories and pruners.
+
+To be merged into tests/strategies.py. Entry ids are drawn deterministically ("e0", "e1", ...)
+within one sequence, so shrinking and replay are stable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from hypothesis import strategies as st
+
+from agent_flow.history import (
+    AgentMessage,
+    AgentThinking,
+    History,
+    HistoryEntry,
+    Summary,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from agent_flow.pruning import (
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    ExtractiveSummarizer,
+    PruningStrategy,
+    SlidingWindow,
+    SummarizeOldest,
+)
+from agent_flow.tokens import ApproxCounter, TokenCounter
+
+__all__ = [
+    "entry_lists",
+    "histories",
+    "history_entries",
+    "prose",
+    "pruning_strategies",
+    "timestamps",
+]
+
+_ID = st.text(min_size=1, max_size=20)
+_NAME = st.text(
+    alphabet=st.characters(categories=["L", "N"], include_characters="_-."),
+    min_size=1,
+    max_size=20,
+)
+
+timestamps = st.datetimes(
+    min_value=datetime(1970, 1, 2),
+    max_value=datetime(2200, 1, 1),
+    timezones=st.just(UTC),
+)
+
+_WORDS = ("read", "the", "file", "parser", "fails", "on", "line", "42", "ok", "fix", "tests", "λ")
+_ENDS = (". ", "! ", "? ", "\n")
+
+
+@st.composite
+def prose(draw: st.DrawFn, *, max_words: int = 60) -> str:
+    """Sentences of small words: varied lengths, cheap to generate (two draws)."""
+    size = draw(st.integers(0, max_words))
+    seed = draw(st.integers(0, 997))
+    sentence = 3 + seed % 9
+    parts = []
+    for i in range(size):
+        parts.append(_WORDS[(seed * 31 + i * (seed % 5 + 1)) % len(_WORDS)])
+        parts.append(_ENDS[(seed + i) % len(_ENDS)] if i % sentence == sentence - 1 else " ")
+    return "".join(parts).strip()
+
+
+@st.composite
+def _body(draw: st.DrawFn) -> str:
+    """A tool-result body: usually short, sometimes thousands of characters."""
+    if draw(st.integers(0, 4)) == 0:
+        return "x" * draw(st.integers(200, 4000))
+    return draw(prose())
+
+
+def history_entries() -> st.SearchStrategy[HistoryEntry]:
+    """Any single entry, with arbitrary text (full unicode) in every field."""
+    common = {"id": _ID, "timestamp": timestamps}
+    text = st.text()
+    return st.one_of(
+        st.builds(UserMessage, content=text, **common),
+        st.builds(AgentMessage, content=text, **common),
+        st.builds(AgentThinking, content=text, **common),
+        st.builds(ToolCall, call_id=_ID, name=_NAME, arguments=text, **common),
+        st.builds(
+            ToolResult,
+            call_id=_ID,
+            tool_name=_NAME,
+            content=text,
+            is_error=st.booleans(),
+            elided_tokens=st.none() | st.integers(0, 10**9),
+            **common,
+        ),
+        st.builds(
+            Summary, content=text, replaced_ids=st.lists(_ID, max_size=4).map(tuple), **common
+        ),
+    )
+
+
+_TOOLS = ("read_file", "search", "run_tests")
+_ARGUMENTS = ('{"path": "a.py"}', "{}", '{"q": "x y", "n": [1, 2]}', "{")
+
+
+@st.composite
+def entry_lists(
+    draw: st.DrawFn,
+    *,
+    max_units: int = 14,
+    summaries: bool = True,
+    pending: bool = True,
+) -> list[HistoryEntry]:
+    """A valid entry sequence: user messages, summaries and assistant turns with tool calls.
+
+    Turns may leave calls unanswered (pending in the last turn, orphaned in earlier ones) and
+    may reuse call ids across turns, as some servers do ("call_0" every turn).
+    """
+    counter = itertools.count()
+
+    def next_id() -> str:
+        return f"e{next(counter)}"
+
+    entries: list[HistoryEntry] = []
+    reuse_call_ids = draw(st.booleans())
+    # Whether the last assistant turn has no result yet: a following turn would join it.
+    open_turn = False
+    kinds = ["user", "assistant", "assistant", "assistant"] + (["summary"] if summaries else [])
+    for turn in range(draw(st.integers(0, max_units))):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "user":
+            entries.append(UserMessage(id=next_id(), content=draw(prose())))
+            open_turn = False
+        elif kind == "summary":
+            text = draw(prose(max_words=20))
+            entries.append(Summary(id=next_id(), content=text, replaced_ids=("old1", "old2")))
+            open_turn = False
+        else:
+            turn_entries: list[HistoryEntry] = []
+            # One draw per decision group keeps generation fast on 2 cores.
+            shape = draw(st.integers(0, 15))
+            if shape & 1:
+                turn_entries.append(AgentThinking(id=next_id(), content=draw(prose())))
+            if shape & 2:
+                turn_entries.append(AgentMessage(id=next_id(), content=draw(prose())))
+            calls: list[ToolCall] = []
+            for index in range(shape >> 2):
+                call_id = (
+                    f"call_{index}" if reuse_call_ids and not open_turn else f"call_{turn}_{index}"
+                )
+                look = draw(st.integers(0, 11))
+                calls.append(
+                    ToolCall(
+                        id=next_id(),
+                        call_id=call_id,
+                        name=_TOOLS[look % 3],
+                        arguments=_ARGUMENTS[look // 3],
+                    )
+                )
+            turn_entries.extend(calls)
+            unanswered = draw(st.integers(0, 9)) if pending else 0
+            # Mostly all answered; sometimes one call, or every call, is left without a result.
+            answered = [c for i, c in enumerate(calls) if unanswered not in (i + 1, 9)]
+            for call in draw(st.permutations(answered)):
+                outcome = draw(st.integers(0, 19))
+                elided = outcome == 0
+                turn_entries.append(
+                    ToolResult(
+                        id=next_id(),
+                        call_id=call.call_id,
+                        tool_name=call.name,
+                        content="[elided]" if elided else draw(_body()),
+                        is_error=outcome >= 17,
+                        elided_tokens=100 if elided else None,
+                    )
+                )
+            if not turn_entries:
+                continue
+            entries.extend(turn_entries)
+            open_turn = not answered
+    return entries
+
+
+@st.composite
+def histories(
+    draw: st.DrawFn, counter: TokenCounter | None = None, *, max_units: int = 14
+) -> History:
+    """A `History` built from `entry_lists` (counted with `ApproxCounter` unless given)."""
+    entries = draw(entry_lists(max_units=max_units))
+    return History(entries, counter=counter if counter is not None else ApproxCounter())
+
+
+def _summarize_oldest(keep: int, cap: int) -> PruningStrategy:
+    return SummarizeOldest(
+        ExtractiveSummarizer(counter=ApproxCounter()),
+        keep_last_units=keep,
+        max_summary_tokens=cap,
+    )
+
+
+@st.composite
+def pruning_strategies(draw: st.DrawFn) -> PruningStrategy:
+    """Any built-in strategy or a typical chain of them, with drawn parameters."""
+    factories: list[Callable[[], PruningStrategy]] = [
+        DropOldest,
+        lambda: SlidingWindow(turns=draw(st.integers(1, 4))),
+        lambda: ElideToolResults(keep_last=draw(st.integers(0, 3))),
+        lambda: _summarize_oldest(draw(st.integers(0, 4)), draw(st.integers(1, 300))),
+        lambda: Chain(ElideToolResults(), DropOldest()),
+        lambda: Chain(SlidingWindow(turns=draw(st.integers(1, 3))), DropOldest()),
+        lambda: Chain(
+            ElideToolResults(keep_last=draw(st.integers(0, 3))),
+            _summarize_oldest(draw(st.integers(0, 4)), draw(st.integers(1, 300))),
+            DropOldest(),
+        ),
+    ]
+    return draw(st.sampled_from(factories))()

@@ -1,0 +1,579 @@
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import typing
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from agent_flow.errors import UserError
+from agent_flow.history import (
+    HISTORY_ENTRY_ADAPTER,
+    SUMMARY_PREFIX,
+    AgentMessage,
+    AgentThinking,
+    History,
+    HistoryEntry,
+    Summary,
+    ToolCall,
+    ToolResult,
+    Unit,
+    UserMessage,
+    _Entry,
+    build_units,
+    dump_entries,
+    load_entries,
+    truncate_to_tokens,
+)
+from agent_flow.messages import ChatMessage
+from agent_flow.pruning import DropOldest, ExtractiveSummarizer, PruningStrategy
+from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
+from tests._history_strategies import (
+    entry_lists,
+    history_entries,
+    pruning_strategies,
+)
+
+COUNTER = ApproxCounter()
+
+
+def assert_tool_pairs_intact(messages: Sequence[ChatMessage]) -> None:
+    """Every call is answered right after its assistant message, and every result has a call."""
+    expected: set[str] = set()
+    for message in messages:
+        if message.role == "tool":
+            assert message.tool_call_id in expected, "a tool result without its call"
+            expected.discard(message.tool_call_id)
+        else:
+            assert not expected, "an assistant tool call without its result"
+            expected = {call.id for call in message.tool_calls}
+            assert len(expected) == len(message.tool_calls), "a call id repeated in one message"
+            assert message.role == "assistant" or not expected
+    assert not expected, "an assistant tool call without its result"
+
+
+def assert_consistent(history: History) -> None:
+    """The caches agree with a full rebuild and with an independent recount."""
+    messages = history.to_messages()
+    counter = history.counter
+    assert history.token_count() + REPLY_PRIMING_TOKENS == counter.count_messages(messages)
+    assert list(history.units()) == build_units(history.entries, counter)
+    assert messages == [m for u in history.units() for m in u.messages]
+    assert list(history.entries) == [e for u in history.units() for e in u.entries]
+    for unit in history.units():
+        assert unit.tokens == sum(counter.count_message(m) for m in unit.messages)
+        assert unit.message_tokens == tuple(counter.count_message(m) for m in unit.messages)
+    assert_tool_pairs_intact(messages)
+
+
+def turn(
+    history: History, call_id: str, body: str = "contents", *, name: str = "read_file"
+) -> None:
+    history.add(AgentMessage(content=f"Calling {name}."))
+    history.add(ToolCall(call_id=call_id, name=name, arguments='{"path": "a.py"}'))
+    history.add(ToolResult(call_id=call_id, tool_name=name, content=body))
+
+
+# -- entries and JSON ----------------------------------------------------------------------
+
+
+def test_every_entry_class_is_a_member_of_the_union() -> None:
+    union = typing.get_args(typing.get_args(HistoryEntry)[0])
+    assert set(union) == set(_Entry.__subclasses__())
+    kinds = [cls.model_fields["kind"].default for cls in union]
+    assert len(set(kinds)) == len(kinds)
+
+
+@settings(max_examples=200)
+@given(entry=history_entries())
+def test_every_entry_round_trips_through_json(entry: HistoryEntry) -> None:
+    text = HISTORY_ENTRY_ADAPTER.dump_json(entry)
+    again = HISTORY_ENTRY_ADAPTER.validate_json(text)
+    assert again == entry
+    assert type(again) is type(entry)
+    assert json.loads(text)["kind"] == entry.kind
+
+
+def test_entries_are_frozen_and_get_an_id_and_a_utc_timestamp() -> None:
+    first, second = UserMessage(content="a"), UserMessage(content="a")
+    assert first.id != second.id
+    assert first.timestamp.utcoffset() is not None
+    with pytest.raises(ValidationError):
+        first.content = "b"  # type: ignore[misc]
+
+
+def test_naive_timestamps_and_unknown_fields_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        HISTORY_ENTRY_ADAPTER.validate_python(
+            {"kind": "user_message", "content": "x", "timestamp": "2020-01-01T00:00:00"}
+        )
+    with pytest.raises(ValidationError):
+        HISTORY_ENTRY_ADAPTER.validate_python({"kind": "user_message", "content": "x", "y": 1})
+
+
+@settings(max_examples=50)
+@given(entries=entry_lists())
+def test_a_history_round_trips_through_json_with_the_same_messages(
+    entries: list[HistoryEntry],
+) -> None:
+    history = History(entries, counter=COUNTER)
+    again = History.from_json(history.to_json(), counter=COUNTER)
+    assert list(again.entries) == list(history.entries)
+    assert again.to_messages() == history.to_messages()
+    assert again.token_count() == history.token_count()
+    assert load_entries(dump_entries(entries)) == entries
+
+
+# -- units and messages --------------------------------------------------------------------
+
+
+def test_a_turn_with_its_calls_and_results_forms_one_unit_in_call_order() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Compare a.py and b.py."))
+    history.add(AgentThinking(content="I should read both."))
+    history.add(AgentMessage(content="Reading both files."))
+    history.add(ToolCall(call_id="a", name="read_file", arguments='{"path": "a.py"}'))
+    history.add(ToolCall(call_id="b", name="read_file", arguments='{"path": "b.py"}'))
+    # Results arrive out of order; messages keep the order of the calls.
+    history.add(ToolResult(call_id="b", tool_name="read_file", content="B"))
+    history.add(ToolResult(call_id="a", tool_name="read_file", content="A"))
+    history.add(AgentMessage(content="They differ."))
+
+    units = history.units()
+    assert [u.kind for u in units] == ["user", "assistant", "assistant"]
+    assert [len(u.entries) for u in units] == [1, 6, 1]
+    assert [u.pinned for u in units] == [True, False, False]
+    messages = history.to_messages()
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert [c.id for c in messages[1].tool_calls] == ["a", "b"]
+    assert [m.tool_call_id for m in messages[2:4]] == ["a", "b"]
+    assert messages[2].name == "read_file"
+    assert "I should read both" not in " ".join(m.content for m in messages)
+    assert_consistent(history)
+
+
+def test_thinking_is_kept_but_costs_no_prompt_tokens() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Hi."))
+    before = history.token_count()
+    history.add(AgentThinking(content="long thoughts " * 100))
+    assert history.token_count() == before
+    assert history.units()[-1].messages == ()
+    assert isinstance(history.entries[-1], AgentThinking)
+
+
+def test_pending_calls_are_left_out_of_the_messages_until_answered() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Run both."))
+    history.add(ToolCall(call_id="1", name="run_tests"))
+    history.add(ToolCall(call_id="2", name="run_tests"))
+    assert [c.call_id for c in history.pending_calls()] == ["1", "2"]
+    assert [m.role for m in history.to_messages()] == ["user"]
+    assert_consistent(history)
+
+    history.add(ToolResult(call_id="2", tool_name="run_tests", content="passed"))
+    assert [c.call_id for c in history.pending_calls()] == ["1"]
+    messages = history.to_messages()
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]
+    assert [c.id for c in messages[1].tool_calls] == ["2"]
+    assert_consistent(history)
+
+    history.add(ToolResult(call_id="1", tool_name="run_tests", content="failed", is_error=True))
+    assert history.pending_calls() == []
+    assert len(history.to_messages()) == 4
+    assert_consistent(history)
+
+
+def test_calls_left_unanswered_before_a_new_unit_are_never_sent() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Go."))
+    history.add(AgentMessage(content="Trying."))
+    history.add(ToolCall(call_id="lost", name="search"))
+    history.add(UserMessage(content="Never mind."))
+    assert history.pending_calls() == []
+    assert all(not m.tool_calls for m in history.to_messages())
+    with pytest.raises(UserError, match="'lost'"):
+        history.add(ToolResult(call_id="lost", tool_name="search", content="late"))
+    assert_consistent(history)
+
+
+def test_a_result_for_an_unknown_call_raises_and_changes_nothing() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Go."))
+    history.add(ToolCall(call_id="known", name="search"))
+    version, count = history.version, history.token_count()
+    with pytest.raises(UserError, match="'ghost'"):
+        history.add(ToolResult(call_id="ghost", tool_name="search", content="?"))
+    assert history.version == version
+    assert history.token_count() == count
+    assert len(history) == 2
+    with pytest.raises(UserError, match="not a call of the current assistant turn"):
+        History([ToolResult(call_id="x", tool_name="t", content="")], counter=COUNTER)
+
+
+def test_a_result_for_a_call_of_an_earlier_turn_raises() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Go."))
+    turn(history, "first")
+    history.add(AgentMessage(content="Next."))
+    with pytest.raises(UserError, match="'first'"):
+        history.add(ToolResult(call_id="first", tool_name="read_file", content="again"))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (ToolResult(call_id="c", tool_name="search", content="twice"), "already has a result"),
+        (ToolResult(call_id="d", tool_name="grep", content="?"), "names tool 'grep'"),
+        (UserMessage(id="same", content="?"), "id 'same' is already"),
+    ],
+)
+def test_entries_breaking_the_unit_rules_raise_user_errors(
+    entry: HistoryEntry, message: str
+) -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(id="same", content="Go."))
+    history.add(ToolCall(call_id="c", name="search"))
+    history.add(ToolCall(call_id="d", name="search"))
+    history.add(ToolResult(call_id="c", tool_name="search", content="once"))
+    with pytest.raises(UserError, match=message):
+        history.add(entry)
+    assert_consistent(history)
+
+
+def test_a_call_id_repeated_within_one_turn_raises() -> None:
+    history = History(
+        [UserMessage(content="Go."), ToolCall(call_id="d", name="a")], counter=COUNTER
+    )
+    with pytest.raises(UserError, match="reuses call id 'd'"):
+        history.add(ToolCall(call_id="d", name="b"))
+
+
+def test_call_ids_may_repeat_across_turns() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Go."))
+    turn(history, "call_0", "one")
+    turn(history, "call_0", "two")
+    assert len(history.units()) == 3
+    assert_consistent(history)
+
+
+def test_a_summary_is_sent_as_a_prefixed_user_message_and_is_pinned() -> None:
+    history = History(counter=COUNTER)
+    history.add(Summary(content="- User asked for X.", replaced_ids=("a",)))
+    (unit,) = history.units()
+    assert unit.kind == "summary"
+    assert unit.pinned
+    assert unit.messages == (
+        ChatMessage(role="user", content=f"{SUMMARY_PREFIX}\n- User asked for X."),
+    )
+
+
+def test_only_the_first_user_message_is_pinned() -> None:
+    history = History(counter=COUNTER)
+    history.add(AgentMessage(content="Hello, how can I help?"))
+    history.add(UserMessage(content="Task."))
+    history.add(UserMessage(content="More."))
+    assert [u.pinned for u in history.units()] == [False, True, False]
+
+
+def test_the_default_counter_is_the_shared_tiktoken_counter() -> None:
+    history = History()
+    assert isinstance(history.counter, TiktokenCounter)
+    assert history.counter.name == "tiktoken:cl100k_base"
+
+
+def test_token_counts_match_tiktoken_on_a_realistic_turn() -> None:
+    counter = TiktokenCounter()
+    history = History(counter=counter)
+    history.add(UserMessage(content="Find why test_parser fails on Windows line endings."))
+    history.add(AgentMessage(content="I'll look at the tokenizer first."))
+    history.add(ToolCall(call_id="c1", name="read_file", arguments='{"path": "src/tok.py"}'))
+    history.add(ToolResult(call_id="c1", tool_name="read_file", content="def split(s):\n  ..."))
+    history.add(ToolCall(call_id="c2", name="grep", arguments='{"pattern": "\\\\r\\\\n"}'))
+    assert history.token_count() + REPLY_PRIMING_TOKENS == counter.count_messages(
+        history.to_messages()
+    )
+    assert_consistent(history)
+
+
+def test_version_grows_with_every_change_only() -> None:
+    history = History(counter=COUNTER)
+    versions = [history.version]
+    history.add(UserMessage(content="Go."))
+    versions.append(history.version)
+    turn(history, "c")
+    versions.append(history.version)
+    history.units()
+    history.to_messages()
+    assert history.version == versions[-1]
+    assert versions == sorted(set(versions))
+
+
+def test_entries_and_units_are_read_only_live_views() -> None:
+    history = History([UserMessage(content="Go.")], counter=COUNTER)
+    entries, units = history.entries, history.units()
+    history.add(AgentMessage(content="Done."))
+    assert len(entries) == 2
+    assert len(units) == 2
+    assert isinstance(entries[0:1], tuple)
+    assert not hasattr(entries, "append")
+    messages = history.to_messages()
+    messages.clear()
+    assert len(history.to_messages()) == 2
+
+
+# -- invariants ----------------------------------------------------------------------------
+
+
+@settings(max_examples=100)
+@given(entries=entry_lists())
+def test_adding_entries_one_by_one_keeps_every_cache_exact(entries: list[HistoryEntry]) -> None:
+    history = History(counter=COUNTER)
+    for entry in entries:
+        history.add(entry)
+        assert history.token_count() + REPLY_PRIMING_TOKENS == COUNTER.count_messages(
+            history.to_messages()
+        )
+    assert_consistent(history)
+    last = history.units()[-1] if entries else None
+    pending = [c.call_id for c in history.pending_calls()]
+    assert pending == ([c.call_id for c in last.pending] if last else [])
+
+
+@st.composite
+def add_prune_scripts(
+    draw: st.DrawFn,
+) -> list[tuple[list[HistoryEntry], tuple[PruningStrategy, int] | None]]:
+    """Entries cut at unit boundaries into chunks, each maybe followed by a pruning."""
+    entries = draw(entry_lists(max_units=20))
+    starts = [0]
+    for unit in build_units(entries, COUNTER):
+        starts.append(starts[-1] + len(unit.entries))
+    cuts = sorted(set(draw(st.lists(st.sampled_from(starts), max_size=5))) | {0, len(entries)})
+    script = []
+    for begin, end in itertools.pairwise(cuts):
+        prune = draw(st.none() | st.tuples(pruning_strategies(), st.integers(0, 1500)))
+        script.append((entries[begin:end], prune))
+    return script
+
+
+@settings(max_examples=120)
+@given(script=add_prune_scripts())
+def test_token_count_stays_exact_through_any_adds_and_prunes(
+    script: list[tuple[list[HistoryEntry], tuple[PruningStrategy, int] | None]],
+) -> None:
+    history = History(counter=COUNTER)
+    for chunk, prune in script:
+        history.extend(chunk)
+        assert_consistent(history)
+        if prune is not None:
+            strategy, budget = prune
+            version = history.version
+            report = asyncio.run(history.prune(strategy, budget))
+            assert report.tokens_after == history.token_count()
+            assert report.fits == (history.token_count() <= budget)
+            assert history.version > version or not report.changed
+            assert_consistent(history)
+
+
+# -- prune and summarize on the History -----------------------------------------------------
+
+
+async def test_prune_applies_the_strategy_and_reuses_kept_units() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Task."))
+    for i in range(10):
+        turn(history, f"c{i}", "body " * 50)
+    kept_before = history.units()[-1]
+    version = history.version
+    report = await history.prune(DropOldest(), 200)
+    assert report.fits
+    assert history.token_count() <= 200
+    assert history.version == version + 1
+    assert history.units()[-1] is kept_before
+    assert set(report.dropped).isdisjoint(e.id for e in history.entries)
+    assert_consistent(history)
+
+
+async def test_results_can_still_be_added_after_pruning_when_their_turn_is_kept() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Task."))
+    turn(history, "old", "body " * 200)
+    history.add(AgentMessage(content="Two more."))
+    history.add(ToolCall(call_id="x", name="search"))
+    history.add(ToolCall(call_id="y", name="search"))
+    history.add(ToolResult(call_id="x", tool_name="search", content="found"))
+    await history.prune(DropOldest(), 60)
+    assert [c.call_id for c in history.pending_calls()] == ["y"]
+    history.add(ToolResult(call_id="y", tool_name="search", content="found too"))
+    assert history.pending_calls() == []
+    assert_consistent(history)
+
+
+class DropSecondUnit:
+    """A careless custom strategy: drops the second unit, whatever it is."""
+
+    name = "drop_second"
+
+    async def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
+        from agent_flow.pruning import PruneReport, PruneResult
+
+        kept = (units[0], *units[2:])
+        report = PruneReport(
+            strategy=self.name,
+            tokens_before=sum(u.tokens for u in units),
+            tokens_after=sum(u.tokens for u in kept),
+            max_tokens=max_tokens,
+            dropped=units[1].ids,
+            fits=True,
+        )
+        return PruneResult(kept, report)
+
+
+async def test_units_that_a_custom_strategy_makes_adjacent_are_merged_as_grouping_would() -> None:
+    history = History(counter=COUNTER)
+    history.add(AgentMessage(content="Hello."))
+    history.add(UserMessage(content="Hi."))
+    history.add(AgentMessage(content="What now?"))
+    await history.prune(DropSecondUnit(), 0)
+    assert [u.kind for u in history.units()] == ["assistant"]
+    assert history.to_messages() == [ChatMessage(role="assistant", content="Hello.\n\nWhat now?")]
+    assert_consistent(history)
+
+
+async def test_units_that_cannot_merge_make_prune_raise_and_change_nothing() -> None:
+    history = History(counter=COUNTER)
+    history.add(ToolCall(call_id="call_0", name="search"))
+    history.add(UserMessage(content="Hi."))
+    history.add(ToolCall(call_id="call_0", name="search"))
+    before = list(history.entries)
+    with pytest.raises(UserError, match="call_0"):
+        await history.prune(DropSecondUnit(), 0)
+    assert list(history.entries) == before
+    assert_consistent(history)
+
+
+class SlowStrategy:
+    name = "slow"
+
+    def __init__(self, started: asyncio.Event, release: asyncio.Event) -> None:
+        self.started, self.release = started, release
+
+    async def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
+        self.started.set()
+        await self.release.wait()
+        return await DropOldest().prune(units, max_tokens, counter)
+
+
+async def test_adding_while_a_prune_runs_makes_the_prune_raise() -> None:
+    history = History(
+        [UserMessage(content="Go."), AgentMessage(content="a " * 99)], counter=COUNTER
+    )
+    started, release = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(history.prune(SlowStrategy(started, release), 10))
+    await started.wait()
+    history.add(UserMessage(content="Meanwhile."))
+    release.set()
+    with pytest.raises(UserError, match="changed"):
+        await task
+    assert len(history) == 3
+
+
+async def test_summarize_replaces_a_span_widened_to_units_by_one_summary() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Fix the parser. It fails on CRLF."))
+    turn(history, "c1", "file one " * 30)
+    turn(history, "c2", "file two " * 30)
+    history.add(UserMessage(content="Also check the lexer."))
+    ids = [e.id for e in history.entries]
+    # Starts inside the first turn, ends inside the second: widened to both whole turns.
+    summary = await history.summarize(2, 5, ExtractiveSummarizer(counter=COUNTER))
+    assert summary.replaced_ids == tuple(ids[1:7])
+    assert [e.id for e in history.entries] == [ids[0], summary.id, ids[7]]
+    assert [u.kind for u in history.units()] == ["user", "summary", "user"]
+    assert summary.content.splitlines() == [
+        "- Agent: Calling read_file.",
+        '- Agent called read_file(path="a.py") → ok, 270 chars',
+        "- Agent: Calling read_file.",
+        '- Agent called read_file(path="a.py") → ok, 270 chars',
+    ]
+    assert_consistent(history)
+
+
+async def test_summarize_never_folds_the_first_user_message_and_merges_summaries() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Task."))
+    turn(history, "c1")
+    first = await history.summarize(0, len(history), ExtractiveSummarizer(counter=COUNTER))
+    assert history.units()[0].entries[0].content == "Task."  # type: ignore[union-attr]
+    turn(history, "c2")
+    second = await history.summarize(1, len(history), ExtractiveSummarizer(counter=COUNTER))
+    assert first.id in second.replaced_ids
+    assert [u.kind for u in history.units()] == ["user", "summary"]
+    assert second.content.count("- Agent called read_file") == 2
+    with pytest.raises(UserError, match="only the pinned first user message"):
+        await history.summarize(0, 1, ExtractiveSummarizer(counter=COUNTER))
+
+
+async def test_summarize_cuts_the_summary_to_max_tokens() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Task."))
+    for i in range(30):
+        turn(history, f"c{i}")
+    summary = await history.summarize(1, len(history), ExtractiveSummarizer(), max_tokens=60)
+    assert history.units()[1].tokens <= 60
+    assert "more events omitted" in summary.content
+    assert_consistent(history)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "message"),
+    [(0, 0, "start < end"), (-1, 2, "start < end"), (0, 99, "start < end"), (2, 4, "waiting")],
+)
+async def test_summarize_refuses_bad_spans(start: int, end: int, message: str) -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Task."))
+    history.add(ToolCall(call_id="p", name="search"))
+    history.add(ToolCall(call_id="q", name="search"))
+    history.add(ToolResult(call_id="q", tool_name="search", content="."))
+    with pytest.raises(UserError, match=message):
+        await history.summarize(start, end, ExtractiveSummarizer(counter=COUNTER))
+
+
+async def test_summarize_with_no_room_for_the_header_raises() -> None:
+    history = History([UserMessage(content="a"), AgentMessage(content="b")], counter=COUNTER)
+    with pytest.raises(UserError, match="max_tokens=3"):
+        await history.summarize(1, 2, ExtractiveSummarizer(counter=COUNTER), max_tokens=3)
+
+
+@settings(max_examples=200)
+@given(
+    # No whitespace: the cut strips trailing spaces, which would blur the length check below.
+    text=st.text(st.characters(exclude_categories=["Z", "C"]), max_size=300),
+    max_tokens=st.integers(0, 80),
+)
+def test_truncate_to_tokens_keeps_a_long_fitting_prefix(text: str, max_tokens: int) -> None:
+    cut = truncate_to_tokens(text, max_tokens, COUNTER.count)
+    assert COUNTER.count(cut) <= max_tokens
+    if COUNTER.count(text) <= max_tokens:
+        assert cut == text
+    elif cut:
+        assert cut.endswith("…")
+        assert text.startswith(cut[:-1])
+        # The binary search finds a long prefix, not just any: a third more would not fit.
+        grown = len(cut) - 1 + max(4, (len(cut) - 1) // 3) * 4
+        if grown < len(text):
+            assert COUNTER.count(text[:grown] + "…") > max_tokens
+
+
+def test_units_are_frozen() -> None:
+    (unit,) = History([UserMessage(content="a")], counter=COUNTER).units()
+    assert isinstance(unit, Unit)
+    with pytest.raises(AttributeError):
+        unit.tokens = 0  # type: ignore[misc]
