@@ -1,0 +1,383 @@
+"""The ContextManager: one hard token budget split between the Environment and the History.
+
+Every prompt agent_flow sends is built here. The budget is spent in this order:
+
+1. ``reserve_output_tokens`` are set aside for the model's answer;
+2. fixed costs are paid: the system prompt template (without the environment), the tool
+   schemas, and the reply priming; if they alone exceed the budget, `ContextBudgetError`
+   says which part is too large and by how much;
+3. what is left ("usable") is shared: the environment may take ``environment_allocation``
+   of it, the history the rest; a share one side does not use flows to the other;
+4. the environment is rendered within its share (it degrades, never overflows), and the
+   history fills what the environment left: all of it when it fits, otherwise its pinned
+   units (the first user message and summaries) plus the newest units that fit — never a
+   tool call without its result.
+
+The invariant, property-tested: ``counter.count_messages(prompt.messages) +
+counter.count_tools(prompt.tools) == prompt.total_tokens <= max_tokens -
+reserve_output_tokens``. `build_prompt` never changes the history; `prune_if_needed`
+does, with the configured strategy, so that later prompts need not leave anything out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from agent_flow.environment import Environment
+from agent_flow.errors import ContextBudgetError, UserError
+from agent_flow.history import History, Unit
+from agent_flow.messages import ChatMessage, ToolDefinition
+from agent_flow.pruning import Chain, DropOldest, ElideToolResults, PruneReport, PruningStrategy
+from agent_flow.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT_TEMPLATE",
+    "ContextManager",
+    "Prompt",
+    "PromptBreakdown",
+]
+
+DEFAULT_SYSTEM_PROMPT_TEMPLATE = (
+    "You are a capable assistant that completes tasks by calling tools when they help.\n"
+    "{task}\n"
+    "The environment below is your working memory: the current state of the task, what is "
+    "known, and the workspace. Trust it over older messages.\n\n"
+    "{environment}"
+)
+
+# Large enough that the environment never degrades when only its full size is wanted.
+_UNBOUNDED = 1 << 40
+
+
+class PromptBreakdown(BaseModel):
+    """Where the tokens of one prompt went.
+
+    Attributes:
+        budget: ``max_tokens`` of the ContextManager.
+        reserve: Tokens set aside for the answer.
+        system_template: The system message without the environment text.
+        environment: The environment text inside the system message.
+        tools: The tool schemas.
+        history: The history messages sent.
+        priming: The reply priming every request pays.
+        total: Everything sent: system template + environment + tools + history + priming.
+        environment_degraded: Whether the environment had to shrink to fit its share.
+        history_units_sent: History units included in the prompt.
+        history_units_omitted: History units left out because they did not fit.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    budget: int
+    reserve: int
+    system_template: int
+    environment: int
+    tools: int
+    history: int
+    priming: int
+    total: int
+    environment_degraded: bool
+    history_units_sent: int
+    history_units_omitted: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A provider-ready prompt and its token accounting.
+
+    Attributes:
+        messages: The system message, then the history.
+        tools: The tool schemas offered with it.
+        total_tokens: Counted size of messages and tools together.
+        breakdown: The per-section split.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolDefinition, ...]
+    total_tokens: int
+    breakdown: PromptBreakdown
+
+
+def default_strategy() -> PruningStrategy:
+    """Elide old tool-result bodies first, then drop the oldest units."""
+    return Chain(ElideToolResults(), DropOldest())
+
+
+class ContextManager:
+    """Builds every prompt within ``max_tokens - reserve_output_tokens``.
+
+    Args:
+        environment: The agent's working memory.
+        history: The transcript; its counter is used unless `counter` is given.
+        max_tokens: The model's context window, or any smaller hard budget.
+        environment_allocation: The share (0..1) of the usable budget the environment may take.
+        system_prompt_template: The system message. ``{environment}`` marks where the rendered
+            environment goes (appended when absent); ``{task}`` is replaced by the current
+            task line given to `build_prompt` (or nothing).
+        counter: Token counter; defaults to the history's.
+        reserve_output_tokens: Tokens kept free for the answer.
+        strategy: How `prune_if_needed` shrinks the history; defaults to eliding old tool
+            results, then dropping the oldest units.
+        prune_target: When pruning, shrink the history to this fraction of its budget, so that
+            the next steps do not each prune again.
+    """
+
+    def __init__(
+        self,
+        environment: Environment,
+        history: History,
+        max_tokens: int,
+        *,
+        environment_allocation: float = 0.3,
+        system_prompt_template: str = DEFAULT_SYSTEM_PROMPT_TEMPLATE,
+        counter: TokenCounter | None = None,
+        reserve_output_tokens: int = 1024,
+        strategy: PruningStrategy | None = None,
+        prune_target: float = 0.8,
+    ) -> None:
+        if max_tokens <= 0:
+            raise UserError(f"max_tokens must be positive, got {max_tokens}")
+        if not 0.0 <= environment_allocation <= 1.0:
+            raise UserError(
+                f"environment_allocation must be between 0 and 1, got {environment_allocation}"
+            )
+        if reserve_output_tokens < 0 or reserve_output_tokens >= max_tokens:
+            raise UserError(
+                f"reserve_output_tokens must be in [0, max_tokens={max_tokens}), "
+                f"got {reserve_output_tokens}"
+            )
+        if not 0.0 < prune_target <= 1.0:
+            raise UserError(f"prune_target must be in (0, 1], got {prune_target}")
+        self.environment = environment
+        self.history = history
+        self.max_tokens = max_tokens
+        self.environment_allocation = environment_allocation
+        self.system_prompt_template = system_prompt_template
+        self.counter = counter if counter is not None else history.counter
+        self.reserve_output_tokens = reserve_output_tokens
+        self.strategy = strategy if strategy is not None else default_strategy()
+        self.prune_target = prune_target
+        self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
+        self._template_cache: dict[str | None, tuple[str, str, int]] = {}
+        self._env_full: tuple[int, str, int] | None = None
+        self._env_shrunk: dict[tuple[int, int], tuple[str, int]] = {}
+
+    # -- fixed costs -------------------------------------------------------------------
+
+    def _tools_tokens(self, tools: tuple[ToolDefinition, ...]) -> int:
+        cached = self._tools_cache
+        if cached is not None and (
+            cached[0] is tools
+            or (
+                len(cached[0]) == len(tools)
+                and all(a is b for a, b in zip(cached[0], tools, strict=True))
+            )
+        ):
+            return cached[1]
+        count = self.counter.count_tools(tools)
+        self._tools_cache = (tools, count)
+        return count
+
+    def _template(self, current_task: str | None) -> tuple[str, str, int]:
+        """Return the system text before and after the environment, and their fixed cost."""
+        cached = self._template_cache.get(current_task)
+        if cached is not None:
+            return cached
+        task_line = f"Current task: {current_task}\n" if current_task else ""
+        template = self.system_prompt_template.replace("{task}", task_line)
+        if "{environment}" in template:
+            head, _, tail = template.partition("{environment}")
+        else:
+            head, tail = template.rstrip() + "\n\n", ""
+        fixed = self.counter.count_message(ChatMessage(role="system", content=head + tail))
+        if len(self._template_cache) > 64:
+            self._template_cache.clear()
+        self._template_cache[current_task] = (head, tail, fixed)
+        return head, tail, fixed
+
+    def fixed_tokens(
+        self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
+        """Return the tokens paid before environment and history: template, tools, priming."""
+        return (
+            self._template(current_task)[2]
+            + self._tools_tokens(tuple(tools))
+            + REPLY_PRIMING_TOKENS
+        )
+
+    def _usable(self, current_task: str | None, tools: tuple[ToolDefinition, ...]) -> int:
+        available = self.max_tokens - self.reserve_output_tokens
+        template_tokens = self._template(current_task)[2]
+        tools_tokens = self._tools_tokens(tools)
+        usable = available - template_tokens - tools_tokens - REPLY_PRIMING_TOKENS
+        if usable < 0:
+            part, size = (
+                ("tools", tools_tokens)
+                if tools_tokens >= template_tokens
+                else ("system_prompt", template_tokens)
+            )
+            raise ContextBudgetError(
+                f"the fixed parts of the prompt need {available - usable} tokens but the budget "
+                f"leaves {available} (max_tokens {self.max_tokens} minus reserve "
+                f"{self.reserve_output_tokens}); the largest, {part}, is {size} tokens: shorten "
+                f"it or raise max_tokens by at least {-usable}",
+                part=part,
+                needed=available - usable,
+                available=available,
+            )
+        return usable
+
+    # -- environment -------------------------------------------------------------------
+
+    def _environment_full(self) -> tuple[str, int]:
+        version = self.environment.version
+        if self._env_full is None or self._env_full[0] != version:
+            text = self.environment.render(_UNBOUNDED, self.counter)
+            self._env_full = (version, text, self.counter.count(text))
+            self._env_shrunk.clear()
+        return self._env_full[1], self._env_full[2]
+
+    def _environment_text(self, budget: int) -> tuple[str, bool]:
+        """Return the environment rendered within `budget`, and whether it had to degrade."""
+        text, tokens = self._environment_full()
+        if tokens <= budget:
+            return text, False
+        key = (self.environment.version, budget)
+        cached = self._env_shrunk.get(key)
+        if cached is None:
+            shrunk = self.environment.render(max(budget, 0), self.counter)
+            cached = (shrunk, budget)
+            if len(self._env_shrunk) > 32:
+                self._env_shrunk.clear()
+            self._env_shrunk[key] = cached
+        return cached[0], True
+
+    # -- prompts -----------------------------------------------------------------------
+
+    def history_budget(
+        self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
+    ) -> int:
+        """Return the tokens the history may use when the environment takes its full share."""
+        usable = self._usable(current_task, tuple(tools))
+        env_share = int(usable * self.environment_allocation)
+        _, env_tokens = self._environment_full()
+        return usable - min(env_tokens, env_share)
+
+    def build_prompt(
+        self, current_task: str | None = None, *, tools: Sequence[ToolDefinition] = ()
+    ) -> Prompt:
+        """Assemble the prompt: system message with the environment, then the history.
+
+        Args:
+            current_task: A line of task text put into the system message (``{task}``).
+            tools: The tool schemas offered with this prompt (their cost is a fixed cost).
+
+        Returns:
+            The prompt, whose counted size never exceeds ``max_tokens - reserve_output_tokens``.
+
+        Raises:
+            ContextBudgetError: The system template, the tools or the pinned history alone
+                do not fit.
+        """
+        tool_tuple = tuple(tools)
+        usable = self._usable(current_task, tool_tuple)
+        head, tail, template_tokens = self._template(current_task)
+        units = self.history.units()
+        history_tokens = self.history.token_count()
+        pinned_tokens = sum(u.tokens for u in units if u.pinned) if history_tokens else 0
+        if pinned_tokens > usable:
+            raise ContextBudgetError(
+                f"the pinned history (first user message and summaries) needs {pinned_tokens} "
+                f"tokens but only {usable} are left after the system prompt and tools; shorten "
+                f"the task message or raise max_tokens by at least {pinned_tokens - usable}",
+                part="pinned_history",
+                needed=pinned_tokens,
+                available=usable,
+            )
+
+        # The environment may take its share, or more when the history leaves room.
+        env_share = int(usable * self.environment_allocation)
+        env_budget = min(max(env_share, usable - history_tokens), usable - pinned_tokens)
+        env_text, degraded = self._environment_text(env_budget)
+        system = ChatMessage(role="system", content=head + env_text + tail)
+        system_tokens = self.counter.count_message(system)
+        # Tokens can merge across the seams of template and environment; shrink until exact.
+        for _ in range(4):
+            over = system_tokens - template_tokens - env_budget
+            if over <= 0:
+                break
+            env_budget -= over
+            env_text, degraded = self._environment_text(env_budget)
+            system = ChatMessage(role="system", content=head + env_text + tail)
+            system_tokens = self.counter.count_message(system)
+        else:
+            env_text, degraded = "", True
+            system = ChatMessage(role="system", content=head + tail)
+            system_tokens = template_tokens
+        environment_tokens = system_tokens - template_tokens
+
+        history_budget = usable - environment_tokens
+        if history_tokens <= history_budget:
+            history_messages = self.history.to_messages()
+            sent, omitted, sent_tokens = len(units), 0, history_tokens
+        else:
+            chosen = _select_units(units, history_budget)
+            history_messages = [m for u in chosen for m in u.messages]
+            sent, omitted = len(chosen), len(units) - len(chosen)
+            sent_tokens = sum(u.tokens for u in chosen)
+
+        tools_tokens = self._tools_tokens(tool_tuple)
+        total = system_tokens + sent_tokens + tools_tokens + REPLY_PRIMING_TOKENS
+        breakdown = PromptBreakdown(
+            budget=self.max_tokens,
+            reserve=self.reserve_output_tokens,
+            system_template=template_tokens,
+            environment=environment_tokens,
+            tools=tools_tokens,
+            history=sent_tokens,
+            priming=REPLY_PRIMING_TOKENS,
+            total=total,
+            environment_degraded=degraded,
+            history_units_sent=sent,
+            history_units_omitted=omitted,
+        )
+        return Prompt(
+            messages=(system, *history_messages),
+            tools=tool_tuple,
+            total_tokens=total,
+            breakdown=breakdown,
+        )
+
+    async def prune_if_needed(
+        self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
+    ) -> PruneReport | None:
+        """Prune the history with the strategy when it exceeds its budget.
+
+        The history is shrunk to ``prune_target`` of its budget, so pruning happens once in a
+        while rather than at every step.
+
+        Returns:
+            The strategy's report, or None when the history already fits.
+        """
+        budget = self.history_budget(current_task=current_task, tools=tools)
+        if self.history.token_count() <= budget:
+            return None
+        return await self.history.prune(self.strategy, int(budget * self.prune_target))
+
+
+def _select_units(units: Sequence[Unit], budget: int) -> list[Unit]:
+    """Pick the pinned units plus the newest others that fit `budget`, in original order."""
+    remaining = budget - sum(u.tokens for u in units if u.pinned)
+    keep: list[bool] = [u.pinned for u in units]
+    for index in range(len(units) - 1, -1, -1):
+        unit = units[index]
+        if unit.pinned:
+            continue
+        if unit.tokens > remaining:
+            break
+        remaining -= unit.tokens
+        keep[index] = True
+    return [u for u, kept in zip(units, keep, strict=True) if kept]

@@ -1,0 +1,104 @@
+"""Per-step cost of agent_flow's budgeting against recount-everything trimming.
+
+One "step" is what an agent does between model calls: add the new entries (an assistant
+turn with a tool call, and its result) and build the next prompt within a 100k-token budget.
+
+- agent_flow: `History.add` (counts only the new entry) + `ContextManager.build_prompt`.
+- baseline: what ``trim_messages``-style trimming does each step: count every message of the
+  history with tiktoken, then keep the newest that fit.
+
+Both use the same tiktoken encoding (cl100k_base, offline) in the same process.
+
+Usage: python benchmarks/bench_context.py [--sizes 1000,10000,100000] [--steps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from agent_flow.context import ContextManager
+from agent_flow.environment import Environment
+from agent_flow.history import AgentMessage, History, ToolCall, ToolResult, UserMessage
+from agent_flow.messages import ChatMessage
+from agent_flow.tokens import TiktokenCounter
+
+BUDGET = 100_000
+RESULT = "def parse(line):\n    return line.split(',')  # field separator\n" * 3
+
+
+def entries_for_step(i: int) -> list[AgentMessage | ToolCall | ToolResult]:
+    call_id = f"call_{i}"
+    return [
+        AgentMessage(content=f"Step {i}: reading the next file to trace the parser bug."),
+        ToolCall(call_id=call_id, name="read_file", arguments=f'{{"path": "src/mod_{i}.py"}}'),
+        ToolResult(call_id=call_id, tool_name="read_file", content=RESULT),
+    ]
+
+
+def build_history(size: int, counter: TiktokenCounter) -> History:
+    history = History(counter=counter)
+    history.add(UserMessage(content="Find and fix the CSV parser bug in this project."))
+    step = 0
+    while len(history.entries) < size:
+        history.extend(entries_for_step(step))
+        step += 1
+    return history
+
+
+def baseline_trim(messages: list[ChatMessage], counter: TiktokenCounter, budget: int) -> int:
+    """Recount every message, then keep the newest that fit (as trim_messages does)."""
+    counts = [counter.count_message(m) for m in messages]
+    total, kept = 0, 0
+    for count in reversed(counts):
+        if total + count > budget:
+            break
+        total += count
+        kept += 1
+    return kept
+
+
+def bench(size: int, steps: int, counter: TiktokenCounter) -> tuple[float, float]:
+    env = Environment()
+    env.set("/task/objective", "Fix the CSV parser bug")
+    history = build_history(size, counter)
+    manager = ContextManager(env, history, BUDGET, counter=counter, reserve_output_tokens=4096)
+    manager.build_prompt()  # warm caches, as a running agent has them
+
+    start = time.perf_counter()
+    for i in range(steps):
+        history.extend(entries_for_step(size + i))
+        prompt = manager.build_prompt()
+        assert prompt.total_tokens <= BUDGET - 4096
+    ours = (time.perf_counter() - start) / steps
+
+    messages = history.to_messages()
+    base_steps = max(1, min(steps, 200_000 // size))
+    start = time.perf_counter()
+    for i in range(base_steps):
+        step_entries = entries_for_step(10 * size + i)
+        messages.append(
+            ChatMessage(role="assistant", content=step_entries[0].content)  # type: ignore[union-attr]
+        )
+        baseline_trim(messages, counter, BUDGET - 4096)
+    baseline = (time.perf_counter() - start) / base_steps
+    return ours, baseline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    counter = TiktokenCounter()
+    print(f"budget {BUDGET} tokens, encoding {counter.encoding_name}, {args.steps} steps each")
+    print(f"{'entries':>8} | {'agent_flow ms/step':>18} | {'recount-all ms/step':>19} | speed-up")
+    for size in (int(s) for s in args.sizes.split(",")):
+        ours, baseline = bench(size, args.steps, counter)
+        print(
+            f"{size:>8} | {ours * 1e3:>18.3f} | {baseline * 1e3:>19.1f} | {baseline / ours:>7.0f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_flow.context import ContextManager
+from agent_flow.environment import Environment
+from agent_flow.errors import ContextBudgetError, UserError
+from agent_flow.history import (
+    AgentMessage,
+    History,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from agent_flow.messages import ToolDefinition
+from agent_flow.tokens import ApproxCounter, TiktokenCounter
+from tests.strategies import environments, histories, tool_definitions
+
+COUNTER = ApproxCounter()
+
+
+def assert_tool_pairs_intact(messages: tuple) -> None:
+    pending: set[str] = set()
+    for message in messages:
+        if message.role == "tool":
+            assert message.tool_call_id in pending
+            pending.discard(message.tool_call_id)
+        else:
+            assert not pending, "an assistant tool call was not followed by its result"
+            pending = {call.id for call in message.tool_calls}
+    assert not pending
+
+
+@settings(max_examples=150)
+@given(
+    env=environments(),
+    history=histories(COUNTER),
+    tools=st.lists(tool_definitions(), max_size=3, unique_by=lambda t: t.name),
+    max_tokens=st.integers(50, 4000),
+    allocation=st.floats(0.0, 1.0),
+    reserve=st.integers(0, 40),
+)
+def test_built_prompt_never_exceeds_the_budget_when_recounted_independently(
+    env: Environment,
+    history: History,
+    tools: list[ToolDefinition],
+    max_tokens: int,
+    allocation: float,
+    reserve: int,
+) -> None:
+    manager = ContextManager(
+        env,
+        history,
+        max_tokens,
+        environment_allocation=allocation,
+        counter=COUNTER,
+        reserve_output_tokens=reserve,
+        system_prompt_template="You help.\n{environment}",
+    )
+    try:
+        prompt = manager.build_prompt(tools=tools)
+    except ContextBudgetError as err:
+        budget_error: ContextBudgetError | None = err
+    else:
+        budget_error = None
+    if budget_error is not None:
+        assert budget_error.needed > budget_error.available
+        return
+    recount = COUNTER.count_messages(list(prompt.messages)) + COUNTER.count_tools(tools)
+    assert recount == prompt.total_tokens
+    assert prompt.total_tokens <= max_tokens - reserve
+    b = prompt.breakdown
+    assert b.system_template + b.environment + b.tools + b.history + b.priming == b.total
+    assert_tool_pairs_intact(prompt.messages[1:])
+    # Pinned units are always sent.
+    sent_ids = {m.content for m in prompt.messages}
+    for unit in history.units():
+        if unit.pinned:
+            for message in unit.messages:
+                assert message.content in sent_ids
+
+
+@settings(max_examples=60)
+@given(env=environments(), history=histories(COUNTER), max_tokens=st.integers(200, 3000))
+def test_pruning_makes_the_whole_history_fit_on_the_next_prompt(
+    env: Environment, history: History, max_tokens: int
+) -> None:
+    manager = ContextManager(env, history, max_tokens, counter=COUNTER, reserve_output_tokens=10)
+    try:
+        budget = manager.history_budget()
+    except ContextBudgetError:
+        return
+    pinned = sum(u.tokens for u in history.units() if u.pinned)
+    report = asyncio.run(manager.prune_if_needed())
+    if report is not None and pinned <= budget * manager.prune_target:
+        assert history.token_count() <= budget
+        prompt = manager.build_prompt()
+        assert prompt.breakdown.history_units_omitted == 0
+
+
+def long_history(turns: int, counter: ApproxCounter | TiktokenCounter) -> History:
+    history = History(counter=counter)
+    history.add(UserMessage(content="Find the bug in the parser."))
+    for i in range(turns):
+        history.add(AgentMessage(content=f"Reading file {i}."))
+        history.add(ToolCall(call_id=f"c{i}", name="read_file", arguments=f'{{"path": "f{i}.py"}}'))
+        history.add(ToolResult(call_id=f"c{i}", tool_name="read_file", content="line\n" * 50))
+    return history
+
+
+def test_environment_gets_the_share_history_does_not_use() -> None:
+    env = Environment()
+    for i in range(300):
+        env.set("/knowledge/discovered_facts/-", f"fact number {i} about the code base")
+    small = History(counter=COUNTER)
+    small.add(UserMessage(content="hi"))
+    manager = ContextManager(
+        env, small, 4000, environment_allocation=0.2, counter=COUNTER, reserve_output_tokens=0
+    )
+    prompt = manager.build_prompt()
+    # The history needs almost nothing, so the environment may use far more than 20%.
+    assert prompt.breakdown.environment > 0.2 * 4000
+    assert prompt.total_tokens <= 4000
+
+
+def test_history_gets_the_share_environment_does_not_use() -> None:
+    history = long_history(100, COUNTER)
+    manager = ContextManager(
+        Environment(),
+        history,
+        3000,
+        environment_allocation=0.9,
+        counter=COUNTER,
+        reserve_output_tokens=0,
+    )
+    prompt = manager.build_prompt()
+    assert prompt.breakdown.history > 0.5 * 3000
+    assert prompt.breakdown.history_units_omitted > 0
+    assert prompt.total_tokens <= 3000
+
+
+def test_oversized_tools_raise_a_budget_error_naming_the_tools() -> None:
+    tools = [ToolDefinition(name=f"tool_{i}", description="does things " * 50) for i in range(10)]
+    manager = ContextManager(
+        Environment(), History(counter=COUNTER), 500, counter=COUNTER, reserve_output_tokens=0
+    )
+    with pytest.raises(ContextBudgetError, match="tools") as info:
+        manager.build_prompt(tools=tools)
+    assert info.value.part == "tools"
+    assert info.value.needed > info.value.available
+
+
+def test_an_oversized_first_message_raises_a_budget_error_naming_the_pinned_history() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="word " * 2000))
+    manager = ContextManager(Environment(), history, 1000, counter=COUNTER, reserve_output_tokens=0)
+    with pytest.raises(ContextBudgetError, match="pinned history") as info:
+        manager.build_prompt()
+    assert info.value.part == "pinned_history"
+
+
+def test_invalid_settings_are_rejected_early() -> None:
+    env, history = Environment(), History(counter=COUNTER)
+    with pytest.raises(UserError, match="environment_allocation"):
+        ContextManager(env, history, 1000, environment_allocation=1.5)
+    with pytest.raises(UserError, match="reserve_output_tokens"):
+        ContextManager(env, history, 1000, reserve_output_tokens=1000)
+    with pytest.raises(UserError, match="max_tokens"):
+        ContextManager(env, history, 0)
+
+
+def test_prompt_counts_match_tiktoken_exactly() -> None:
+    counter = TiktokenCounter()
+    env = Environment()
+    env.set("/task/objective", "Fix the parser")
+    history = long_history(20, counter)
+    tools = [
+        ToolDefinition(
+            name="read_file",
+            description="Read a file.",
+            parameters={
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        )
+    ]
+    manager = ContextManager(
+        env,
+        history,
+        2000,
+        counter=counter,
+        reserve_output_tokens=100,
+        system_prompt_template="{task}Help.\n{environment}",
+    )
+    prompt = manager.build_prompt("Fix the parser", tools=tools)
+    assert prompt.total_tokens == counter.count_messages(list(prompt.messages)) + (
+        counter.count_tools(tools)
+    )
+    assert prompt.total_tokens <= 1900
+    assert "Current task: Fix the parser" in prompt.messages[0].content
+    assert prompt.messages[1].content == "Find the bug in the parser."
+
+
+async def test_prune_if_needed_prunes_below_target_and_reports() -> None:
+    history = long_history(60, COUNTER)
+    manager = ContextManager(Environment(), history, 2000, counter=COUNTER, reserve_output_tokens=0)
+    before = history.token_count()
+    report = await manager.prune_if_needed()
+    assert report is not None
+    assert report.tokens_before == before
+    assert history.token_count() <= int(manager.history_budget() * manager.prune_target)
+    assert await manager.prune_if_needed() is None
