@@ -1,0 +1,71 @@
+"""The LLM layer: the `LLMClient` protocol, the OpenAI-compatible client, XML tool mode.
+
+```
+LLMRequest ──▶ LLMClient.complete() ──▶ Completion
+           └─▶ LLMClient.stream()   ──▶ TextDelta | ThinkingDelta | ToolCallStarted
+                                        | ToolCallArgumentsDelta | StreamWarning ... Completion
+```
+
+`OpenAIClient` speaks to any OpenAI-compatible server; `agent_flow.testing` holds the
+scripted doubles; `LLMSummarizer` lets pruning summarize history with a model.
+"""
+
+from __future__ import annotations
+
+from agent_flow.llm.base import (
+    STREAM_EVENT_ADAPTER,
+    Completion,
+    FinishReason,
+    LLMClient,
+    LLMRequest,
+    StreamEvent,
+    StreamWarning,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallPart,
+    ToolCallStarted,
+    ToolMode,
+    Usage,
+    completion_events,
+    final_completion,
+    normalize_finish_reason,
+    parse_tool_arguments,
+)
+from agent_flow.llm.config import (
+    PROVIDER_DEFAULTS,
+    LLMConfig,
+    LLMOverrides,
+    Provider,
+    resolve_llm_config,
+)
+from agent_flow.llm.openai_client import OpenAIClient
+from agent_flow.llm.summarizer import LLMSummarizer
+
+__all__ = [
+    "PROVIDER_DEFAULTS",
+    "STREAM_EVENT_ADAPTER",
+    "Completion",
+    "FinishReason",
+    "LLMClient",
+    "LLMConfig",
+    "LLMOverrides",
+    "LLMRequest",
+    "LLMSummarizer",
+    "OpenAIClient",
+    "Provider",
+    "StreamEvent",
+    "StreamWarning",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallArgumentsDelta",
+    "ToolCallPart",
+    "ToolCallStarted",
+    "ToolMode",
+    "Usage",
+    "completion_events",
+    "final_completion",
+    "normalize_finish_reason",
+    "parse_tool_arguments",
+    "resolve_llm_config",
+]

@@ -1,0 +1,435 @@
+"""The provider-neutral model interface: requests, completions, stream deltas, `LLMClient`.
+
+Everything here is plain data that the rest of agent_flow may hold on to: an `LLMRequest`
+built from the neutral `ChatMessage` / `ToolDefinition` model, the `Completion` a client
+returns, and the `StreamEvent` deltas a streaming call yields before that completion.
+Provider wire formats never appear here; clients convert at their own boundary.
+
+A stream is a sequence of deltas that always ends with exactly one `Completion`::
+
+    TextDelta | ThinkingDelta | ToolCallStarted | ToolCallArgumentsDelta | StreamWarning
+    ... → Completion
+
+`Completion` normalizes what servers disagree about: tool calls always have a unique id,
+their raw argument text is kept and parsed (`parsed_arguments`) or marked invalid
+(`parse_error`), and `finish_reason` is one of a closed set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Literal, Protocol, TypeAlias, cast, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from agent_flow._types import JsonObject
+from agent_flow.errors import ModelResponseError
+from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+
+__all__ = [
+    "STREAM_EVENT_ADAPTER",
+    "Completion",
+    "FinishReason",
+    "LLMClient",
+    "LLMRequest",
+    "StreamEvent",
+    "StreamWarning",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallArgumentsDelta",
+    "ToolCallPart",
+    "ToolCallStarted",
+    "ToolMode",
+    "Usage",
+    "completion_events",
+    "final_completion",
+    "normalize_finish_reason",
+    "parse_tool_arguments",
+]
+
+#: Why the model stopped: ``"stop"`` (it finished), ``"length"`` (it hit ``max_tokens`` or the
+#: context limit: the answer is cut), ``"tool_calls"`` (it wants tools run),
+#: ``"content_filter"`` (the provider withheld output), ``"other"`` (anything else; see
+#: `Completion.raw_finish_reason`).
+FinishReason: TypeAlias = Literal["stop", "length", "tool_calls", "content_filter", "other"]
+
+#: How tools reach the model: the API's native ``tools`` field, or an XML protocol in the
+#: prompt for models without native tool calling (see `agent_flow.llm.xml_tools`).
+ToolMode: TypeAlias = Literal["native", "xml"]
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "end": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "model_length": "length",
+    "tool_calls": "tool_calls",
+    "tool_call": "tool_calls",
+    "function_call": "tool_calls",
+    "tool_use": "tool_calls",
+    "content_filter": "content_filter",
+    "safety": "content_filter",
+}
+
+
+def normalize_finish_reason(raw: str | None) -> FinishReason:
+    """Map a provider's finish reason onto the closed `FinishReason` set.
+
+    Args:
+        raw: The finish reason as the server sent it (``None`` counts as ``"stop"``).
+
+    Returns:
+        The normalized reason; unknown values become ``"other"``.
+    """
+    if raw is None:
+        return "stop"
+    return _FINISH_REASONS.get(raw.strip().lower(), "other")
+
+
+def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
+    """Parse a tool call's raw argument text.
+
+    Empty text means "no arguments" (``{}``), as many servers send for parameterless tools.
+
+    Args:
+        raw: The arguments exactly as the model wrote them.
+
+    Returns:
+        ``(arguments, None)`` when the text is a JSON object, else ``(None, problem)`` where
+        the problem is one sentence the tool executor can hand back to the model.
+    """
+    text = raw.strip()
+    if not text:
+        return {}, None
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        detail = (
+            f"{err.msg} at character {err.pos}" if isinstance(err, json.JSONDecodeError) else ""
+        )
+        return None, f"the arguments are not valid JSON ({detail or 'nested too deeply'})"
+    if not isinstance(value, dict):
+        kind = _JSON_KIND.get(type(value), type(value).__name__)
+        return None, f"the arguments must be a JSON object, not a JSON {kind}"
+    return cast(JsonObject, value), None
+
+
+_JSON_KIND: dict[type, str] = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+class Usage(BaseModel):
+    """Token usage the server reported for one call.
+
+    Attributes:
+        prompt_tokens: Tokens of the prompt.
+        completion_tokens: Tokens the model generated (reasoning included).
+        total_tokens: Their sum as the server reported it.
+        cached_tokens: Prompt tokens served from the provider's cache, where reported.
+        reasoning_tokens: Completion tokens spent on hidden reasoning, where reported.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cached_tokens=_add_optional(self.cached_tokens, other.cached_tokens),
+            reasoning_tokens=_add_optional(self.reasoning_tokens, other.reasoning_tokens),
+        )
+
+
+def _add_optional(a: int | None, b: int | None) -> int | None:
+    if a is None and b is None:
+        return None
+    return (a or 0) + (b or 0)
+
+
+class ToolCallPart(BaseModel):
+    """One tool call of a completion.
+
+    Attributes:
+        id: A call id unique within the conversation (generated when the server sent none
+            or reused one).
+        name: The tool name as the model wrote it (empty if the model sent none).
+        arguments: The argument text exactly as the model wrote it (trimmed; ``"{}"`` when
+            it sent nothing).
+        parsed_arguments: The arguments as a JSON object, or ``None`` when they are invalid.
+        parse_error: Why the arguments (or the whole call) are invalid, or ``None``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str = "{}"
+    parsed_arguments: JsonObject | None = None
+    parse_error: str | None = None
+
+    @classmethod
+    def from_raw(cls, id: str, name: str, arguments: str) -> ToolCallPart:
+        """Build a call from raw argument text, parsing it (invalid text is kept and marked).
+
+        Args:
+            id: The call id.
+            name: The tool name.
+            arguments: The raw argument text.
+        """
+        raw = arguments.strip() or "{}"
+        parsed, problem = parse_tool_arguments(raw)
+        if not name and problem is None:
+            problem = "the tool call has no tool name"
+        return cls(id=id, name=name, arguments=raw, parsed_arguments=parsed, parse_error=problem)
+
+    @property
+    def is_valid(self) -> bool:
+        """Whether the call has a name and its arguments parsed to a JSON object."""
+        return self.parse_error is None
+
+    def to_request(self) -> ToolCallRequest:
+        """Return the call as the neutral `ToolCallRequest` stored in history."""
+        return ToolCallRequest(id=self.id, name=self.name, arguments=self.arguments)
+
+
+class TextDelta(BaseModel):
+    """A piece of the answer's user-visible text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["text_delta"] = "text_delta"
+    text: str
+
+
+class ThinkingDelta(BaseModel):
+    """A piece of the model's reasoning (``reasoning_content`` / ``<thinking>``), not for users."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["thinking_delta"] = "thinking_delta"
+    text: str
+
+
+class ToolCallStarted(BaseModel):
+    """The model began a tool call; its arguments follow as `ToolCallArgumentsDelta`s.
+
+    Attributes:
+        index: The call's position in the completion's ``tool_calls``.
+        id: The call id (the same as in the final `Completion`).
+        name: The tool name.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tool_call_started"] = "tool_call_started"
+    index: int
+    id: str
+    name: str
+
+
+class ToolCallArgumentsDelta(BaseModel):
+    """A piece of a started tool call's raw argument text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tool_call_arguments_delta"] = "tool_call_arguments_delta"
+    index: int
+    id: str
+    delta: str
+
+
+class StreamWarning(BaseModel):
+    """Something the caller should know that did not stop the call.
+
+    Attributes:
+        code: A stable identifier, e.g. ``"stream_options_rejected"`` or
+            ``"stream_with_tools_unsupported"``.
+        message: One sentence for humans.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["warning"] = "warning"
+    code: str
+    message: str
+
+
+class Completion(BaseModel):
+    """The model's whole answer to one request, normalized.
+
+    Attributes:
+        text: The user-visible answer, stripped of surrounding whitespace.
+        thinking: Reasoning the server or the model's ``<thinking>`` blocks exposed.
+        tool_calls: The calls the model asked for, in order.
+        finish_reason: Why the model stopped (``"tool_calls"`` whenever calls are present,
+            unless the answer was cut by ``"length"``).
+        raw_finish_reason: The finish reason exactly as the server sent it.
+        usage: Token usage, when the server reported it.
+        model: The model that answered, as the server named it.
+        response_id: The provider's id for this response.
+        warnings: What the client had to work around to get this answer.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["completion"] = "completion"
+    text: str = ""
+    thinking: str = ""
+    tool_calls: tuple[ToolCallPart, ...] = ()
+    finish_reason: FinishReason = "stop"
+    raw_finish_reason: str | None = None
+    usage: Usage | None = None
+    model: str | None = None
+    response_id: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    def to_message(self) -> ChatMessage:
+        """Return the answer as the assistant `ChatMessage` to append to a prompt."""
+        return ChatMessage(
+            role="assistant",
+            content=self.text,
+            tool_calls=tuple(call.to_request() for call in self.tool_calls),
+        )
+
+
+#: One item of a streamed answer; the last one is always a `Completion`.
+StreamEvent: TypeAlias = Annotated[
+    TextDelta
+    | ThinkingDelta
+    | ToolCallStarted
+    | ToolCallArgumentsDelta
+    | StreamWarning
+    | Completion,
+    Field(discriminator="kind"),
+]
+STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
+
+
+class LLMRequest(BaseModel):
+    """What to ask the model: the prompt, the tools and the sampling settings.
+
+    Unset settings (``None``) fall back to the client's defaults, then to the server's.
+
+    Attributes:
+        messages: The prompt, in the neutral message model.
+        tools: Tools the model may call.
+        model: A model name overriding the client's.
+        temperature: Sampling temperature.
+        top_p: Nucleus sampling.
+        max_tokens: The most tokens the model may generate.
+        stop: Stop sequences.
+        seed: A sampling seed, for servers that honour it.
+        tool_choice: ``"auto"``, ``"none"``, ``"required"`` or the name of one tool to force.
+        parallel_tool_calls: Whether the model may call several tools in one answer.
+        response_format: The provider's ``response_format`` object (e.g. JSON mode).
+        extra_body: Provider-specific fields merged into the request body last.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolDefinition, ...] = ()
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: JsonObject | None = None
+    extra_body: JsonObject = Field(default_factory=dict)
+
+
+@runtime_checkable
+class LLMClient(Protocol):
+    """What agent_flow needs from a model: one answer, whole or streamed.
+
+    Implementations: `agent_flow.llm.OpenAIClient` (any OpenAI-compatible server) and the
+    test doubles `agent_flow.testing.ScriptedLLM` / `FunctionLLM`.
+    """
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        """Return the model's whole answer to `request`.
+
+        Raises:
+            ModelError: A subclass saying precisely what failed.
+        """
+        ...
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[StreamEvent]:
+        """Yield the answer as deltas, ending with the final `Completion`.
+
+        Raises:
+            ModelError: A subclass saying precisely what failed (a truncated stream is an
+                error, never a silently shorter answer).
+        """
+        ...
+
+
+async def final_completion(events: AsyncIterator[StreamEvent]) -> Completion:
+    """Drain a stream and return its final `Completion`.
+
+    Raises:
+        ModelResponseError: The stream ended without a completion.
+    """
+    last: StreamEvent | None = None
+    async for event in events:
+        last = event
+    if not isinstance(last, Completion):
+        raise ModelResponseError("the stream ended without a final completion; the answer is lost")
+    return last
+
+
+_WORDS = re.compile(r"\s*\S+\s*|\s+")
+
+
+def _chunks(text: str, size: int | None) -> Iterator[str]:
+    if not text:
+        return
+    if size is None:
+        yield from _WORDS.findall(text)
+        return
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+def completion_events(
+    completion: Completion, *, chunk_size: int | None = None
+) -> Iterator[StreamEvent]:
+    """Replay a whole completion as the deltas a streaming server would have sent.
+
+    Args:
+        completion: The answer to replay; it is the last event.
+        chunk_size: Characters per text / argument delta; ``None`` splits at words.
+    """
+    for message in completion.warnings:
+        yield StreamWarning(code="warning", message=message)
+    for piece in _chunks(completion.thinking, chunk_size):
+        yield ThinkingDelta(text=piece)
+    for piece in _chunks(completion.text, chunk_size):
+        yield TextDelta(text=piece)
+    for index, call in enumerate(completion.tool_calls):
+        yield ToolCallStarted(index=index, id=call.id, name=call.name)
+        for piece in _chunks(call.arguments, chunk_size):
+            yield ToolCallArgumentsDelta(index=index, id=call.id, delta=piece)
+    yield completion

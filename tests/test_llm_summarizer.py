@@ -1,0 +1,153 @@
+"""LLMSummarizer: history spans summarized by a model, with the summary's size bounded."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_flow.errors import ModelResponseError, UserError
+from agent_flow.history import (
+    SUMMARY_PREFIX,
+    AgentMessage,
+    AgentThinking,
+    History,
+    Summary,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from agent_flow.llm import LLMRequest, LLMSummarizer
+from agent_flow.pruning import SummarizeOldest, Summarizer
+from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM
+from agent_flow.tokens import ApproxCounter
+
+COUNTER = ApproxCounter()
+ENTRIES = [
+    UserMessage(content="Find why the build fails."),
+    AgentThinking(content="SECRET-THOUGHT: check the CI log first."),
+    AgentMessage(content="Reading the log."),
+    ToolCall(call_id="c1", name="read_file", arguments='{"path": "ci.log"}'),
+    ToolResult(call_id="c1", tool_name="read_file", content="error: missing dependency foo"),
+    ToolCall(call_id="c2", name="run", arguments='{"cmd": "pip install foo"}'),
+    ToolResult(call_id="c2", tool_name="run", content="permission denied", is_error=True),
+]
+
+
+async def test_the_model_is_sent_a_transcript_and_asked_for_at_most_max_tokens() -> None:
+    llm = ScriptedLLM(["- The build lacks dependency foo; installing it was denied."])
+    summarizer = LLMSummarizer(llm, counter=COUNTER, model="cheap-model")
+
+    summary = await summarizer.summarize(ENTRIES, max_tokens=60)
+
+    assert summary == "- The build lacks dependency foo; installing it was denied."
+    request = llm.last_request
+    assert request.max_tokens == 60
+    assert request.model == "cheap-model"
+    assert request.messages[0].role == "system"
+    transcript = request.messages[1].content
+    for expected in (
+        "User: Find why the build fails.",
+        "Assistant: Reading the log.",
+        'Assistant called tool read_file with arguments {"path": "ci.log"}',
+        "Tool read_file returned: error: missing dependency foo",
+        "Tool run failed: permission denied",
+    ):
+        assert expected in transcript
+    assert "SECRET-THOUGHT" not in transcript
+    assert "at most 60 tokens" in transcript
+
+
+async def test_a_model_that_overruns_its_budget_is_cut_to_fit() -> None:
+    summarizer = LLMSummarizer(ScriptedLLM(["word " * 500]), counter=COUNTER)
+
+    summary = await summarizer.summarize(ENTRIES, max_tokens=25)
+
+    assert COUNTER.count(summary) <= 25
+    assert summary.startswith("word word")
+    assert summary.endswith("…")
+
+
+async def test_an_empty_answer_is_an_error_not_an_empty_summary() -> None:
+    summarizer = LLMSummarizer(ScriptedLLM(["   "]), counter=COUNTER)
+
+    with pytest.raises(ModelResponseError, match="no text"):
+        await summarizer.summarize(ENTRIES, max_tokens=50)
+
+
+async def test_nothing_to_summarize_makes_no_model_call() -> None:
+    llm = ScriptedLLM([])
+
+    assert await LLMSummarizer(llm, counter=COUNTER).summarize([], max_tokens=10) == ""
+    assert await LLMSummarizer(llm, counter=COUNTER).summarize(ENTRIES[1:2], max_tokens=10) == ""
+    assert llm.requests == []
+    with pytest.raises(UserError, match="max_tokens"):
+        await LLMSummarizer(llm, counter=COUNTER).summarize(ENTRIES, max_tokens=0)
+
+
+async def test_a_span_too_long_for_one_request_is_summarized_in_parts_then_combined() -> None:
+    def model(request: LLMRequest) -> Reply:
+        transcript = request.messages[1].content
+        if "Summary of part" in transcript:
+            return f"combined {transcript.count('Summary of part')} parts"
+        return f"part about {transcript.count('User:')} messages"
+
+    llm = FunctionLLM(model)
+    entries = [UserMessage(content=f"message {i} " + "x" * 200) for i in range(40)]
+    summarizer = LLMSummarizer(llm, counter=COUNTER, max_input_tokens=500)
+
+    summary = await summarizer.summarize(entries, max_tokens=100)
+
+    parts = len(llm.requests) - 1
+    assert parts > 1
+    assert summary == f"combined {parts} parts"
+    for request in llm.requests:
+        transcript = request.messages[1].content
+        body = transcript.split("<conversation>\n", 1)[1].split("\n</conversation>", 1)[0]
+        assert COUNTER.count(body) <= 500
+    assert all(request.max_tokens == 100 for request in llm.requests)
+
+
+async def test_one_huge_tool_result_is_cut_in_the_transcript() -> None:
+    llm = ScriptedLLM(["short"])
+    huge = ToolResult(call_id="c1", tool_name="cat", content="y" * 100_000)
+    entries = [ToolCall(call_id="c1", name="cat"), huge]
+
+    await LLMSummarizer(llm, counter=COUNTER, max_entry_tokens=50).summarize(entries, max_tokens=20)
+
+    assert len(llm.last_request.messages[1].content) < 1_000
+
+
+@given(
+    answer=st.text(min_size=1, max_size=400).filter(str.strip),
+    max_tokens=st.integers(1, 80),
+)
+async def test_a_summary_never_exceeds_its_budget(answer: str, max_tokens: int) -> None:
+    summarizer = LLMSummarizer(ScriptedLLM([answer]), counter=COUNTER)
+
+    summary = await summarizer.summarize(ENTRIES, max_tokens=max_tokens)
+
+    assert COUNTER.count(summary) <= max_tokens
+
+
+async def test_pruning_with_the_llm_summarizer_folds_old_turns_into_the_models_summary() -> None:
+    history = History(counter=COUNTER)
+    history.add(UserMessage(content="Refactor the parser."))
+    for i in range(12):
+        history.add(ToolCall(call_id=f"c{i}", name="read_file", arguments=f'{{"path": "f{i}.py"}}'))
+        history.add(ToolResult(call_id=f"c{i}", tool_name="read_file", content="code " * 60))
+    llm = ScriptedLLM(["- Read f0.py to f9.py; all use the old parser API."])
+    summarizer = LLMSummarizer(llm, counter=COUNTER)
+    assert isinstance(summarizer, Summarizer)
+
+    report = await history.prune(SummarizeOldest(summarizer, keep_last_units=2), max_tokens=400)
+
+    assert report.fits
+    assert report.summary_id is not None
+    summaries = [e for e in history.entries if isinstance(e, Summary)]
+    assert [s.content for s in summaries] == ["- Read f0.py to f9.py; all use the old parser API."]
+    assert any(
+        m.content.startswith(SUMMARY_PREFIX) and "old parser API" in m.content
+        for m in history.to_messages()
+    )
+    llm.assert_all_consumed()
