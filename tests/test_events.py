@@ -1,0 +1,223 @@
+from __future__ import annotations
+
+import asyncio
+import gc
+import typing
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_flow.environment import EnvironmentChange
+from agent_flow.events import (
+    EVENT_ADAPTER,
+    AgentEvent,
+    EnvironmentUpdated,
+    EventBus,
+    EventsDropped,
+    TextDelta,
+    ToolCallStarted,
+    event_from_json,
+    event_to_json,
+)
+from tests.strategies import json_values
+
+
+def text(seq: int, value: str = "x") -> TextDelta:
+    return TextDelta(run_id="r1", seq=seq, text=value)
+
+
+async def collect(subscription: typing.AsyncIterator[AgentEvent]) -> list[AgentEvent]:
+    return [event async for event in subscription]
+
+
+def event_classes() -> list[type]:
+    annotated = typing.get_args(AgentEvent)[0]
+    return list(typing.get_args(annotated))
+
+
+def test_every_event_class_is_in_the_union_and_has_a_distinct_kind() -> None:
+    import agent_flow.events as module
+
+    members = set(event_classes())
+    defined = {
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, module._Event) and obj is not module._Event
+    }
+    assert defined == members
+    kinds = [cls.model_fields["kind"].default for cls in members]
+    assert len(kinds) == len(set(kinds))
+
+
+@given(st.data())
+def test_every_event_kind_round_trips_through_one_json_line(data: st.DataObject) -> None:
+    for cls in event_classes():
+        finite = {
+            name: st.floats(0, 1e9)
+            for name, field in cls.model_fields.items()
+            if field.annotation in (float, "float")
+        }
+        json_fields = {
+            name: json_values()
+            for name, field in cls.model_fields.items()
+            if "JsonValue" in str(field.annotation)
+        }
+        if cls is EnvironmentUpdated:
+            json_fields["changes"] = st.lists(
+                st.builds(
+                    EnvironmentChange,
+                    version=st.integers(0, 100),
+                    op=st.sampled_from(["set", "delete"]),
+                    pointer=st.text(),
+                    old=json_values(),
+                    new=json_values(),
+                ),
+                max_size=3,
+            ).map(tuple)
+        event = data.draw(
+            st.builds(cls, run_id=st.text(), seq=st.integers(0, 10**9), **finite, **json_fields)
+        )
+        line = event_to_json(event)
+        assert "\n" not in line
+        assert event_from_json(line) == event
+        assert EVENT_ADAPTER.validate_python(event.model_dump()) == event
+
+
+async def test_every_subscriber_receives_every_event_in_order() -> None:
+    bus = EventBus()
+    subs = [bus.subscribe() for _ in range(3)]
+    readers = [asyncio.create_task(collect(s)) for s in subs]
+    for seq in range(50):
+        await bus.publish(text(seq))
+    bus.close()
+    results = await asyncio.gather(*readers)
+    for received in results:
+        assert [e.seq for e in received] == list(range(50))
+
+
+async def test_a_wait_subscriber_applies_back_pressure_without_losing_events() -> None:
+    bus = EventBus()
+    slow = bus.subscribe(maxsize=2, policy="wait")
+    fast = bus.subscribe(maxsize=100)
+    published: list[int] = []
+
+    async def producer() -> None:
+        for seq in range(10):
+            await bus.publish(text(seq))
+            published.append(seq)
+        bus.close()
+
+    task = asyncio.create_task(producer())
+    # Let the producer run as far as it can: it stops when the slow queue is full.
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert published == [0, 1]
+    assert not task.done()
+    received = await collect(slow)
+    await task
+    assert [e.seq for e in received] == list(range(10))
+    assert [e.seq for e in await collect(fast)] == list(range(10))
+
+
+async def test_a_drop_oldest_subscriber_never_blocks_and_reports_the_gap() -> None:
+    bus = EventBus()
+    lossy = bus.subscribe(maxsize=3, policy="drop_oldest")
+    for seq in range(10):
+        await bus.publish(text(seq))
+    bus.close()
+    received = await collect(lossy)
+    assert isinstance(received[0], EventsDropped)
+    assert received[0].count == 7
+    assert (received[0].first_seq, received[0].last_seq) == (0, 6)
+    assert [e.seq for e in received[1:]] == [7, 8, 9]
+    assert lossy.dropped_total == 7
+
+
+async def test_a_subscriber_that_breaks_out_early_does_not_stall_the_publisher() -> None:
+    bus = EventBus()
+
+    async def reads_two() -> list[int]:
+        seen = []
+        async for event in bus.subscribe(maxsize=1, policy="wait"):
+            seen.append(event.seq)
+            if len(seen) == 2:
+                break
+        return seen
+
+    other = bus.subscribe()
+    reader = asyncio.create_task(reads_two())
+    for seq in range(20):
+        await bus.publish(text(seq))
+        if seq == 5:
+            assert await reader == [0, 1]
+            gc.collect()
+    bus.close()
+    assert [e.seq for e in await collect(other)] == list(range(20))
+    assert bus.subscriber_count == 0
+
+
+async def test_a_subscriber_that_raises_does_not_affect_others() -> None:
+    bus = EventBus()
+
+    async def crashes() -> None:
+        async for _event in bus.subscribe(maxsize=1):
+            raise RuntimeError("subscriber bug")
+
+    healthy = bus.subscribe()
+    crashing = asyncio.create_task(crashes())
+    for seq in range(5):
+        await bus.publish(text(seq))
+    with pytest.raises(RuntimeError, match="subscriber bug"):
+        await crashing
+    gc.collect()
+    for seq in range(5, 10):
+        await bus.publish(text(seq))
+    bus.close()
+    assert [e.seq for e in await collect(healthy)] == list(range(10))
+
+
+async def test_subscriptions_can_join_late_and_filter_by_kind() -> None:
+    bus = EventBus()
+    await bus.publish(text(0))
+    late = bus.subscribe(kinds={"tool_call_started"})
+    await bus.publish(text(1))
+    await bus.publish(ToolCallStarted(run_id="r1", seq=2, call_id="c", name="t", arguments="{}"))
+    bus.close()
+    assert [e.seq for e in await collect(late)] == [2]
+
+
+async def test_async_with_leaves_the_bus_and_close_ends_iteration() -> None:
+    bus = EventBus()
+    async with bus.subscribe() as sub:
+        assert bus.subscriber_count == 1
+    assert bus.subscriber_count == 0
+    assert sub.closed
+    kept = bus.subscribe()
+    bus.close()
+    assert await collect(kept) == []
+    again = bus.subscribe()
+    await bus.publish(text(3))
+    bus.close()
+    assert [e.seq for e in await collect(again)] == [3]
+
+
+async def test_hooks_run_per_kind_and_a_failing_hook_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bus = EventBus()
+    seen: list[str] = []
+
+    async def async_hook(event: AgentEvent) -> None:
+        seen.append(f"async:{event.kind}")
+
+    def broken(event: AgentEvent) -> None:
+        raise ValueError("hook bug")
+
+    bus.on("text_delta", lambda e: seen.append(f"sync:{e.kind}"))
+    bus.on(None, async_hook)
+    bus.on(["tool_call_started"], broken)
+    await bus.publish(text(0))
+    await bus.publish(ToolCallStarted(run_id="r1", seq=1, call_id="c", name="t", arguments="{}"))
+    assert seen == ["sync:text_delta", "async:text_delta", "async:tool_call_started"]
+    assert "hook bug" in caplog.text
