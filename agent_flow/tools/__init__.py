@@ -1,0 +1,166 @@
+"""Tools: define them, execute the model's calls safely, and connect MCP servers.
+
+Also here: result handlers, policy and approvals, and the built-in workspace and
+loop-control tools.
+
+The pieces, by module:
+
+- `base`: the `Tool` protocol, `BaseTool`, `@tool` (typed functions → tools), `ToolContext`;
+- `results`: `ToolResult`, `Attachment` and the loop-control signals;
+- `executor`: `ToolExecutor` (registry, validation, policy, timeouts, truncation, handlers),
+  `ToolOutcome` and `ToolHooks`;
+- `policy`: `ToolPolicy`, `PolicyEngine`, approval requests and responses;
+- `handlers`: `HandlerRegistry` and the built-in result handlers;
+- `mcp`: MCP server configs, `MCPConnection`, `MCPServers`, `MCPTool`;
+- `workspace`: `Workspace` and `workspace_tools`;
+- `control`: ``task_completion``, ``ask_question``, ``converse`` and ``update_plan``.
+"""
+
+from __future__ import annotations
+
+from agent_flow.tools.base import (
+    BaseTool,
+    FunctionTool,
+    ProgressCallback,
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    ToolOutput,
+    parse_docstring,
+    to_tool_result,
+    tool,
+)
+from agent_flow.tools.control import (
+    CONTROL_TOOL_NAMES,
+    PlanStepInput,
+    ask_question,
+    control_tools,
+    converse,
+    task_completion,
+    update_plan,
+)
+from agent_flow.tools.executor import (
+    MAX_TOOL_NAME_LENGTH,
+    MIN_OUTPUT_TOKENS,
+    RegisteredTool,
+    ToolExecutor,
+    ToolHooks,
+    ToolOutcome,
+    provider_tool_name,
+    truncate_to_tokens,
+)
+from agent_flow.tools.handlers import (
+    TOOL_RESULTS_EXTENSION,
+    HandlerError,
+    HandlerRegistry,
+    HandlerReport,
+    ResultHandler,
+    directory_tree_handler,
+    parse_text_tree,
+    record_latest_result,
+    search_results_handler,
+)
+from agent_flow.tools.mcp import (
+    MCP_SERVER_CONFIG_ADAPTER,
+    MCPConnection,
+    MCPServerConfig,
+    MCPServerHTTP,
+    MCPServers,
+    MCPServerStdio,
+    MCPTool,
+    convert_call_result,
+)
+from agent_flow.tools.policy import (
+    DEFAULT_DANGEROUS_COMMANDS,
+    DEFAULT_FORBIDDEN_COMMANDS,
+    ApprovalCallback,
+    ApprovalRequest,
+    ApprovalResponse,
+    PolicyDecision,
+    PolicyEngine,
+    PolicyRule,
+    RiskLevel,
+    ToolPolicy,
+    Verdict,
+)
+from agent_flow.tools.results import (
+    CONTROL_SIGNAL_ADAPTER,
+    Attachment,
+    ControlSignal,
+    ConverseMessage,
+    ErrorKind,
+    PlanUpdate,
+    TaskCompletion,
+    ToolResult,
+    UserQuestion,
+)
+from agent_flow.tools.workspace import DEFAULT_EXCLUDES, UnsafePathError, Workspace, workspace_tools
+
+__all__ = [
+    "CONTROL_SIGNAL_ADAPTER",
+    "CONTROL_TOOL_NAMES",
+    "DEFAULT_DANGEROUS_COMMANDS",
+    "DEFAULT_EXCLUDES",
+    "DEFAULT_FORBIDDEN_COMMANDS",
+    "MAX_TOOL_NAME_LENGTH",
+    "MCP_SERVER_CONFIG_ADAPTER",
+    "MIN_OUTPUT_TOKENS",
+    "TOOL_RESULTS_EXTENSION",
+    "ApprovalCallback",
+    "ApprovalRequest",
+    "ApprovalResponse",
+    "Attachment",
+    "BaseTool",
+    "ControlSignal",
+    "ConverseMessage",
+    "ErrorKind",
+    "FunctionTool",
+    "HandlerError",
+    "HandlerRegistry",
+    "HandlerReport",
+    "MCPConnection",
+    "MCPServerConfig",
+    "MCPServerHTTP",
+    "MCPServerStdio",
+    "MCPServers",
+    "MCPTool",
+    "PlanStepInput",
+    "PlanUpdate",
+    "PolicyDecision",
+    "PolicyEngine",
+    "PolicyRule",
+    "ProgressCallback",
+    "RegisteredTool",
+    "ResultHandler",
+    "RiskLevel",
+    "TaskCompletion",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolContext",
+    "ToolExecutor",
+    "ToolHooks",
+    "ToolOutcome",
+    "ToolOutput",
+    "ToolPolicy",
+    "ToolResult",
+    "UnsafePathError",
+    "UserQuestion",
+    "Verdict",
+    "Workspace",
+    "ask_question",
+    "control_tools",
+    "converse",
+    "convert_call_result",
+    "directory_tree_handler",
+    "parse_docstring",
+    "parse_text_tree",
+    "provider_tool_name",
+    "record_latest_result",
+    "search_results_handler",
+    "task_completion",
+    "to_tool_result",
+    "tool",
+    "truncate_to_tokens",
+    "update_plan",
+    "workspace_tools",
+]

@@ -1,0 +1,778 @@
+"""MCP servers as agent_flow tools (through the ``mcp`` SDK 2.x).
+
+Configuration is data: `MCPServerStdio` (command, args, env, cwd) and `MCPServerHTTP`
+(streamable HTTP: URL, headers) are frozen pydantic models, tagged by ``kind``, so they load
+from a config file (`MCP_SERVER_CONFIG_ADAPTER`). Each names the server (the namespace of its
+tools: ``<server>_<tool>``), allow/deny lists of tool names (globs; deny wins), the call
+timeout, and how often the server may be restarted.
+
+`MCPConnection` owns one live session. The SDK's transports are anyio context managers that
+must be entered and left by the same task, so each session lives in a task of its own which
+enters the transport and the `ClientSession`, initializes, lists every page of tools, and then
+waits to be told to stop; calls are made from any task through the session. Failures:
+
+- an ``is_error`` result becomes an error result (kind ``"reported"``) with the server's text;
+- a JSON-RPC error raised by the SDK (`mcp.MCPError`) becomes an error result naming the code;
+- a call that outlives its timeout becomes a ``"timeout"`` error result; the session is then
+  pinged before its next use and restarted if it does not answer;
+- a server that crashes or closes the connection fails the calls in flight with a
+  ``"server_unavailable"`` error result and is restarted on its next use, at most
+  ``max_restarts`` times over the connection's life; after that every call fails at once
+  with a message saying so.
+
+A stdio server's stderr never reaches the terminal: it goes to the file named by
+``stderr_log`` or, by default, line by line to the ``agent_flow.tools.mcp`` logger.
+
+`MCPServers` starts several servers at once as one ``async with`` block and registers their
+tools with a `ToolExecutor`. Results are converted for the model: text as is, structured
+content as the result's data (and as JSON text when there is no text), images, audio and
+binary resources described (mime type, size, URI) and kept as `Attachment`s, never pasted as
+base64; embedded text resources are included with their URI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Literal, Self, TextIO, TypeAlias
+
+import anyio
+import httpx2
+import mcp_types
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from agent_flow._types import JsonObject, JsonValue
+from agent_flow.errors import MCPServerError, ToolDefinitionError
+from agent_flow.tools.base import ProgressCallback, ToolContext
+from agent_flow.tools.policy import RiskLevel, ToolPolicy
+from agent_flow.tools.results import Attachment, ToolResult
+
+if TYPE_CHECKING:
+    from mcp.client._transport import TransportStreams
+
+    from agent_flow.tools.executor import ToolExecutor
+
+__all__ = [
+    "MCP_SERVER_CONFIG_ADAPTER",
+    "MCPConnection",
+    "MCPServerConfig",
+    "MCPServerHTTP",
+    "MCPServerStdio",
+    "MCPServers",
+    "MCPTool",
+    "convert_call_result",
+]
+
+logger = logging.getLogger(__name__)
+
+_CONNECTION_CLOSED = mcp_types.CONNECTION_CLOSED
+_REQUEST_TIMEOUT = mcp_types.REQUEST_TIMEOUT
+_TRANSPORT_ERRORS = (
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    ConnectionError,
+    httpx2.TransportError,
+)
+
+
+class _ServerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,40}$")
+    allow_tools: tuple[str, ...] | None = None
+    deny_tools: tuple[str, ...] = ()
+    timeout: float = Field(default=60.0, gt=0)
+    connect_timeout: float = Field(default=30.0, gt=0)
+    ping_timeout: float = Field(default=5.0, gt=0)
+    max_restarts: int = Field(default=3, ge=0)
+    required: bool = True
+    policy: ToolPolicy | None = None
+    tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
+
+    def allows(self, tool_name: str) -> bool:
+        """Whether the allow and deny lists let `tool_name` through (deny wins)."""
+        if any(fnmatch.fnmatchcase(tool_name, p) for p in self.deny_tools):
+            return False
+        if self.allow_tools is None:
+            return True
+        return any(fnmatch.fnmatchcase(tool_name, p) for p in self.allow_tools)
+
+    def policy_for(self, tool: mcp_types.Tool) -> ToolPolicy:
+        """The policy of one of the server's tools.
+
+        The first matching `tool_policies` glob wins; otherwise the server's `policy` (or the
+        default policy), marked read-only when the server hints so and high-risk when it
+        hints that the tool is destructive.
+        """
+        for pattern, policy in self.tool_policies.items():
+            if fnmatch.fnmatchcase(tool.name, pattern):
+                return policy
+        if self.policy is not None:
+            return self.policy
+        hints = tool.annotations
+        read_only = bool(hints and hints.read_only_hint)
+        destructive = bool(hints and hints.destructive_hint) and not read_only
+        return ToolPolicy(
+            read_only=read_only, risk=RiskLevel.HIGH if destructive else RiskLevel.LOW
+        )
+
+
+class MCPServerStdio(_ServerConfig):
+    """An MCP server run as a subprocess speaking over stdin/stdout.
+
+    Attributes:
+        name: The server's name, also the namespace of its tools.
+        command: The executable.
+        args: Its arguments.
+        env: Extra environment variables (over a minimal safe inherited set).
+        cwd: Its working directory.
+        stderr_log: A file the server's stderr is appended to (default: the logger).
+        allow_tools: Only these tools (globs) are offered; ``None`` offers all.
+        deny_tools: These tools (globs) are never offered.
+        timeout: Seconds a call may take.
+        connect_timeout: Seconds starting and initializing may take.
+        ping_timeout: Seconds a liveness ping may take after a call timed out.
+        max_restarts: How often the server may be restarted over the connection's life.
+        required: Whether `MCPServers` fails when this server cannot start (else it skips it).
+        policy: The policy of all its tools (default: from the server's hints).
+        tool_policies: Policies of particular tools, by glob.
+    """
+
+    kind: Literal["stdio"] = "stdio"
+    command: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    stderr_log: str | None = None
+
+
+class MCPServerHTTP(_ServerConfig):
+    """An MCP server reached over streamable HTTP.
+
+    Attributes:
+        name: The server's name, also the namespace of its tools.
+        url: The endpoint, e.g. ``http://127.0.0.1:8000/mcp``.
+        headers: Headers sent with every request (e.g. authorization).
+        allow_tools: Only these tools (globs) are offered; ``None`` offers all.
+        deny_tools: These tools (globs) are never offered.
+        timeout: Seconds a call may take.
+        connect_timeout: Seconds initializing may take.
+        ping_timeout: Seconds a liveness ping may take after a call timed out.
+        max_restarts: How often the session may be re-established.
+        required: Whether `MCPServers` fails when this server cannot be reached.
+        policy: The policy of all its tools (default: from the server's hints).
+        tool_policies: Policies of particular tools, by glob.
+    """
+
+    kind: Literal["http"] = "http"
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+MCPServerConfig: TypeAlias = Annotated[MCPServerStdio | MCPServerHTTP, Field(discriminator="kind")]
+MCP_SERVER_CONFIG_ADAPTER: TypeAdapter[MCPServerConfig] = TypeAdapter(MCPServerConfig)
+
+
+# --- result conversion --------------------------------------------------------------------
+
+
+def _b64_size(data: str) -> int:
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def convert_call_result(result: mcp_types.CallToolResult) -> ToolResult:
+    """Convert an MCP tool result into a `ToolResult` (see the module docstring)."""
+    parts: list[str] = []
+    attachments: list[Attachment] = []
+    for block in result.content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+            kind: Literal["image", "audio"] = (
+                "image" if isinstance(block, mcp_types.ImageContent) else "audio"
+            )
+            size = _b64_size(block.data)
+            description = f"[{kind}: {block.mime_type}, {size} bytes]"
+            parts.append(description)
+            attachments.append(
+                Attachment(
+                    kind=kind,
+                    description=description,
+                    mime_type=block.mime_type,
+                    size_bytes=size,
+                    data=block.data,
+                )
+            )
+        elif isinstance(block, mcp_types.EmbeddedResource):
+            resource = block.resource
+            uri = str(resource.uri)
+            mime = resource.mime_type or "unknown type"
+            if isinstance(resource, mcp_types.TextResourceContents):
+                parts.append(f"[resource {uri} ({mime})]\n{resource.text}")
+            else:
+                size = _b64_size(resource.blob)
+                description = f"[resource {uri}: {mime}, {size} bytes]"
+                parts.append(description)
+                attachments.append(
+                    Attachment(
+                        kind="resource",
+                        description=description,
+                        mime_type=resource.mime_type,
+                        uri=uri,
+                        size_bytes=size,
+                        data=resource.blob,
+                    )
+                )
+        elif isinstance(block, mcp_types.ResourceLink):
+            uri = str(block.uri)
+            label = block.title or block.name
+            description = f"[resource link: {label} {uri}" + (
+                f" ({block.mime_type})]" if block.mime_type else "]"
+            )
+            parts.append(description)
+            attachments.append(
+                Attachment(
+                    kind="resource_link",
+                    description=description,
+                    mime_type=block.mime_type,
+                    uri=uri,
+                    size_bytes=block.size,
+                )
+            )
+    data: JsonValue = _JSON.validate_python(result.structured_content)
+    content = "\n".join(parts)
+    if not content and data is not None:
+        content = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return ToolResult(
+        content=content or ("(no output)" if not result.is_error else "the tool failed"),
+        data=data,
+        is_error=result.is_error,
+        error_kind="reported" if result.is_error else None,
+        attachments=tuple(attachments),
+    )
+
+
+_JSON: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
+
+
+# --- one live session ---------------------------------------------------------------------
+
+
+class _Session:
+    """One started server session, owned by its own task."""
+
+    def __init__(self) -> None:
+        self.client: ClientSession | None = None
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.tools: list[mcp_types.Tool] = []
+        self.broken = False  # the connection failed: restart before the next call
+        self.suspect = False  # a call timed out or was cancelled: ping before the next call
+
+    @property
+    def usable(self) -> bool:
+        return (
+            self.client is not None
+            and not self.broken
+            and self.task is not None
+            and not self.task.done()
+        )
+
+
+class MCPConnection:
+    """A connection to one MCP server: start, list, call, restart, close.
+
+    Use as ``async with MCPConnection(config) as connection:``. After it started,
+    `tools` holds one `MCPTool` per offered tool.
+
+    Args:
+        config: The server's configuration.
+    """
+
+    def __init__(self, config: MCPServerConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.restarts = 0
+        self.last_error: str | None = None
+        self._session: _Session | None = None
+        self._retired: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._opened = False
+        self._tools: list[MCPTool] = []
+
+    def __repr__(self) -> str:
+        return f"MCPConnection({self.name!r})"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def tools(self) -> list[MCPTool]:
+        """The server's offered tools (allow/deny lists applied), as agent_flow tools."""
+        return list(self._tools)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a session is up and not known to be broken."""
+        return self._session is not None and self._session.usable
+
+    async def start(self) -> None:
+        """Start the server (or connect), initialize, and list its tools.
+
+        Raises:
+            MCPServerError: The server could not be started, reached or initialized.
+        """
+        if self._closed:
+            raise MCPServerError(f"MCP connection {self.name!r} is closed; create a new one")
+        session = await self._usable_session()
+        self._tools = [
+            MCPTool(self, remote) for remote in session.tools if self.config.allows(remote.name)
+        ]
+
+    async def list_remote_tools(self) -> list[mcp_types.Tool]:
+        """Every tool the server lists (all pages, allow/deny lists not applied)."""
+        session = await self._usable_session()
+        return await self._list_all(session)
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: JsonObject,
+        *,
+        timeout_seconds: float | None = None,
+        progress_callback: ProgressCallback | None = None,
+    ) -> ToolResult:
+        """Call the server's tool `name` and convert its result; never raises for failures.
+
+        Args:
+            name: The tool's name on the server.
+            arguments: Its arguments.
+            timeout_seconds: Seconds the call may take (default: the config's timeout).
+            progress_callback: Receives the server's progress notifications.
+        """
+        limit = timeout_seconds if timeout_seconds is not None else self.config.timeout
+        try:
+            session = await self._usable_session()
+        except MCPServerError as err:
+            return ToolResult.error(str(err), kind="server_unavailable")
+        assert session.client is not None
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            if progress_callback is not None:
+                await progress_callback(progress, total, message)
+
+        try:
+            result = await session.client.call_tool(
+                name, arguments, read_timeout_seconds=limit, progress_callback=on_progress
+            )
+        except MCPError as err:
+            return self._call_error(session, name, err, limit)
+        except _TRANSPORT_ERRORS as err:
+            session.broken = True
+            self.last_error = _describe(err)
+            return ToolResult.error(
+                f"the connection to MCP server {self.name!r} failed during the call to "
+                f"{name!r} ({type(err).__name__}); it will be restarted on the next call",
+                kind="server_unavailable",
+            )
+        except RuntimeError as err:  # the SDK's result checks (output schema, input required)
+            return ToolResult.error(
+                f"MCP server {self.name!r} returned an unusable result for {name!r}: {err}",
+                kind="mcp_error",
+            )
+        except asyncio.CancelledError:
+            session.suspect = True
+            raise
+        return convert_call_result(result)
+
+    def _call_error(self, session: _Session, name: str, err: MCPError, limit: float) -> ToolResult:
+        if err.code == _CONNECTION_CLOSED:
+            session.broken = True
+            self.last_error = err.message
+            return ToolResult.error(
+                f"MCP server {self.name!r} closed the connection during the call to {name!r} "
+                f"({err.message}); it will be restarted on the next call",
+                kind="server_unavailable",
+            )
+        if err.code == _REQUEST_TIMEOUT:
+            session.suspect = True
+            return ToolResult.error(
+                f"MCP server {self.name!r} did not answer the call to {name!r} within "
+                f"{limit:g}s; try a smaller request",
+                kind="timeout",
+            )
+        return ToolResult.error(
+            f"MCP server {self.name!r} refused the call to {name!r}: {err.message} "
+            f"(JSON-RPC error {err.code})",
+            kind="mcp_error",
+            data={"code": err.code, "message": err.message, "data": _jsonable(err.data)},
+        )
+
+    async def aclose(self) -> None:
+        """Stop the server (or end the session); calls afterwards fail with an error result."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            self._retire(session)
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
+
+    # --- session management ---------------------------------------------------------------
+
+    async def _usable_session(self) -> _Session:
+        session = self._session
+        if session is not None and session.usable and not session.suspect:
+            return session
+        async with self._lock:
+            session = self._session
+            if session is not None and session.usable:
+                if not session.suspect or await self._answers_ping(session):
+                    session.suspect = False
+                    return session
+                session.broken = True
+                self.last_error = f"no answer to a ping within {self.config.ping_timeout:g}s"
+            if self._closed:
+                raise MCPServerError(f"MCP connection {self.name!r} is closed")
+            if session is not None:
+                self._session = None
+                self._retire(session)
+            if not self._opened:
+                # The first start (explicit, or lazily on the first call) is not a restart.
+                self._opened = True
+                self._session = await self._open()
+                return self._session
+            if self.restarts >= self.config.max_restarts:
+                times = "time" if self.restarts == 1 else "times"
+                raise MCPServerError(
+                    f"MCP server {self.name!r} stopped ({self.last_error or 'no reason given'}) "
+                    f"and was already restarted {self.restarts} {times}, the limit; "
+                    "it is not restarted again"
+                )
+            self.restarts += 1
+            logger.warning(
+                "restarting MCP server %r (restart %d of at most %d) after: %s",
+                self.name,
+                self.restarts,
+                self.config.max_restarts,
+                self.last_error,
+            )
+            self._session = await self._open()
+            return self._session
+
+    async def _answers_ping(self, session: _Session) -> bool:
+        assert session.client is not None
+        try:
+            async with asyncio.timeout(self.config.ping_timeout):
+                await session.client.send_ping()
+        except (TimeoutError, MCPError, *_TRANSPORT_ERRORS):
+            return False
+        return True
+
+    def _retire(self, session: _Session) -> None:
+        session.stop.set()
+        if session.task is not None and not session.task.done():
+            self._retired.add(session.task)
+            session.task.add_done_callback(self._retired.discard)
+
+    async def _open(self) -> _Session:
+        session = _Session()
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        session.task = asyncio.create_task(
+            self._serve(session, ready), name=f"mcp-server-{self.name}"
+        )
+        try:
+            await asyncio.shield(ready)
+        except asyncio.CancelledError:
+            self._retire(session)
+            raise
+        except Exception as err:
+            self.last_error = _describe(err)
+            verb = "reached" if isinstance(self.config, MCPServerHTTP) else "started"
+            raise MCPServerError(
+                f"MCP server {self.name!r} could not be {verb}: {self.last_error}"
+            ) from err
+        return session
+
+    async def _serve(self, session: _Session, ready: asyncio.Future[None]) -> None:
+        """Own the transport and the client session for their whole life (one task)."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport(stack))
+                client = await stack.enter_async_context(ClientSession(read, write))
+                with anyio.fail_after(self.config.connect_timeout):
+                    await client.initialize()
+                    session.tools = await self._list_all_with(client)
+                session.client = client
+                ready.set_result(None)
+                await session.stop.wait()
+        except Exception as err:
+            session.broken = True
+            if not ready.done():
+                ready.set_exception(err)
+            elif session.stop.is_set():
+                # Closing a session whose server is already gone fails noisily; that is expected.
+                logger.debug("MCP server %r session closed with: %s", self.name, _describe(err))
+            else:
+                self.last_error = _describe(err)
+                logger.warning("MCP server %r session ended: %s", self.name, self.last_error)
+        except asyncio.CancelledError:
+            session.broken = True
+            if not ready.done():
+                ready.set_exception(
+                    MCPServerError(f"starting MCP server {self.name!r} was cancelled")
+                )
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> AsyncIterator[TransportStreams]:
+        config = self.config
+        if isinstance(config, MCPServerHTTP):
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(
+                    headers=config.headers,
+                    timeout=httpx2.Timeout(config.connect_timeout, read=max(config.timeout, 30.0)),
+                )
+            )
+            async with streamable_http_client(config.url, http_client=http) as streams:
+                yield streams
+            return
+        parameters = StdioServerParameters(
+            command=config.command, args=list(config.args), env=config.env, cwd=config.cwd
+        )
+        if config.stderr_log is not None:
+            log_file: TextIO = await asyncio.to_thread(
+                open, config.stderr_log, "a", encoding="utf-8"
+            )
+            try:
+                async with stdio_client(parameters, errlog=log_file) as streams:
+                    yield streams
+            finally:
+                log_file.close()
+            return
+        async with (
+            _stderr_to_logger(self.name) as errlog,
+            stdio_client(parameters, errlog=errlog) as streams,
+        ):
+            _close_quietly(errlog)  # the child has its own copy now
+            yield streams
+
+    async def _list_all(self, session: _Session) -> list[mcp_types.Tool]:
+        assert session.client is not None
+        return await self._list_all_with(session.client)
+
+    @staticmethod
+    async def _list_all_with(client: ClientSession) -> list[mcp_types.Tool]:
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        while True:
+            params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await client.list_tools(params=params)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor or cursor in seen:  # a server repeating a cursor would loop forever
+                return tools
+            seen.add(cursor)
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: message`` of the first real error, looking inside exception groups."""
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def _jsonable(value: object) -> JsonValue:
+    try:
+        return _JSON.validate_python(value)
+    except ValueError:
+        return repr(value)
+
+
+def _close_quietly(handle: TextIO) -> None:
+    with contextlib.suppress(OSError):
+        handle.close()
+
+
+@contextlib.asynccontextmanager
+async def _stderr_to_logger(server: str) -> AsyncIterator[TextIO]:
+    """A pipe whose write end becomes the server's stderr; its lines go to the logger."""
+    read_fd, write_fd = os.pipe()
+    writer = os.fdopen(write_fd, "w", encoding="utf-8")
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
+    )
+
+    async def forward() -> None:
+        while line := await reader.readline():
+            logger.info("[%s] %s", server, line.decode("utf-8", errors="replace").rstrip())
+
+    task = asyncio.create_task(forward(), name=f"mcp-stderr-{server}")
+    try:
+        yield writer
+    finally:
+        _close_quietly(writer)
+        # The server is gone; its last lines are in the pipe. A straggling child that still
+        # holds the pipe open must not hold us up.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(task)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        transport.close()
+
+
+# --- tools --------------------------------------------------------------------------------
+
+
+class MCPTool:
+    """One tool of an MCP server, as an agent_flow `Tool`.
+
+    Its `name` is the server's tool name; register it with the server's name as namespace
+    (`MCPServers.register` does) so the model sees ``<server>_<tool>``.
+    """
+
+    def __init__(self, connection: MCPConnection, remote: mcp_types.Tool) -> None:
+        self.connection = connection
+        self.remote = remote
+        self.name = remote.name
+        self.description = remote.description or remote.title or ""
+        parameters: JsonObject = dict(remote.input_schema)
+        parameters.setdefault("type", "object")
+        parameters.setdefault("properties", {})
+        self.parameters = parameters
+        self.policy = connection.config.policy_for(remote)
+        # The connection bounds a call itself (a restart, a ping, the call); the executor's
+        # limit is only a backstop above the sum, so the connection's own message comes first.
+        config = connection.config
+        self.timeout: float | None = (
+            config.connect_timeout + config.ping_timeout + config.timeout + 5.0
+        )
+
+    def __repr__(self) -> str:
+        return f"MCPTool({self.connection.name!r}, {self.name!r})"
+
+    async def run(self, arguments: JsonObject, context: ToolContext) -> ToolResult:
+        """Call the tool on its server."""
+        return await self.connection.call_tool(
+            self.name, arguments, progress_callback=context.report_progress
+        )
+
+
+class MCPServers:
+    """Several MCP servers started and stopped together.
+
+    ```python
+    async with MCPServers([MCPServerStdio(name="fs", command="mcp-fs")]) as servers:
+        servers.register(executor)  # fs_read_file, fs_write_file, ...
+    ```
+
+    Servers start concurrently. A required server that fails to start makes entering fail
+    (the others are stopped again); an optional one is skipped with a warning.
+
+    Args:
+        servers: Configurations or connections.
+
+    Raises:
+        ToolDefinitionError: Two servers share a name.
+    """
+
+    def __init__(self, servers: Iterable[MCPServerConfig | MCPConnection]) -> None:
+        self.connections: dict[str, MCPConnection] = {}
+        for server in servers:
+            connection = server if isinstance(server, MCPConnection) else MCPConnection(server)
+            if connection.name in self.connections:
+                raise ToolDefinitionError(
+                    f"two MCP servers are named {connection.name!r}; give each a unique name"
+                )
+            self.connections[connection.name] = connection
+        self.failed: dict[str, str] = {}
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __getitem__(self, name: str) -> MCPConnection:
+        return self.connections[name]
+
+    async def start(self) -> None:
+        """Start every server concurrently.
+
+        Raises:
+            MCPServerError: A required server could not be started.
+        """
+        connections = list(self.connections.values())
+        outcomes = await asyncio.gather(
+            *(connection.start() for connection in connections), return_exceptions=True
+        )
+        errors: list[str] = []
+        for connection, outcome in zip(connections, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    await self.aclose()
+                    raise outcome
+                self.failed[connection.name] = str(outcome)
+                if connection.config.required:
+                    errors.append(str(outcome))
+                else:
+                    logger.warning("skipping optional MCP server: %s", outcome)
+                    del self.connections[connection.name]
+                    await connection.aclose()
+        if errors:
+            await self.aclose()
+            raise MCPServerError("; ".join(errors))
+
+    def tools(self) -> list[tuple[str, MCPTool]]:
+        """Every offered tool, with its server's name (its namespace)."""
+        return [
+            (name, tool)
+            for name, connection in self.connections.items()
+            for tool in connection.tools
+        ]
+
+    def register(self, executor: ToolExecutor) -> list[str]:
+        """Register every offered tool with `executor` as ``<server>_<tool>``; return the names.
+
+        Raises:
+            DuplicateToolError: A resulting name is taken.
+            ToolDefinitionError: A server's tool has an invalid parameter schema.
+        """
+        return [executor.register(tool, namespace=name) for name, tool in self.tools()]
+
+    async def aclose(self) -> None:
+        """Stop every server."""
+        await asyncio.gather(
+            *(connection.aclose() for connection in self.connections.values()),
+            return_exceptions=True,
+        )

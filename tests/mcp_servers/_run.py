@@ -1,0 +1,35 @@
+"""Run a test MCP server over stdio (default) or streamable HTTP on 127.0.0.1.
+
+``python <server>.py http`` binds a free port itself, prints it on stdout as the first line,
+then serves; the test reads the port and stops the process when done.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import anyio
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+
+
+def run(server: MCPServer) -> None:
+    """Serve `server` on the transport named by the first command-line argument."""
+    transport = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    if transport == "stdio":
+        server.run()
+        return
+    anyio.run(_serve_http, server)
+
+
+async def _serve_http(server: MCPServer) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    # The socket is listening already, so the port is usable as soon as it is printed.
+    print(sock.getsockname()[1], flush=True)
+    await uvicorn.Server(config).serve(sockets=[sock])

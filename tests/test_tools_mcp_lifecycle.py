@@ -1,0 +1,142 @@
+"""MCP servers that crash, hang, freeze or never start: failures become results, not crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_flow.errors import MCPServerError, ToolDefinitionError
+from agent_flow.messages import ToolCallRequest
+from agent_flow.tools import MCPConnection, MCPServers, MCPServerStdio, ToolExecutor, ToolHooks
+
+SERVERS = Path(__file__).parent / "mcp_servers"
+
+
+def stdio(name: str, script: str, **options: object) -> MCPServerStdio:
+    return MCPServerStdio(
+        name=name,
+        command=sys.executable,
+        args=(str(SERVERS / script),),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCallRequest:
+    return ToolCallRequest(id=call_id, name=name, arguments=arguments)
+
+
+async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_use() -> None:
+    executor = ToolExecutor()
+    async with MCPServers([stdio("crashy", "crash_server.py", max_restarts=1)]) as servers:
+        servers.register(executor)
+        connection = servers["crashy"]
+        assert (
+            await executor.execute_one(call("crashy_echo", '{"text": "one"}'))
+        ).result.content == ("one")
+
+        crashed = await executor.execute_one(call("crashy_crash"))
+        assert crashed.result.error_kind == "server_unavailable"
+        assert crashed.result.content.startswith(
+            "MCP server 'crashy' closed the connection during the call to 'crash'"
+        )
+        assert crashed.result.content.endswith("it will be restarted on the next call")
+        assert not connection.connected
+
+        restarted = await executor.execute_one(call("crashy_echo", '{"text": "two"}'))
+        assert restarted.result.content == "two"
+        assert connection.restarts == 1
+        assert connection.connected
+
+        # The restart budget (1) is spent: the next crash is final, and says so at once.
+        await executor.execute_one(call("crashy_crash"))
+        final = await executor.execute_one(call("crashy_echo", '{"text": "three"}'))
+        assert final.result.error_kind == "server_unavailable"
+        assert final.result.content.startswith("MCP server 'crashy' stopped (")
+        assert final.result.content.endswith(
+            "and was already restarted 1 time, the limit; it is not restarted again"
+        )
+        assert connection.restarts == 1
+
+
+async def test_a_hanging_call_times_out_and_a_frozen_server_is_restarted(tmp_path: Path) -> None:
+    log = tmp_path / "hang.log"
+    config = stdio(
+        "hang", "hang_server.py", timeout=0.5, ping_timeout=0.5, max_restarts=2, stderr_log=str(log)
+    )
+    in_flight = asyncio.Event()
+
+    class Hooks(ToolHooks):
+        async def progress(
+            self, call: ToolCallRequest, progress: float, total: float | None, message: str | None
+        ) -> None:
+            in_flight.set()  # the server received the call
+
+    executor = ToolExecutor(hooks=Hooks())
+    async with MCPConnection(config) as connection:
+        for tool in connection.tools:
+            executor.register(tool, namespace="hang")
+
+        # A tool that never answers: a timeout error, and the session stays usable.
+        hung = await executor.execute_one(call("hang_hang"))
+        assert hung.result.error_kind == "timeout"
+        assert hung.result.content == (
+            "MCP server 'hang' did not answer the call to 'hang' within 0.5s; try a smaller request"
+        )
+        after = await executor.execute_one(call("hang_echo", '{"text": "still here"}'))
+        assert after.result.content == "still here"
+        assert connection.restarts == 0
+
+        # A server that stops answering anything: the next call finds out and restarts it.
+        frozen = await executor.execute_one(call("hang_freeze"))
+        assert frozen.result.error_kind == "timeout"
+        revived = await executor.execute_one(call("hang_echo", '{"text": "back"}'))
+        assert revived.result.content == "back"
+        assert connection.restarts == 1
+        assert connection.last_error == "no answer to a ping within 0.5s"
+
+        # Cancelling a call in flight leaves the session usable too.
+        in_flight.clear()
+        task = asyncio.create_task(executor.execute([call("hang_hang")]))
+        await in_flight.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        again = await executor.execute_one(call("hang_echo", '{"text": "again"}'))
+        assert again.result.content == "again"
+        assert connection.restarts == 1
+    # Its stderr went to the configured file: both starts wrote their banner there.
+    assert log.read_text().count("hang server starting") == 2
+    after_close = await connection.call_tool("echo", {"text": "closed"})
+    assert after_close.error_kind == "server_unavailable"
+    assert after_close.content == "MCP connection 'hang' is closed"
+
+
+FAILING = (sys.executable, "-c", "import sys; sys.exit(1)")
+
+
+async def test_a_server_that_cannot_start_raises_a_clear_error() -> None:
+    missing = MCPServerStdio(name="missing", command="/nonexistent/mcp-server")
+    with pytest.raises(MCPServerError, match="MCP server 'missing' could not be started"):
+        async with MCPConnection(missing):
+            pass
+    dies = MCPServerStdio(name="dies", command=FAILING[0], args=FAILING[1:])
+    with pytest.raises(MCPServerError, match="MCP server 'dies' could not be started"):
+        async with MCPServers([dies]):
+            pass
+
+
+async def test_an_optional_server_that_cannot_start_is_skipped() -> None:
+    optional = MCPServerStdio(name="extra", command=FAILING[0], args=FAILING[1:], required=False)
+    async with MCPServers([optional]) as servers:
+        assert servers.connections == {}
+        assert "could not be started" in servers.failed["extra"]
+        assert servers.tools() == []
+
+
+async def test_two_servers_with_one_name_are_rejected() -> None:
+    config = MCPServerStdio(name="same", command="x")
+    with pytest.raises(ToolDefinitionError, match="two MCP servers are named 'same'"):
+        MCPServers([config, config])
