@@ -1,0 +1,1 @@
+"""Programs the store tests run as child processes."""

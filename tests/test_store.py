@@ -1,0 +1,882 @@
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import signal
+import sqlite3
+import sys
+import tempfile
+import threading
+import typing
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+import agent_flow.store as store_module
+from agent_flow.environment import Environment
+from agent_flow.errors import SessionNotFoundError, StoreError, UserError
+from agent_flow.events import AgentEvent, RunFinished, TextDelta
+from agent_flow.history import (
+    History,
+    HistoryEntry,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+    build_units,
+)
+from agent_flow.pruning import DropOldest, ElideToolResults, ExtractiveSummarizer, PruningStrategy
+from agent_flow.store import (
+    EXPORT_LINE_ADAPTER,
+    SCHEMA_VERSION,
+    ExportLine,
+    InMemorySessionStore,
+    SessionStore,
+    SQLiteSessionStore,
+    default_store_path,
+)
+from agent_flow.tokens import ApproxCounter
+from tests._env_strategies import pointer_writes
+from tests._history_strategies import entry_lists, pruning_strategies
+from tests.store_helpers import session_writer
+from tests.store_helpers.session_writer import add_step
+
+COUNTER = ApproxCounter()
+WRITER = Path(session_writer.__file__)
+
+
+def fresh() -> tuple[History, Environment]:
+    return History(counter=COUNTER), Environment(max_changes=5)
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    made: SessionStore = (
+        SQLiteSessionStore(tmp_path / "sessions.db", synchronous="normal")
+        if request.param == "sqlite"
+        else InMemorySessionStore()
+    )
+    async with made:
+        yield made
+
+
+class Trace:
+    """Collects the SQL a store runs (called on the store's worker thread)."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def __call__(self, statement: str) -> None:
+        self.statements.append(statement)
+
+    def take(self) -> list[str]:
+        taken, self.statements = self.statements, []
+        return taken
+
+
+def count(statements: list[str], prefix: str) -> int:
+    return sum(s.startswith(prefix) for s in statements)
+
+
+def assert_consistent(entries: typing.Sequence[HistoryEntry]) -> History:
+    history = History(entries, counter=COUNTER)
+    assert history.pending_calls() == []
+    calls = {e.call_id for e in entries if isinstance(e, ToolCall)}
+    results = {e.call_id for e in entries if isinstance(e, ToolResult)}
+    assert calls == results
+    return history
+
+
+# -- round trips ------------------------------------------------------------------------------
+
+
+async def test_a_multi_step_session_reads_back_identically_from_a_new_store_object(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = fresh()
+    events: list[AgentEvent] = []
+    async with SQLiteSessionStore(path) as writer:
+        info = await writer.create(agent="coder", title="fix the parser", metadata={"k": [1]})
+        for step in range(4):
+            step_events = add_step(history, environment, step)
+            events += step_events
+            saved = await writer.save_step(
+                info.id, history=history, environment=environment, events=step_events
+            )
+            assert saved.steps == step + 1
+    async with SQLiteSessionStore(path) as reader:
+        state = await reader.load(info.id)
+        assert state.entries == tuple(history.entries)
+        assert state.environment is not None
+        assert state.environment.to_json() == environment.to_json()
+        assert await reader.events(info.id) == events
+        assert state.info == saved
+        assert (state.info.agent, state.info.title, state.info.metadata) == (
+            "coder",
+            "fix the parser",
+            {"k": [1]},
+        )
+        assert state.info.entry_count == len(history) == 16
+        assert state.info.event_count == 8
+        assert state.info.environment_version == environment.version == 8
+        rebuilt = state.history(counter=COUNTER)
+        assert rebuilt.to_messages() == history.to_messages()
+
+
+async def test_a_session_saved_in_memory_reads_back_as_fresh_objects(store: SessionStore) -> None:
+    history, environment = fresh()
+    info = await store.create()
+    events = add_step(history, environment, 0)
+    await store.save_step(info.id, history=history, environment=environment, events=events)
+    state = await store.load(info.id)
+    assert state.entries == tuple(history.entries)
+    assert all(a is not b for a, b in zip(state.entries, history.entries, strict=True))
+    assert state.environment is not None and state.environment is not environment
+    assert state.environment.to_json() == environment.to_json()
+
+
+async def test_a_new_session_has_no_environment_until_its_first_step(store: SessionStore) -> None:
+    info = await store.create(session_id="fresh-1")
+    assert (info.id, info.status, info.steps, info.entry_count) == ("fresh-1", "active", 0, 0)
+    state = await store.load("fresh-1")
+    assert state.entries == ()
+    assert state.environment is None
+
+
+async def test_a_loaded_session_resumes_with_a_new_message_and_writes_only_that(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = fresh()
+    async with SQLiteSessionStore(path) as first:
+        info = await first.create()
+        for step in range(3):
+            add_step(history, environment, step)
+            await first.save_step(info.id, history=history, environment=environment)
+    trace = Trace()
+    async with SQLiteSessionStore(path, trace=trace) as second:
+        state = await second.load(info.id)
+        assert state.environment is not None
+        resumed = state.history(counter=COUNTER)
+        resumed.add(UserMessage(content="and now the tests"))
+        state.environment.set("/task/objective", "run the tests")
+        trace.take()
+        after = await second.save_step(
+            info.id, history=resumed, environment=state.environment, status="completed"
+        )
+        written = trace.take()
+        assert count(written, "INSERT INTO entries") == 1
+        assert count(written, "DELETE FROM entries") == 0
+        assert count(written, "INSERT INTO environment_changes") == 1
+        # Only the trim of changes that fell out of max_changes=5, never a reset of the log.
+        deletes = [s for s in written if s.startswith("DELETE FROM environment_changes")]
+        assert all("version <=" in s for s in deletes)
+        assert (after.steps, after.status, after.entry_count) == (4, "completed", 13)
+        reloaded = await second.load(info.id)
+        assert reloaded.entries == tuple(resumed.entries)
+        assert reloaded.entries[-1] == UserMessage(
+            id=resumed.entries[-1].id,
+            timestamp=resumed.entries[-1].timestamp,
+            content="and now the tests",
+        )
+
+
+# -- cost of a step ---------------------------------------------------------------------------
+
+
+async def test_a_step_writes_only_what_is_new_whatever_the_history_length(
+    tmp_path: Path,
+) -> None:
+    trace = Trace()
+    history, environment = History(counter=COUNTER), Environment()
+    async with SQLiteSessionStore(tmp_path / "sessions.db", trace=trace) as store:
+        info = await store.create()
+        per_step: list[list[str]] = []
+        for step in range(30):
+            events = add_step(history, environment, step)
+            trace.take()
+            await store.save_step(info.id, history=history, environment=environment, events=events)
+            per_step.append(trace.take())
+        for statements in per_step[1:]:
+            assert count(statements, "INSERT INTO entries") == 4
+            assert count(statements, "INSERT INTO environment_changes") == 2
+            assert count(statements, "INSERT INTO events") == 2
+            assert not any(s.startswith("DELETE") for s in statements)
+            # Nothing already stored is read back.
+            assert not any("FROM entries" in s or "FROM events" in s for s in statements)
+        assert len(per_step[1]) == len(per_step[-1])
+        # The stored environment snapshot carries no change log: its size does not grow with
+        # the number of changes made.
+        update = next(s for s in per_step[-1] if s.startswith("UPDATE sessions"))
+        assert update.count("fact ") == 30
+        assert '"changes"' not in update
+
+
+async def test_a_step_that_leaves_the_environment_alone_writes_none_of_it(tmp_path: Path) -> None:
+    trace = Trace()
+    history, environment = fresh()
+    async with SQLiteSessionStore(tmp_path / "sessions.db", trace=trace) as store:
+        info = await store.create()
+        add_step(history, environment, 0)
+        await store.save_step(info.id, history=history, environment=environment)
+        history.add(UserMessage(content="more"))
+        trace.take()
+        saved = await store.save_step(info.id, history=history, environment=environment)
+        statements = trace.take()
+        assert not any("environment_changes" in s for s in statements)
+        assert saved.environment_version == environment.version == 2
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [DropOldest(), ElideToolResults(keep_last=0)],
+    ids=["drop-oldest", "elide-results"],
+)
+async def test_a_pruned_history_is_rewritten_from_its_first_changed_entry(
+    tmp_path: Path, strategy: PruningStrategy
+) -> None:
+    trace = Trace()
+    history, environment = fresh()
+    path = tmp_path / "sessions.db"
+    async with SQLiteSessionStore(path, trace=trace) as store:
+        info = await store.create()
+        for step in range(4):
+            add_step(history, environment, step)
+            await store.save_step(info.id, history=history, environment=environment)
+        before = tuple(history.entries)
+        await history.prune(strategy, history.token_count() // 2)
+        first_change = next(
+            i for i, (a, b) in enumerate(zip(history.entries, before, strict=False)) if a is not b
+        )
+        trace.take()
+        saved = await store.save_step(info.id, history=history, environment=environment)
+        statements = trace.take()
+        assert count(statements, "DELETE FROM entries") == 1
+        assert count(statements, "INSERT INTO entries") == len(history) - first_change
+        assert saved.entry_count == len(history)
+        # The next step is cheap again.
+        add_step(history, environment, 4)
+        await store.save_step(info.id, history=history, environment=environment)
+        statements = trace.take()
+        assert count(statements, "DELETE FROM entries") == 0
+        assert count(statements, "INSERT INTO entries") == 4
+    async with SQLiteSessionStore(path) as reader:
+        state = await reader.load(info.id)
+        assert state.entries == tuple(history.entries)
+        assert_consistent(state.entries)
+
+
+async def test_a_summarized_history_reads_back_with_its_summary(store: SessionStore) -> None:
+    history, environment = fresh()
+    info = await store.create()
+    for step in range(4):
+        add_step(history, environment, step)
+        await store.save_step(info.id, history=history, environment=environment)
+    summary = await history.summarize(1, 9, ExtractiveSummarizer(counter=COUNTER))
+    await store.save_step(info.id, history=history, environment=environment)
+    state = await store.load(info.id)
+    assert state.entries == tuple(history.entries)
+    assert summary in state.entries
+
+
+async def test_saving_another_history_object_stores_exactly_its_entries(
+    store: SessionStore,
+) -> None:
+    history, environment = fresh()
+    info = await store.create()
+    for step in range(3):
+        add_step(history, environment, step)
+        await store.save_step(info.id, history=history, environment=environment)
+    other, other_environment = fresh()
+    add_step(other, other_environment, 7)
+    saved = await store.save_step(info.id, history=other, environment=other_environment)
+    state = await store.load(info.id)
+    assert state.entries == tuple(other.entries)
+    assert state.environment is not None
+    assert state.environment.to_json() == other_environment.to_json()
+    assert saved.environment_version == 2
+
+
+async def test_the_stored_change_log_is_trimmed_to_the_environments_limit(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = History(counter=COUNTER), Environment(max_changes=3)
+    async with SQLiteSessionStore(path) as store:
+        info = await store.create()
+        for step in range(5):
+            add_step(history, environment, step)
+            await store.save_step(info.id, history=history, environment=environment)
+        state = await store.load(info.id)
+    assert state.environment is not None
+    assert state.environment.to_json() == environment.to_json()
+    with sqlite3.connect(path) as raw:
+        versions = [v for (v,) in raw.execute("SELECT version FROM environment_changes")]
+    raw.close()
+    assert sorted(versions) == [8, 9, 10]
+
+
+def _unit_groups(entries: list[HistoryEntry], cuts: list[int]) -> list[list[HistoryEntry]]:
+    units = build_units(entries, COUNTER)
+    groups: list[list[HistoryEntry]] = []
+    start = 0
+    for cut in [*cuts, len(units)]:
+        end = min(len(units), start + cut) if cut else start
+        groups.append([e for u in units[start:end] for e in u.entries])
+        start = end
+    return groups
+
+
+@settings(max_examples=30)
+@given(
+    entries=entry_lists(max_units=12),
+    cuts=st.lists(st.integers(0, 4), min_size=1, max_size=5),
+    prunes=st.lists(
+        st.none() | st.tuples(pruning_strategies(), st.integers(0, 100)), min_size=6, max_size=6
+    ),
+    writes=st.lists(st.lists(pointer_writes(), max_size=3), min_size=6, max_size=6),
+    max_changes=st.integers(0, 4),
+)
+def test_any_sequence_of_steps_pruning_and_environment_writes_reads_back_exactly(
+    entries: list[HistoryEntry],
+    cuts: list[int],
+    prunes: list[tuple[PruningStrategy, int] | None],  # strategy, budget in % of the tokens
+    writes: list[list[tuple[str, typing.Any]]],
+    max_changes: int,
+) -> None:
+    async def scenario(path: Path) -> None:
+        history = History(counter=COUNTER)
+        environment = Environment(max_changes=max_changes)
+        async with (
+            SQLiteSessionStore(path, synchronous="normal") as writer,
+            SQLiteSessionStore(path, synchronous="normal") as reader,
+            InMemorySessionStore() as memory,
+        ):
+            info = await writer.create(session_id="s")
+            await memory.create(session_id="s")
+            for step, group in enumerate(_unit_groups(entries, cuts)):
+                history.extend(group)
+                prune = prunes[step % len(prunes)]
+                if prune is not None:
+                    strategy, percent = prune
+                    await history.prune(strategy, history.token_count() * percent // 100)
+                for pointer, value in writes[step % len(writes)]:
+                    environment.set(pointer, value)
+                await writer.save_step(info.id, history=history, environment=environment)
+                await memory.save_step(info.id, history=history, environment=environment)
+                state = await reader.load(info.id)
+                assert state.entries == tuple(history.entries)
+                assert state.environment is not None
+                assert state.environment.to_json() == environment.to_json()
+                assert state.info.entry_count == len(history)
+            state = await memory.load(info.id)
+            assert state.entries == tuple(history.entries)
+            assert state.environment is not None
+            assert state.environment.to_json() == environment.to_json()
+
+    with tempfile.TemporaryDirectory() as folder:
+        asyncio.run(scenario(Path(folder) / "sessions.db"))
+
+
+# -- several stores, processes and failures ----------------------------------------------------
+
+
+async def test_two_store_objects_on_one_file_read_and_write_alternately(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = fresh()
+    async with SQLiteSessionStore(path) as writer, SQLiteSessionStore(path) as reader:
+        info = await writer.create(title="shared")
+        for step in range(3):
+            events = add_step(history, environment, step)
+            await writer.save_step(info.id, history=history, environment=environment, events=events)
+            seen = await reader.info(info.id)
+            assert (seen.steps, seen.entry_count) == (step + 1, len(history))
+            assert [s.id for s in await reader.list()] == [info.id]
+            assert len(await reader.events(info.id)) == 2 * (step + 1)
+        # The reader becomes a writer of the same session...
+        state = await reader.load(info.id)
+        assert state.environment is not None
+        theirs = state.history(counter=COUNTER)
+        add_step(theirs, state.environment, 100)
+        await reader.save_step(info.id, history=theirs, environment=state.environment)
+        # ...and the first writer, unaware, saves its own next step: it notices the session
+        # changed, compares with what is stored and leaves exactly its own view.
+        add_step(history, environment, 3)
+        saved = await writer.save_step(info.id, history=history, environment=environment)
+        assert saved.steps == 5
+        final = await reader.load(info.id)
+        assert final.entries == tuple(history.entries)
+        assert final.environment is not None
+        assert final.environment.to_json() == environment.to_json()
+
+
+async def test_readers_go_on_while_another_connection_holds_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = fresh()
+    async with (
+        SQLiteSessionStore(path, busy_timeout=0.05) as writer,
+        SQLiteSessionStore(path) as reader,
+    ):
+        info = await writer.create()
+        add_step(history, environment, 0)
+        await writer.save_step(info.id, history=history, environment=environment)
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            state = await reader.load(info.id)
+            assert state.entries == tuple(history.entries)
+            assert len(await reader.list()) == 1
+            add_step(history, environment, 1)
+            with pytest.raises(StoreError, match="write lock"):
+                await writer.save_step(info.id, history=history, environment=environment)
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        saved = await writer.save_step(info.id, history=history, environment=environment)
+        assert saved.steps == 2
+        assert (await reader.load(info.id)).entries == tuple(history.entries)
+
+
+async def test_a_save_cancelled_while_it_commits_is_reconciled_by_the_next_save(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sessions.db"
+    waiting = threading.Event()
+
+    def trace(statement: str) -> None:
+        if statement == "BEGIN IMMEDIATE":
+            waiting.set()
+
+    history, environment = fresh()
+    async with SQLiteSessionStore(path, trace=trace, busy_timeout=30) as store:
+        info = await store.create()
+        add_step(history, environment, 0)
+        await store.save_step(info.id, history=history, environment=environment)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        waiting.clear()
+        add_step(history, environment, 1)
+        task = asyncio.create_task(
+            store.save_step(info.id, history=history, environment=environment)
+        )
+        assert await asyncio.to_thread(waiting.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The cancelled save still commits once the lock is free; the store does not know.
+        other.execute("ROLLBACK")
+        other.close()
+        add_step(history, environment, 2)
+        saved = await store.save_step(info.id, history=history, environment=environment)
+        assert (saved.steps, saved.entry_count) == (3, len(history))
+    async with SQLiteSessionStore(path) as reader:
+        state = await reader.load(info.id)
+        assert state.entries == tuple(history.entries)
+        assert state.environment is not None
+        assert state.environment.to_json() == environment.to_json()
+
+
+async def _start_writer(path: Path, session_id: str, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WRITER),
+        str(path),
+        session_id,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def _read_until(process: asyncio.subprocess.Process, done: Callable[[str], bool]) -> int:
+    """Read the writer's lines until `done(line)`; return the last step count it reported."""
+    assert process.stdout is not None and process.stderr is not None
+    reported = 0
+    async with asyncio.timeout(60):
+        while True:
+            line = (await process.stdout.readline()).decode().strip()
+            if not line:
+                error = (await process.stderr.read()).decode()
+                pytest.fail(f"the writer stopped after {reported} steps:\n{error}")
+            if line.startswith("saved "):
+                reported = int(line.split()[1])
+            if done(line):
+                return reported
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
+    assert process.returncode == -signal.SIGKILL
+
+
+def _check_session(state: store_module.SessionState) -> None:
+    steps = state.info.steps
+    history = assert_consistent(state.entries)
+    last_user = history.entries[-4]
+    assert isinstance(last_user, UserMessage) and last_user.content == f"step {steps - 1}"
+    environment = state.environment
+    assert environment is not None
+    assert environment.get("/extensions/progress") == {"step": steps - 1}
+    assert environment.version == state.info.environment_version == 2 * steps
+    assert [c.version for c in environment.changes()] == list(
+        range(2 * steps - session_writer.MAX_CHANGES + 1, 2 * steps + 1)
+    )
+    assert state.info.entry_count == len(history)
+    assert state.info.event_count == 2 * steps
+
+
+async def test_a_writer_killed_with_sigkill_loses_at_most_the_step_in_flight(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sessions.db"
+    async with SQLiteSessionStore(path) as store:
+        info = await store.create(session_id="killed")
+    # Killed wherever it happens to be, some time after its 12th step.
+    process = await _start_writer(path, info.id)
+    try:
+        reported = await _read_until(process, lambda line: line == "saved 12")
+    finally:
+        await _kill(process)
+    async with SQLiteSessionStore(path) as reopened:
+        state = await reopened.load(info.id)
+        assert state.info.steps >= reported
+        _check_session(state)
+    # Resumed by a new process, which is killed inside the transaction of a step that prunes
+    # (and so rewrites entries): exactly that step is lost.
+    in_flight = (state.info.steps // 5 + 1) * 5 + 4  # a pruning step, a few steps on
+    process = await _start_writer(path, info.id, str(in_flight))
+    try:
+        reported = await _read_until(process, lambda line: line == "inside")
+    finally:
+        await _kill(process)
+    assert reported == in_flight
+    async with SQLiteSessionStore(path) as reopened:
+        state = await reopened.load(info.id)
+        assert state.info.steps == in_flight
+        _check_session(state)
+        events = await reopened.events(info.id)
+        assert [e.run_id for e in events[-2:]] == [f"run-{in_flight - 1}"] * 2
+    # The store is still writable, by a new store object.
+    async with SQLiteSessionStore(path) as store:
+        state = await store.load(info.id)
+        assert state.environment is not None
+        history = state.history(counter=COUNTER)
+        events = add_step(history, state.environment, state.info.steps)
+        saved = await store.save_step(
+            info.id, history=history, environment=state.environment, events=events
+        )
+        assert saved.steps == in_flight + 1
+        _check_session(await store.load(info.id))
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+async def test_a_store_file_with_a_newer_schema_is_refused_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sessions.db"
+    async with SQLiteSessionStore(path) as store:
+        await store.create(session_id="kept")
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    newer = SQLiteSessionStore(path)
+    with pytest.raises(StoreError, match=rf"schema version {SCHEMA_VERSION + 1}, newer.*upgrade"):
+        await newer.list()
+    with pytest.raises(StoreError, match="schema version"):
+        async with SQLiteSessionStore(path):
+            pass
+    await newer.close()
+
+
+async def test_a_file_that_is_not_a_session_store_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as raw:
+        raw.execute("CREATE TABLE notes (text TEXT)")
+    raw.close()
+    store = SQLiteSessionStore(other)
+    with pytest.raises(StoreError, match="not an agent_flow session store"):
+        await store.list()
+    await store.close()
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database at all" * 100)
+    store = SQLiteSessionStore(garbage)
+    with pytest.raises(StoreError, match=r"garbage\.db"):
+        await store.list()
+    await store.close()
+
+
+async def test_opening_an_older_schema_runs_the_missing_migrations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = fresh()
+    async with SQLiteSessionStore(path) as store:
+        info = await store.create()
+        add_step(history, environment, 0)
+        await store.save_step(info.id, history=history, environment=environment)
+
+    def add_pinned(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE sessions ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+
+    monkeypatch.setattr(store_module, "_MIGRATIONS", (*store_module._MIGRATIONS, add_pinned))
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    async with SQLiteSessionStore(path) as store:
+        state = await store.load(info.id)
+        assert state.entries == tuple(history.entries)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION + 1,)
+        assert raw.execute("SELECT pinned FROM sessions").fetchall() == [(0,)]
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    raw.close()
+
+
+# -- export and import ------------------------------------------------------------------------
+
+
+async def _saved_session(store: SessionStore) -> tuple[str, History, Environment, list[AgentEvent]]:
+    history, environment = fresh()
+    info = await store.create(agent="coder", title="export me", metadata={"tags": ["a"]})
+    events: list[AgentEvent] = []
+    for step in range(3):
+        step_events = add_step(history, environment, step)
+        events += step_events
+        await store.save_step(info.id, history=history, environment=environment, events=step_events)
+    final = RunFinished(
+        run_id="run-2",
+        seq=2,
+        stop_reason="completed",
+        final_text="done",
+        iterations=3,
+        prompt_tokens=10,
+        completion_tokens=5,
+        duration_ms=2.5,
+    )
+    events.append(final)
+    await store.save_step(
+        info.id, history=history, environment=environment, events=[final], status="completed"
+    )
+    return info.id, history, environment, events
+
+
+async def test_export_then_import_round_trips_a_session(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    session_id, history, environment, events = await _saved_session(store)
+    target = tmp_path / "export.jsonl"
+    await store.export(session_id, target)
+    lines = [EXPORT_LINE_ADAPTER.validate_json(line) for line in target.read_text().splitlines()]
+    assert [line.kind for line in lines] == (
+        ["session"] + ["entry"] * len(history) + ["environment"] + ["event"] * len(events) + ["end"]
+    )
+    async with InMemorySessionStore() as other:
+        imported = await other.import_(target)
+        original = await store.info(session_id)
+        assert imported == original
+        state = await other.load(session_id)
+        assert state.entries == tuple(history.entries)
+        assert state.environment is not None
+        assert state.environment.to_json() == environment.to_json()
+        assert await other.events(session_id) == events
+    # Into the same store, under another id, through a stream.
+    stream = io.StringIO()
+    await store.export(session_id, stream)
+    stream.seek(0)
+    copy = await store.import_(stream, session_id="copy")
+    assert copy.id == "copy" and copy.status == "completed"
+    assert (await store.load("copy")).entries == tuple(history.entries)
+    again = io.StringIO()
+    await store.export("copy", again)
+    assert again.getvalue().splitlines()[1:] == stream.getvalue().splitlines()[1:]
+
+
+async def test_import_refuses_a_partial_altered_or_foreign_file(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    session_id, _, _, _ = await _saved_session(store)
+    stream = io.StringIO()
+    await store.export(session_id, stream)
+    lines = stream.getvalue().splitlines()
+
+    async def refused(text: str, match: str) -> None:
+        with pytest.raises(StoreError, match=match):
+            await store.import_(io.StringIO(text), session_id="bad")
+
+    await refused("\n".join(lines[:-1]), "no end line")
+    await refused("\n".join(lines[:5]), "no end line")
+    await refused("\n".join(lines[:3] + lines[4:]), "announces")
+    await refused("\n".join([*lines[:2], "{not json", *lines[2:]]), "line 3 of")
+    await refused("\n".join(lines[1:]), "starts with a 'entry' line")
+    await refused("", "empty")
+    # A tool result whose call was removed breaks the history's rules.
+    call_line = next(i for i, line in enumerate(lines) if '"tool_call"' in line)
+    end = json.loads(lines[-1])
+    end["entries"] -= 1
+    await refused(
+        "\n".join(lines[:call_line] + lines[call_line + 1 : -1] + [json.dumps(end)]),
+        "history in the stream is inconsistent",
+    )
+    with pytest.raises(StoreError, match="already stored"):
+        await store.import_(io.StringIO(stream.getvalue()))
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(StoreError, match=r"missing\.jsonl"):
+        await store.import_(missing)
+    assert [s.id for s in await store.list()] == [session_id]
+
+
+def test_every_export_line_class_is_in_the_union_with_a_distinct_kind() -> None:
+    members = typing.get_args(typing.get_args(ExportLine)[0])
+    defined = {
+        obj
+        for obj in vars(store_module).values()
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__name__.endswith("Line")
+    }
+    assert set(members) == defined
+    kinds = [cls.model_fields["kind"].default for cls in members]
+    assert len(kinds) == len(set(kinds))
+
+
+# -- the rest of the API ----------------------------------------------------------------------
+
+
+async def test_missing_sessions_raise_session_not_found(store: SessionStore) -> None:
+    history, environment = fresh()
+    calls: list[Callable[[], typing.Awaitable[object]]] = [
+        lambda: store.load("nope"),
+        lambda: store.info("nope"),
+        lambda: store.events("nope"),
+        lambda: store.delete("nope"),
+        lambda: store.export("nope", io.StringIO()),
+        lambda: store.save_step("nope", history=history, environment=environment),
+    ]
+    for call in calls:
+        with pytest.raises(SessionNotFoundError, match="'nope'"):
+            await call()
+
+
+async def test_events_are_read_from_an_offset_or_within_one_run(store: SessionStore) -> None:
+    history, environment = fresh()
+    info = await store.create()
+    for step in range(3):
+        events = add_step(history, environment, step)
+        await store.save_step(info.id, history=history, environment=environment, events=events)
+    everything = await store.events(info.id)
+    assert [(e.run_id, e.seq) for e in everything] == [
+        (f"run-{step}", seq) for step in range(3) for seq in (0, 1)
+    ]
+    assert await store.events(info.id, offset=4) == everything[4:]
+    assert await store.events(info.id, offset=1, limit=2) == everything[1:3]
+    assert await store.events(info.id, run_id="run-1") == everything[2:4]
+    assert await store.events(info.id, run_id="run-1", after_seq=0) == everything[3:4]
+    assert await store.events(info.id, offset=9) == []
+    with pytest.raises(UserError, match="after_seq"):
+        await store.events(info.id, after_seq=0)
+    with pytest.raises(UserError, match="negative"):
+        await store.events(info.id, offset=-1)
+
+
+async def test_sessions_are_listed_most_recently_updated_first(store: SessionStore) -> None:
+    history, environment = fresh()
+    first = await store.create(session_id="first")
+    await store.create(session_id="second")
+    await store.create(session_id="third")
+    add_step(history, environment, 0)
+    await store.save_step(first.id, history=history, environment=environment)
+    assert [s.id for s in await store.list()] == ["first", "third", "second"]
+    assert [s.id for s in await store.list(limit=2)] == ["first", "third"]
+    with pytest.raises(UserError, match="limit=0"):
+        await store.list(limit=0)
+
+
+async def test_delete_removes_a_session_and_everything_stored_with_it(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    history, environment = fresh()
+    async with SQLiteSessionStore(path) as store:
+        gone = await store.create(session_id="gone")
+        kept = await store.create(session_id="kept")
+        for sid in (gone.id, kept.id):
+            events = add_step(history, environment, 0)
+            await store.save_step(sid, history=history, environment=environment, events=events)
+        await store.delete(gone.id)
+        with pytest.raises(SessionNotFoundError):
+            await store.load(gone.id)
+        assert (await store.load(kept.id)).entries == tuple(history.entries)
+        recreated = await store.create(session_id="gone")
+        assert recreated.entry_count == 0
+    with sqlite3.connect(path) as raw:
+        for table in ("entries", "environment_changes", "events"):
+            ids = {sid for (sid,) in raw.execute(f"SELECT DISTINCT session_id FROM {table}")}
+            assert ids == {"kept"}
+    raw.close()
+
+
+async def test_bad_ids_statuses_and_duplicates_are_refused(store: SessionStore) -> None:
+    history, environment = fresh()
+    for bad in ("", "has space", "-dash-first", "x" * 129, "slash/inside"):
+        with pytest.raises(UserError, match="session id"):
+            await store.create(session_id=bad)
+    info = await store.create(session_id="taken")
+    with pytest.raises(StoreError, match="'taken' is already stored"):
+        await store.create(session_id="taken")
+    with pytest.raises(UserError, match="'done' is not a session status"):
+        await store.save_step(
+            info.id,
+            history=history,
+            environment=environment,
+            status="done",  # type: ignore[arg-type]
+        )
+    with pytest.raises(UserError, match="metadata"):
+        await store.create(metadata={"x": object()})  # type: ignore[dict-item]
+
+
+async def test_a_closed_store_refuses_further_calls(store: SessionStore) -> None:
+    await store.create(session_id="s")
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.list()
+
+
+def test_the_default_path_follows_agent_flow_home_then_xdg_then_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AGENT_FLOW_HOME", str(tmp_path / "af"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_store_path() == tmp_path / "af" / "sessions.db"
+    monkeypatch.delenv("AGENT_FLOW_HOME")
+    assert default_store_path() == tmp_path / "xdg" / "agent_flow" / "sessions.db"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/path")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_store_path() == tmp_path / "home" / ".local/share/agent_flow/sessions.db"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert SQLiteSessionStore().path == tmp_path / "home" / ".local/share/agent_flow/sessions.db"
+
+
+async def test_the_store_file_and_its_folders_are_created_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "sessions.db"
+    trace = Trace()
+    async with SQLiteSessionStore(path, trace=trace) as store:
+        await store.create(session_id="s")
+        assert [s.id for s in await store.list()] == ["s"]
+    # Durable at every commit unless asked otherwise.
+    assert "PRAGMA synchronous = FULL" in trace.statements
+    assert path.is_file()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    raw.close()
+
+
+async def test_events_published_with_a_step_keep_their_types(store: SessionStore) -> None:
+    info = await store.create()
+    history, environment = fresh()
+    events: list[AgentEvent] = [TextDelta(run_id="r", seq=0, text="héllo\nworld")]
+    await store.save_step(info.id, history=history, environment=environment, events=events)
+    assert await store.events(info.id) == events
