@@ -1,1 +1,140 @@
-"""agent_flow: stateful, tool-using LLM agents whose every prompt fits a hard token budget."""
+"""agent_flow: stateful, tool-using LLM agents whose every prompt fits a hard token budget.
+
+Every prompt is assembled within one budget from a typed `Environment` (what the agent knows
+now, updated by tool results) and a prunable `History` (what was said and done). The
+`AgentExecutor` runs the loop and publishes typed events to any number of subscribers.
+
+Tools live in `agent_flow.tools`, model clients in `agent_flow.llm`, test doubles in
+`agent_flow.testing`, sessions in `agent_flow.store`.
+"""
+
+from __future__ import annotations
+
+from agent_flow.agent import (
+    AgentExecutor,
+    Continue,
+    ExecutionOutcome,
+    Finish,
+    RunTools,
+    StopReason,
+    ToolUse,
+)
+from agent_flow.config import AgentConfig, ContextConfig, PolicyConfig, Pricing, Skill, load_config
+from agent_flow.context import ContextManager, Prompt, PromptBreakdown
+from agent_flow.environment import (
+    ArtifactInfo,
+    Environment,
+    EnvironmentChange,
+    FileInfo,
+    KnowledgeBase,
+    PlanStep,
+    SystemState,
+    TaskState,
+    TaskStatus,
+    WorkspaceState,
+)
+from agent_flow.errors import (
+    AgentFlowError,
+    ConfigError,
+    ContextBudgetError,
+    ModelError,
+    ToolError,
+    UserError,
+)
+from agent_flow.events import AgentEvent, EventBus, Subscription, event_from_json, event_to_json
+from agent_flow.history import (
+    AgentMessage,
+    AgentThinking,
+    History,
+    HistoryEntry,
+    Summary,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from agent_flow.llm import Completion, LLMClient, LLMConfig, LLMOverrides, LLMRequest, OpenAIClient
+from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.pruning import (
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    ExtractiveSummarizer,
+    PruneReport,
+    PruningStrategy,
+    SlidingWindow,
+    SummarizeOldest,
+    Summarizer,
+)
+from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentConfig",
+    "AgentEvent",
+    "AgentExecutor",
+    "AgentFlowError",
+    "AgentMessage",
+    "AgentThinking",
+    "ApproxCounter",
+    "ArtifactInfo",
+    "Chain",
+    "ChatMessage",
+    "Completion",
+    "ConfigError",
+    "ContextBudgetError",
+    "ContextConfig",
+    "ContextManager",
+    "Continue",
+    "DropOldest",
+    "ElideToolResults",
+    "Environment",
+    "EnvironmentChange",
+    "EventBus",
+    "ExecutionOutcome",
+    "ExtractiveSummarizer",
+    "FileInfo",
+    "Finish",
+    "History",
+    "HistoryEntry",
+    "KnowledgeBase",
+    "LLMClient",
+    "LLMConfig",
+    "LLMOverrides",
+    "LLMRequest",
+    "ModelError",
+    "OpenAIClient",
+    "PlanStep",
+    "PolicyConfig",
+    "Pricing",
+    "Prompt",
+    "PromptBreakdown",
+    "PruneReport",
+    "PruningStrategy",
+    "RunTools",
+    "Skill",
+    "SlidingWindow",
+    "StopReason",
+    "Subscription",
+    "SummarizeOldest",
+    "Summarizer",
+    "Summary",
+    "SystemState",
+    "TaskState",
+    "TaskStatus",
+    "TiktokenCounter",
+    "TokenCounter",
+    "ToolCall",
+    "ToolCallRequest",
+    "ToolDefinition",
+    "ToolError",
+    "ToolResult",
+    "ToolUse",
+    "UserError",
+    "UserMessage",
+    "WorkspaceState",
+    "__version__",
+    "event_from_json",
+    "event_to_json",
+    "load_config",
+]

@@ -1,0 +1,273 @@
+"""Per-turn cost of agent_flow's loop against a minimal hand-written loop, same server.
+
+A local OpenAI-compatible server (tests/openai_server.py) answers instantly with a script of
+K tool steps per run (the model calls ``add`` K times, then answers). Two loops drive it:
+
+- handwritten: ``AsyncOpenAI.chat.completions.create`` in a plain ``while`` loop, executing
+  the tool and appending messages as dicts: the least any framework can do;
+- agent_flow: `AgentExecutor` with `OpenAIClient`, events on with one subscriber reading
+  them, token budgeting on (tiktoken), the loop-control tools offered.
+
+Each configuration (loop x streaming x K x sequential/concurrent) runs in its own child
+process, so peak memory (max RSS) is measured per configuration.
+
+Usage: python benchmarks/bench_loop.py [--runs 200] [--concurrent 100] [--k 10,100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# The repo root must be importable before the test server is.
+from tests.openai_server import (
+    OpenAIServer,
+    Reply,
+    completion_body,
+    json_reply,
+    sse_reply,
+    text_chunks,
+    tool_call_chunks,
+)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+SYSTEM = "You are a calculator agent. Use the add tool."
+
+
+def make_handler(k: int, stream: bool) -> Any:
+    """Answer with call n+1 while fewer than k tool results were sent, then with text."""
+    calls: list[Reply] = []
+    for n in range(k):
+        arguments = json.dumps({"a": n, "b": 1})
+        if stream:
+            calls.append(sse_reply(tool_call_chunks([(f"call_{n}", "add", arguments)])))
+        else:
+            body = completion_body(
+                None, tool_calls=[(f"call_{n}", "add", arguments)], finish_reason="tool_calls"
+            )
+            calls.append(json_reply(body))
+    final = sse_reply(text_chunks("Done.")) if stream else json_reply(completion_body("Done."))
+
+    def handler(request: Any) -> Reply:
+        messages = json.loads(request.raw_body)["messages"]
+        done = sum(1 for m in messages if m["role"] == "tool")
+        return calls[done] if done < k else final
+
+    return handler
+
+
+async def handwritten_run(client: Any, stream: bool) -> int:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Add the numbers."},
+    ]
+    turns = 0
+    while True:
+        turns += 1
+        if stream:
+            text, calls = "", {}
+            response = await client.chat.completions.create(
+                model="m", messages=messages, tools=TOOLS, stream=True
+            )
+            async for chunk in response:
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                text += delta.content or ""
+                for fragment in delta.tool_calls or []:
+                    entry = calls.setdefault(fragment.index, {"id": "", "name": "", "args": ""})
+                    entry["id"] = fragment.id or entry["id"]
+                    if fragment.function:
+                        entry["name"] = fragment.function.name or entry["name"]
+                        entry["args"] += fragment.function.arguments or ""
+            tool_calls = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["args"]},
+                }
+                for c in calls.values()
+            ]
+        else:
+            response = await client.chat.completions.create(
+                model="m", messages=messages, tools=TOOLS
+            )
+            message = response.choices[0].message
+            text = message.content or ""
+            tool_calls = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in message.tool_calls or []
+            ]
+        if not tool_calls:
+            return turns
+        messages.append({"role": "assistant", "content": text or None, "tool_calls": tool_calls})
+        for call in tool_calls:
+            args = json.loads(call["function"]["arguments"])
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
+            )
+
+
+def make_agent(client: Any, stream: bool) -> Any:
+    from agent_flow import AgentConfig, AgentExecutor, ContextConfig
+    from agent_flow.tools import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first.
+            b: The second.
+        """
+        return a + b
+
+    config = AgentConfig(
+        system_prompt=SYSTEM + "\n{environment}",
+        context=ContextConfig(max_tokens=64_000),
+        max_iterations=1000,
+        stuck_threshold=1000,
+    )
+    agent = AgentExecutor(client, config=config, stream=stream)
+    agent.tools.register(add)
+    return agent
+
+
+async def agent_flow_run(client: Any, stream: bool) -> int:
+    agent = make_agent(client, stream)
+    subscription = agent.subscribe()
+
+    async def drain() -> int:
+        return len([event async for event in subscription])
+
+    reader = asyncio.create_task(drain())
+    outcome = await agent.run("Add the numbers.")
+    await reader
+    assert outcome.final_text == "Done.", outcome
+    return outcome.iterations
+
+
+async def measure(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    from agent_flow import OpenAIClient
+
+    async with OpenAIServer(handler=make_handler(k, stream)) as server:
+        server.record = False
+        # Both loops reuse one client across runs, as an application would.
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+        ours = OpenAIClient("m", base_url=server.base_url, api_key="k")
+
+        async def one() -> int:
+            if loop == "handwritten":
+                return await handwritten_run(client, stream)
+            return await agent_flow_run(ours, stream)
+
+        await one()  # warm-up: imports, connections, tokenizer
+        start = time.perf_counter()
+        if concurrent:
+            turns = sum(await asyncio.gather(*(one() for _ in range(runs))))
+        else:
+            turns = 0
+            for _ in range(runs):
+                turns += await one()
+        elapsed = time.perf_counter() - start
+    return {
+        "ms_per_turn": elapsed * 1000 / turns,
+        "turns": turns,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def child(args: argparse.Namespace) -> None:
+    result = asyncio.run(
+        measure(args.loop, args.stream, args.k_one, args.runs, args.concurrent_mode)
+    )
+    print(json.dumps(result))
+
+
+def run_child(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--loop",
+        loop,
+        "--k-one",
+        str(k),
+        "--runs",
+        str(runs),
+    ]
+    if stream:
+        command.append("--stream")
+    if concurrent:
+        command.append("--concurrent-mode")
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=200, help="sequential runs")
+    parser.add_argument("--concurrent", type=int, default=100, help="runs at once")
+    parser.add_argument("--k", default="10,100", help="tool steps per run")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loop", default="agent_flow", help=argparse.SUPPRESS)
+    parser.add_argument("--k-one", type=int, default=10, help=argparse.SUPPRESS)
+    parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--concurrent-mode", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    print("ms per model turn (lower is better); ratio = agent_flow / handwritten")
+    header = f"{'K':>4} {'mode':>10} {'stream':>6} | {'handwritten':>11} | {'agent_flow':>10} |"
+    print(header + f" {'ratio':>5} | {'peak MB hw/af':>13}")
+    for k in (int(v) for v in args.k.split(",")):
+        # K=100 runs are ten times longer; scale the run counts to keep the total bounded.
+        scale = max(1, k // 10)
+        for concurrent, runs in ((False, args.runs // scale), (True, args.concurrent // scale)):
+            for stream in (False, True):
+                runs = max(runs, 2)
+                base = run_child("handwritten", stream, k, runs, concurrent)
+                ours = run_child("agent_flow", stream, k, runs, concurrent)
+                mode = f"{runs}x{'par' if concurrent else 'seq'}"
+                ratio = ours["ms_per_turn"] / base["ms_per_turn"]
+                print(
+                    f"{k:>4} {mode:>10} {stream!s:>6} | {base['ms_per_turn']:>11.2f} | "
+                    f"{ours['ms_per_turn']:>10.2f} | {ratio:>5.2f}"
+                    f" | {base['peak_rss_mb']:>6.0f}/{ours['peak_rss_mb']:<6.0f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
