@@ -55,10 +55,8 @@ from typing import (
 )
 
 import jsonpointer
-
-# jsonschema ships no type information and types-jsonschema is not a dependency.
-import jsonschema.exceptions  # type: ignore[import-untyped]
-import jsonschema.validators  # type: ignore[import-untyped]
+import jsonschema.exceptions
+import jsonschema.validators
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
