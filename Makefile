@@ -1,12 +1,11 @@
 # The same steps .ci/run performs, one target each.
 VENV ?= .venv
-PY := $(VENV)/bin/python
 
 .PHONY: install lint typecheck test bench demo ci
 
 install:
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -e '.[dev]'
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -16,10 +15,11 @@ typecheck:
 	$(VENV)/bin/mypy --strict agent_flow
 
 test:
-	$(PY) -m pytest
+	$(VENV)/bin/python -m pytest
 
 bench:
-	$(PY) benchmarks/bench_context.py
+	$(VENV)/bin/python benchmarks/bench_context.py
+	$(VENV)/bin/python benchmarks/bench_loop.py
 
 demo:
 	$(VENV)/bin/agent-flow demo

@@ -12,14 +12,16 @@ When a subscriber falls behind, its own policy decides, explicitly:
   one `EventsDropped` event counting them, so a gap is never silent.
 
 A subscriber that raises or stops reading affects nobody else: it only ever touches its own
-queue. One that leaves a ``for`` loop early is unsubscribed as soon as its subscription is
-garbage-collected, or at once with ``async with`` / `Subscription.aclose`. Closing the bus
+queue, and it leaves the bus when the task reading it ends (however it ends), when it leaves
+an ``async for`` early and drops the subscription, or at once with ``async with`` /
+`Subscription.aclose`. Closing the bus
 (the executor does it at the end of each run) ends every subscription's iteration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import weakref
@@ -329,6 +331,7 @@ class Subscription:
         self._writable = asyncio.Event()
         self._writable.set()
         weakref.finalize(self, self._writable.set)
+        self._consumer: asyncio.Task[object] | None = None
         self._dropped = 0
         self._dropped_first = 0
         self._dropped_last = 0
@@ -367,16 +370,14 @@ class Subscription:
 
     async def aclose(self) -> None:
         """Stop receiving events and leave the bus."""
-        bus = self._bus()
-        if bus is not None:
-            bus._unsubscribe(self)
-        self._close()
-        self._queue.clear()
+        self._abandon()
 
     def __aiter__(self) -> AsyncIterator[AgentEvent]:
         return self
 
     async def __anext__(self) -> AgentEvent:
+        if self._consumer is None:
+            self._watch_consumer()
         while not self._queue:
             if self._closed:
                 raise StopAsyncIteration
@@ -396,6 +397,25 @@ class Subscription:
         self._writable.set()
         return event
 
+    def _watch_consumer(self) -> None:
+        """Leave the bus when the reading task ends, however it ends.
+
+        A reader that raised keeps its frame (and so this subscription) alive in the
+        exception's traceback; without this, a ``"wait"`` publisher would wait on it forever.
+        """
+        task = asyncio.current_task()
+        if task is None:
+            return
+        self._consumer = task
+        task.add_done_callback(functools.partial(_reader_finished, weakref.ref(self)))
+
+    def _abandon(self) -> None:
+        bus = self._bus()
+        if bus is not None:
+            bus._unsubscribe(self)
+        self._close()
+        self._queue.clear()
+
     async def __aenter__(self) -> Subscription:
         return self
 
@@ -406,6 +426,12 @@ class Subscription:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _reader_finished(ref: weakref.ref[Subscription], task: asyncio.Task[object]) -> None:
+    subscription = ref()
+    if subscription is not None:
+        subscription._abandon()
 
 
 class EventBus:

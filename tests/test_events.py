@@ -15,6 +15,7 @@ from agent_flow.events import (
     EnvironmentUpdated,
     EventBus,
     EventsDropped,
+    Subscription,
     TextDelta,
     ToolCallStarted,
     event_from_json,
@@ -137,16 +138,17 @@ async def test_a_drop_oldest_subscriber_never_blocks_and_reports_the_gap() -> No
 async def test_a_subscriber_that_breaks_out_early_does_not_stall_the_publisher() -> None:
     bus = EventBus()
 
-    async def reads_two() -> list[int]:
+    async def reads_two(subscription: Subscription) -> list[int]:
         seen = []
-        async for event in bus.subscribe(maxsize=1, policy="wait"):
+        async for event in subscription:
             seen.append(event.seq)
             if len(seen) == 2:
                 break
         return seen
 
     other = bus.subscribe()
-    reader = asyncio.create_task(reads_two())
+    # Subscribe before publishing; only the reader's task holds the subscription.
+    reader = asyncio.create_task(reads_two(bus.subscribe(maxsize=1, policy="wait")))
     for seq in range(20):
         await bus.publish(text(seq))
         if seq == 5:
@@ -160,12 +162,12 @@ async def test_a_subscriber_that_breaks_out_early_does_not_stall_the_publisher()
 async def test_a_subscriber_that_raises_does_not_affect_others() -> None:
     bus = EventBus()
 
-    async def crashes() -> None:
-        async for _event in bus.subscribe(maxsize=1):
+    async def crashes(subscription: Subscription) -> None:
+        async for _event in subscription:
             raise RuntimeError("subscriber bug")
 
     healthy = bus.subscribe()
-    crashing = asyncio.create_task(crashes())
+    crashing = asyncio.create_task(crashes(bus.subscribe(maxsize=1)))
     for seq in range(5):
         await bus.publish(text(seq))
     with pytest.raises(RuntimeError, match="subscriber bug"):

@@ -362,21 +362,7 @@ class ToolExecutor:
                 "register the new one with another name or a namespace"
             )
         parameters = tool.parameters
-        validator_class = jsonschema.validators.validator_for(
-            parameters, default=jsonschema.Draft202012Validator
-        )
-        try:
-            validator_class.check_schema(parameters)
-        except jsonschema.exceptions.SchemaError as err:
-            raise ToolDefinitionError(
-                f"the parameter schema of tool {exposed!r} is not a valid JSON schema: "
-                f"{err.message}"
-            ) from err
-        if parameters.get("type") != "object":
-            raise ToolDefinitionError(
-                f"the parameter schema of tool {exposed!r} must have type 'object', "
-                f"got {parameters.get('type')!r}"
-            )
+        validator = _validator(exposed, parameters)
         self._tools[exposed] = RegisteredTool(
             name=exposed,
             tool=tool,
@@ -386,7 +372,7 @@ class ToolExecutor:
             definition=ToolDefinition(
                 name=exposed, description=tool.description, parameters=parameters
             ),
-            validator=validator_class(parameters),
+            validator=validator,
         )
         return exposed
 
@@ -707,6 +693,39 @@ class ToolExecutor:
         listed = ", ".join(available[:40])
         more = f" and {len(available) - 40} more" if len(available) > 40 else ""
         return f"unknown tool {name!r}; {hint}available: {listed}{more}"
+
+
+# Checking a schema against its metaschema costs milliseconds; agents are often built per
+# run with the same tools, so each distinct schema is checked once per process.
+_validators: dict[str, jsonschema.protocols.Validator] = {}
+_MAX_CACHED_VALIDATORS = 1024
+
+
+def _validator(exposed: str, parameters: JsonObject) -> jsonschema.protocols.Validator:
+    """Return a validator for `parameters`, checking the schema itself first (cached)."""
+    key = json.dumps(parameters, sort_keys=True, default=str)
+    cached = _validators.get(key)
+    if cached is not None:
+        return cached
+    validator_class = jsonschema.validators.validator_for(
+        parameters, default=jsonschema.Draft202012Validator
+    )
+    try:
+        validator_class.check_schema(parameters)
+    except jsonschema.exceptions.SchemaError as err:
+        raise ToolDefinitionError(
+            f"the parameter schema of tool {exposed!r} is not a valid JSON schema: {err.message}"
+        ) from err
+    if parameters.get("type") != "object":
+        raise ToolDefinitionError(
+            f"the parameter schema of tool {exposed!r} must have type 'object', "
+            f"got {parameters.get('type')!r}"
+        )
+    if len(_validators) >= _MAX_CACHED_VALIDATORS:
+        _validators.clear()
+    validator = validator_class(parameters)
+    _validators[key] = validator
+    return validator
 
 
 def _check_limit(limit: int | None) -> None:
