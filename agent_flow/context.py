@@ -287,7 +287,7 @@ class ContextManager:
         head, tail, template_tokens = self._template(current_task)
         units = self.history.units()
         history_tokens = self.history.token_count()
-        pinned_tokens = sum(u.tokens for u in units if u.pinned) if history_tokens else 0
+        pinned_tokens = self.history.pinned_token_count()
         if pinned_tokens > usable:
             raise ContextBudgetError(
                 f"the pinned history (first user message and summaries) needs {pinned_tokens} "
@@ -324,7 +324,9 @@ class ContextManager:
             history_messages = self.history.to_messages()
             sent, omitted, sent_tokens = len(units), 0, history_tokens
         else:
-            chosen = _select_units(units, history_budget)
+            chosen = _select_units(
+                units, self.history.pinned_indices(), pinned_tokens, history_budget
+            )
             history_messages = [m for u in chosen for m in u.messages]
             sent, omitted = len(chosen), len(units) - len(chosen)
             sent_tokens = sum(u.tokens for u in chosen)
@@ -368,16 +370,22 @@ class ContextManager:
         return await self.history.prune(self.strategy, int(budget * self.prune_target))
 
 
-def _select_units(units: Sequence[Unit], budget: int) -> list[Unit]:
-    """Pick the pinned units plus the newest others that fit `budget`, in original order."""
-    remaining = budget - sum(u.tokens for u in units if u.pinned)
-    keep: list[bool] = [u.pinned for u in units]
-    for index in range(len(units) - 1, -1, -1):
-        unit = units[index]
-        if unit.pinned:
-            continue
-        if unit.tokens > remaining:
-            break
-        remaining -= unit.tokens
-        keep[index] = True
-    return [u for u, kept in zip(units, keep, strict=True) if kept]
+def _select_units(
+    units: Sequence[Unit], pinned: Sequence[int], pinned_tokens: int, budget: int
+) -> list[Unit]:
+    """Pick the pinned units plus the newest others that fit `budget`, in original order.
+
+    Walks back from the newest unit only as far as the budget reaches, so the cost is
+    proportional to what is sent, not to the length of the history.
+    """
+    remaining = budget - pinned_tokens
+    start = len(units)
+    while start > 0:
+        unit = units[start - 1]
+        if not unit.pinned:
+            if unit.tokens > remaining:
+                break
+            remaining -= unit.tokens
+        start -= 1
+    older_pinned = [units[i] for i in pinned if i < start]
+    return [*older_pinned, *(units[i] for i in range(start, len(units)))]

@@ -446,6 +446,10 @@ class History:
         self._messages: list[ChatMessage] = []
         self._ids: set[str] = set()
         self._total = 0
+        # Pinned units (first user message, summaries) never grow once added: their indices
+        # and total are kept here so budgeting never has to scan every unit.
+        self._pinned: list[int] = []
+        self._pinned_total = 0
         self._version = 0
         self._has_first_user = False
         # Builder of the last unit; None until needed again after units were replaced.
@@ -481,6 +485,14 @@ class History:
     def token_count(self) -> int:
         """Return the prompt tokens of `to_messages()` without the reply priming, in O(1)."""
         return self._total
+
+    def pinned_token_count(self) -> int:
+        """Return the tokens of the pinned units (first user message, summaries), in O(1)."""
+        return self._pinned_total
+
+    def pinned_indices(self) -> Sequence[int]:
+        """Return the indices into `units()` of the pinned units, in order (no copy is made)."""
+        return _ListView(self._pinned)
 
     def to_messages(self) -> list[ChatMessage]:
         """Return the messages the history sends, as a new list (a copy of a cached one)."""
@@ -529,6 +541,9 @@ class History:
             self._units.append(unit)
             self._open = builder
             self._total += unit.tokens
+            if pinned:
+                self._pinned.append(len(self._units) - 1)
+                self._pinned_total += unit.tokens
             self._tail_start = len(self._messages)
             self._messages.extend(unit.messages)
             if isinstance(entry, UserMessage):
@@ -715,6 +730,8 @@ class History:
         self._ids -= removed_ids
         self._ids |= added_ids
         self._total = sum(u.tokens for u in merged)
+        self._pinned = [i for i, u in enumerate(merged) if u.pinned]
+        self._pinned_total = sum(merged[i].tokens for i in self._pinned)
         self._has_first_user = has_first_user
         self._open = None
         self._tail_start = len(self._messages) - (len(merged[-1].messages) if merged else 0)

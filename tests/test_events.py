@@ -5,7 +5,7 @@ import gc
 import typing
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_flow.environment import EnvironmentChange
@@ -51,6 +51,7 @@ def test_every_event_class_is_in_the_union_and_has_a_distinct_kind() -> None:
     assert len(kinds) == len(set(kinds))
 
 
+@settings(max_examples=30)
 @given(st.data())
 def test_every_event_kind_round_trips_through_one_json_line(data: st.DataObject) -> None:
     for cls in event_classes():

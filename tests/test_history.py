@@ -68,6 +68,9 @@ def assert_consistent(history: History) -> None:
     for unit in history.units():
         assert unit.tokens == sum(counter.count_message(m) for m in unit.messages)
         assert unit.message_tokens == tuple(counter.count_message(m) for m in unit.messages)
+    units = list(history.units())
+    assert list(history.pinned_indices()) == [i for i, u in enumerate(units) if u.pinned]
+    assert history.pinned_token_count() == sum(u.tokens for u in units if u.pinned)
     assert_tool_pairs_intact(messages)
 
 
