@@ -14,6 +14,7 @@ import fnmatch
 import json
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -85,7 +86,12 @@ from agent_flow.pruning import (
     SummarizeOldest,
 )
 from agent_flow.store import SessionStatus, SessionStore
-from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
+from agent_flow.tokens import (
+    ApproxCounter,
+    TiktokenCounter,
+    TokenCounter,
+    TokenizerFallbackWarning,
+)
 from agent_flow.tools import (
     ApprovalCallback,
     ApprovalRequest,
@@ -387,7 +393,7 @@ class AgentExecutor:
         self.output_type = output_type
         self.stream = stream if stream is not None else _config_streams(self.config)
         self.events = bus if bus is not None else EventBus()
-        counter = _make_counter(self.config)
+        counter, self._counter_note = _make_counter(self.config)
         if context is not None:
             self.context = context
         else:
@@ -449,7 +455,7 @@ class AgentExecutor:
         """
         state = await store.load(session_id)
         settings = config if config is not None else AgentConfig()
-        history = state.history(counter=_make_counter(settings))
+        history = state.history(counter=_make_counter(settings)[0])
         environment = state.environment if state.environment is not None else Environment()
         return cls(
             llm,
@@ -598,6 +604,8 @@ class AgentExecutor:
             await self._emit(
                 RunStarted, task=message, agent=self.config.name, model=_model_name(self.llm)
             )
+            if self._counter_note is not None:
+                await self._emit(WarningRaised, message=self._counter_note, source="tokens")
             finish = await self._loop(run)
         except asyncio.CancelledError:
             self._close_pending("the run was cancelled before this call finished")
@@ -989,25 +997,23 @@ class AgentExecutor:
 _CONTROL_NAMES = frozenset({"task_completion", "ask_question", "converse", "update_plan"})
 
 
-def _make_counter(config: AgentConfig) -> TokenCounter:
+def _make_counter(config: AgentConfig) -> tuple[TokenCounter, str | None]:
+    """Return the counter for the configured model, and a note if it had to fall back."""
     if config.context.counter == "approx":
-        return ApproxCounter()
-    model = None
+        return ApproxCounter(), None
     try:
         model = config.resolved_llm().model if config.llm is not None else None
     except ConfigError:
         model = None
     if model is None:
-        return TiktokenCounter()
-    import warnings
-
-    from agent_flow.tokens import TokenizerFallbackWarning
-
+        return TiktokenCounter(), None
     # A model whose encoding is not installed is counted with cl100k_base; the executor
-    # reports that once through the run's warnings rather than the warnings module.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TokenizerFallbackWarning)
-        return TiktokenCounter(model)
+    # reports that as a warning event of each run instead of through the warnings module.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TokenizerFallbackWarning)
+        counter = TiktokenCounter(model)
+    notes = [str(w.message) for w in caught if issubclass(w.category, TokenizerFallbackWarning)]
+    return counter, (notes[0] if notes else None)
 
 
 def _model_name(client: LLMClient) -> str:

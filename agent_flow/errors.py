@@ -7,7 +7,7 @@ AgentFlowError
 │   ├── ToolDefinitionError     a tool cannot be built from what was given
 │   │   └── DuplicateToolError  two tools would share one name
 │   └── PointerError            a JSON pointer is malformed or names nothing
-├── EnvironmentValidationError  a write would break the environment's JSON schema
+├── EnvironmentValidationError  a write does not fit a typed section, a schema, or a model
 ├── TokenizerError              no usable tokenizer encoding is installed
 ├── ContextBudgetError          the fixed parts of a prompt alone exceed the budget
 ├── ModelError                  calling the model failed
@@ -92,7 +92,12 @@ class PointerError(UserError, LookupError):
 
 
 class EnvironmentValidationError(AgentFlowError):
-    """A write would leave the environment invalid against its JSON schema; nothing changed."""
+    """A value does not fit where it goes; for writes, nothing changed.
+
+    Raised when a write would break a typed section (``/task/status = "bogus"``) or a JSON
+    schema of the environment or an extension, and when `Environment.get_extension` finds
+    data that does not fit the requested model.
+    """
 
 
 class TokenizerError(AgentFlowError):

@@ -435,3 +435,15 @@ async def test_a_full_run_against_a_real_openai_compatible_server_streamed_and_n
         assert second.final_text == "Two."
         assert server.remaining == 0
         await client.aclose()
+
+
+async def test_a_model_whose_tokenizer_is_not_installed_is_reported_once_per_run() -> None:
+    from agent_flow.llm import LLMConfig
+
+    config = AgentConfig(llm=LLMConfig(model="gpt-4o"))
+    agent = AgentExecutor(ScriptedLLM(["hi"]), config=config)
+    outcome, events = await run_collecting(agent, "x")
+    assert outcome.final_text == "hi"
+    notes = [e for e in events if e.kind == "warning_raised" and e.source == "tokens"]
+    assert len(notes) == 1
+    assert "o200k_base" in notes[0].message
