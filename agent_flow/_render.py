@@ -1,0 +1,458 @@
+"""Terminal rendering of the event stream for the `agent-flow` command (and the demo).
+
+`EventRenderer` is called with each event as it is published (it is an `EventBus` hook, so
+it runs in order with the run, before an approval prompt asks anything) and prints:
+streamed text and thinking inline, tool calls as their arguments stream in, tool results,
+environment changes, pruning notices, plan updates, approvals, warnings and errors, and a
+token-budget bar with the per-section split of every prompt. On a terminal a spinner shows
+while the model is being waited on; elsewhere (a pipe, a file, a test) output is plain,
+uncoloured and never wrapped, so it reads the same every time.
+
+`JsonLinesWriter` is the ``--json`` alternative: one `event_to_json` line per event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections import Counter
+from typing import IO
+
+from rich.console import Console
+from rich.status import Status
+from rich.text import Text
+
+from agent_flow._types import JsonValue
+from agent_flow.context import PromptBreakdown
+from agent_flow.environment import EnvironmentChange
+from agent_flow.events import (
+    AgentEvent,
+    ApprovalRequired,
+    ApprovalResolved,
+    ContextBuilt,
+    EnvironmentUpdated,
+    EventsDropped,
+    ExecutionError,
+    HistoryPruned,
+    IterationStarted,
+    ModelResponded,
+    PlanUpdated,
+    RunFinished,
+    RunStarted,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolCallStarted,
+    WarningRaised,
+    event_to_json,
+)
+from agent_flow.pruning import PruneReport
+
+__all__ = ["EventRenderer", "JsonLinesWriter", "make_console"]
+
+BAR_WIDTH = 30
+_SHOWN_CHANGES = 6
+
+# Glyphs with an ASCII fallback for consoles that cannot encode them.
+_GLYPHS = {
+    "run": ("▶", ">"),
+    "end": ("■", "#"),
+    "call": ("▸", ">"),
+    "tool": ("⚙", "*"),
+    "ok": ("✓", "+"),
+    "fail": ("✗", "x"),
+    "env": ("◆", "*"),
+    "prune": ("✂", "%"),
+    "plan": ("☰", "="),
+    "ask": ("?", "?"),
+    "warn": ("⚠", "!"),
+    "model": ("·", "-"),
+    "gap": ("…", "..."),
+    "rule": ("─", "-"),
+    "block": ("█", "#"),
+    "free": ("·", "."),
+}
+
+# The budget bar: (label, field of PromptBreakdown, colour, letter used without colour).
+_SECTIONS = (
+    ("system", "system_template", "magenta", "s"),
+    ("environment", "environment", "green", "e"),
+    ("tools", "tools", "blue", "t"),
+    ("history", "history", "cyan", "h"),
+)
+
+
+def make_console(stream: IO[str] | None = None, *, force_terminal: bool | None = None) -> Console:
+    """A console for the command: colour and a spinner on a terminal, plain text elsewhere.
+
+    Output that is not a terminal is never wrapped (so it reads the same at any width) and
+    has no colour codes.
+    """
+    file = stream if stream is not None else sys.stdout
+    is_tty = force_terminal if force_terminal is not None else _isatty(file)
+    return Console(
+        file=file,
+        force_terminal=is_tty,
+        color_system="auto" if is_tty else None,
+        width=None if is_tty else 120,
+        soft_wrap=True,
+        highlight=False,
+        emoji=False,
+        markup=False,
+    )
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _short(text: str, limit: int) -> str:
+    """`text` on one line of at most `limit` characters.
+
+    JSON is shown compact; several lines show as the first and the last (a command's exit
+    code and its verdict, say).
+    """
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            stripped = json.dumps(json.loads(stripped), ensure_ascii=False, separators=(",", ":"))
+    lines = [line.strip() for line in stripped.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    if len(line) > limit:
+        return line[: limit - 1] + "…"
+    return line
+
+
+def _value(value: JsonValue | None, limit: int = 60) -> str:
+    """A compact description of a JSON value for a change line."""
+    if isinstance(value, dict):
+        return f"{{{len(value)} entries}}"
+    if isinstance(value, list):
+        return f"[{len(value)} items]"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class EventRenderer:
+    """Prints each event of a run as it happens; use as an `EventBus` hook.
+
+    Args:
+        console: Where to print (see `make_console`).
+        spinner: Show a spinner while waiting on the model (only on a terminal).
+        show_thinking: Print the model's streamed reasoning.
+        max_arguments: Characters of a tool call's arguments shown while they stream.
+        max_result: Characters of a tool result shown.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        spinner: bool = True,
+        show_thinking: bool = True,
+        max_arguments: int = 160,
+        max_result: int = 160,
+    ) -> None:
+        self.console = console
+        self.spinner = spinner and console.is_terminal
+        self.show_thinking = show_thinking
+        self.max_arguments = max_arguments
+        self.max_result = max_result
+        #: How many events of each kind were rendered.
+        self.counts: Counter[str] = Counter()
+        encoding = (getattr(console.file, "encoding", None) or "utf-8").lower()
+        self._ascii = not encoding.replace("-", "").startswith("utf")
+        self._color = console.color_system is not None
+        self._open: str | None = None  # "text", "thinking" or "args:<index>" while a line is open
+        self._arguments_shown: dict[int, int] = {}
+        self._streamed_calls: set[str] = set()
+        self._streamed_text = False
+        self._status: Status | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _g(self, name: str) -> str:
+        glyph, fallback = _GLYPHS[name]
+        return fallback if self._ascii else glyph
+
+    def _close_line(self) -> None:
+        if self._open is not None:
+            self.console.print()
+            self._open = None
+
+    def _safe(self, text: str) -> str:
+        """`text` as the console can encode it (non-ASCII becomes '?' on an ASCII console)."""
+        if not self._ascii:
+            return text
+        return text.encode("ascii", "replace").decode("ascii")
+
+    def line(self, text: str | Text, style: str = "") -> None:
+        """Print a whole line, ending any streamed line first."""
+        self.stop_spinner()
+        self._close_line()
+        if isinstance(text, str):
+            text = Text(self._safe(text), style=style)
+        self.console.print(text)
+
+    def stop_spinner(self) -> None:
+        """Stop the spinner (before printing or prompting)."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def _start_spinner(self, message: str) -> None:
+        if self.spinner and self._status is None:
+            self._status = self.console.status(message, spinner="dots")
+            self._status.start()
+
+    def _inline(self, kind: str, text: str, style: str = "", prefix: Text | None = None) -> None:
+        self.stop_spinner()
+        if self._open != kind:
+            self._close_line()
+            if prefix is not None:
+                self.console.print(prefix, end="")
+            self._open = kind
+        self.console.print(Text(self._safe(text), style=style), end="")
+
+    # -- the hook ----------------------------------------------------------------------------
+
+    def __call__(self, event: AgentEvent) -> None:
+        """Render one event."""
+        self.counts[event.kind] += 1
+        match event:
+            case RunStarted():
+                self._streamed_text = False
+                self.line(
+                    f"{self._g('run')} run {event.run_id[:8]} started · agent {event.agent} · "
+                    f"model {event.model}",
+                    "bold",
+                )
+                self.line(f"  task: {_short(event.task, 200)}")
+            case IterationStarted():
+                rule = self._g("rule") * 2
+                self.line(f"{rule} iteration {event.iteration} {rule}", "dim")
+            case ContextBuilt():
+                self.line(self.budget_bar(event.breakdown))
+                self._start_spinner("waiting for the model...")
+            case ThinkingDelta():
+                if self.show_thinking:
+                    self._inline(
+                        "thinking",
+                        event.text,
+                        "dim italic",
+                        Text("  thinking: ", style="dim"),
+                    )
+            case TextDelta():
+                self._streamed_text = True
+                self._inline("text", event.text)
+            case ToolCallArgumentsDelta():
+                self._arguments_delta(event)
+            case ModelResponded():
+                self.line(
+                    f"  {self._g('model')} model answered in {event.duration_ms:,.0f} ms: "
+                    f"{event.prompt_tokens:,} prompt + {event.completion_tokens:,} completion "
+                    f"tokens, {event.tool_calls} tool call(s), finish {event.finish_reason}",
+                    "dim",
+                )
+            case ToolCallStarted():
+                shown = (
+                    ""
+                    if event.call_id in self._streamed_calls
+                    else " " + _short(event.arguments, self.max_arguments)
+                )
+                self.line(f"  {self._g('tool')} running {event.name}{shown}", "cyan")
+            case ToolCallCompleted():
+                self._completed(event)
+            case ToolCallFailed():
+                self.line(
+                    f"  {self._g('fail')} {event.name} failed: {_short(event.error, 200)}", "red"
+                )
+            case EnvironmentUpdated():
+                self._environment(event.source, event.version, event.changes)
+            case HistoryPruned():
+                self.line(f"  {self._g('prune')} {self.prune_summary(event.report)}", "magenta")
+            case PlanUpdated():
+                self.line(f"  {self._g('plan')} plan updated:", "blue")
+                for step in event.plan:
+                    mark = "[x]" if step.completed else "[ ]"
+                    current = "  <- current" if step.description == event.current_step else ""
+                    self.line(f"      {mark} {step.description}{current}", "blue")
+            case ApprovalRequired():
+                self.line(
+                    f"  {self._g('ask')} approval needed for {event.name} "
+                    f"{_short(event.arguments, 100)}: {event.reason}",
+                    "bold yellow",
+                )
+            case ApprovalResolved():
+                verdict = "approved" if event.approved else "refused"
+                glyph = self._g("ok") if event.approved else self._g("fail")
+                reason = f" ({event.reason})" if event.reason else ""
+                self.line(
+                    f"  {glyph} {verdict}: {event.name}{reason}",
+                    "green" if event.approved else "red",
+                )
+            case WarningRaised():
+                source = f" ({event.source})" if event.source else ""
+                self.line(f"  {self._g('warn')} warning{source}: {event.message}", "yellow")
+            case ExecutionError():
+                what = "fatal" if event.fatal else "the run goes on"
+                self.line(
+                    f"  {self._g('fail')} error {event.error_type}: {event.message} [{what}]",
+                    "bold red" if event.fatal else "red",
+                )
+            case RunFinished():
+                self._finished(event)
+            case EventsDropped():
+                self.line(
+                    f"  {self._g('gap')} {event.count} event(s) dropped for this subscriber "
+                    f"(seq {event.first_seq}-{event.last_seq}): it fell behind",
+                    "yellow",
+                )
+
+    # -- the pieces --------------------------------------------------------------------------
+
+    def _arguments_delta(self, event: ToolCallArgumentsDelta) -> None:
+        key = f"args:{event.index}"
+        if event.call_id is not None:
+            self._streamed_calls.add(event.call_id)
+        if event.name is not None or self._open != key:
+            if event.name is not None:
+                self._arguments_shown[event.index] = 0
+            label = event.name or f"call #{event.index}"
+            self.stop_spinner()
+            self._close_line()
+            self.console.print(
+                Text(self._safe(f"  {self._g('call')} {label} "), style="cyan"), end=""
+            )
+            self._open = key
+        shown = self._arguments_shown.get(event.index, 0)
+        if shown >= self.max_arguments:
+            return
+        piece = event.delta.replace("\n", " ")
+        room = self.max_arguments - shown
+        if len(piece) > room:
+            piece = piece[:room] + "…"
+        self._arguments_shown[event.index] = shown + len(piece)
+        self.console.print(Text(self._safe(piece), style="dim"), end="")
+
+    def _completed(self, event: ToolCallCompleted) -> None:
+        extra = " [truncated for the model]" if event.truncated else ""
+        summary = _short(event.content, self.max_result)
+        if event.is_error:
+            self.line(
+                f"  {self._g('fail')} {event.name} reported an error: {summary}{extra}", "yellow"
+            )
+        else:
+            self.line(
+                f"  {self._g('ok')} {event.name} ({event.duration_ms:,.0f} ms): {summary}{extra}",
+                "green",
+            )
+
+    def _environment(
+        self, source: str, version: int, changes: tuple[EnvironmentChange, ...]
+    ) -> None:
+        self.line(
+            f"  {self._g('env')} environment v{version} from {source}: {len(changes)} change(s)",
+            "green",
+        )
+        for change in changes[:_SHOWN_CHANGES]:
+            if change.op == "delete":
+                self.line(f"      delete {change.pointer}", "dim")
+            else:
+                self.line(f"      set {change.pointer} = {_value(change.new)}", "dim")
+        if len(changes) > _SHOWN_CHANGES:
+            self.line(f"      (+{len(changes) - _SHOWN_CHANGES} more)", "dim")
+
+    def _finished(self, event: RunFinished) -> None:
+        self.line(
+            f"{self._g('end')} run finished: {event.stop_reason} after {event.iterations} "
+            f"iteration(s) · {event.prompt_tokens:,} prompt + {event.completion_tokens:,} "
+            f"completion tokens · {event.duration_ms / 1000:.1f} s",
+            "bold",
+        )
+        # An answer streamed as text was shown already; a fatal error has its own line.
+        shown = event.stop_reason == "answered" and self._streamed_text
+        if event.final_text and not shown and event.stop_reason != "error":
+            self.line(f"  {event.final_text}")
+
+    def budget_bar(self, breakdown: PromptBreakdown) -> Text:
+        """The token-budget bar of one prompt, with its per-section split."""
+        budget = max(breakdown.budget, 1)
+        parts = [
+            (label, getattr(breakdown, field), colour, letter)
+            for label, field, colour, letter in _SECTIONS
+        ]
+        # The reserve is drawn at the right end; the sections fill from the left, never
+        # into it (rounding cannot push the bar past its width).
+        reserve = min(round(breakdown.reserve * BAR_WIDTH / budget), BAR_WIDTH)
+        room = BAR_WIDTH - reserve
+        bar = Text("  context ")
+        bar.append("[")
+        cells: list[tuple[int, str, str]] = []
+        for _label, tokens, colour, letter in parts:
+            count = min(round(tokens * BAR_WIDTH / budget), room)
+            room -= count
+            cells.append((count, colour, letter))
+        free = room
+        for count, colour, letter in cells:
+            if self._color:
+                bar.append(self._g("block") * count, style=colour)
+            else:
+                bar.append(letter * count)
+        bar.append(self._g("free") * free, style="dim")
+        bar.append(("r" if not self._color else self._g("block")) * reserve, style="grey37")
+        bar.append("] ")
+        bar.append(f"{breakdown.total:,}/{breakdown.budget:,} tokens: ")
+        dot = self._g("free")
+        for number, (label, tokens, colour, _) in enumerate(parts):
+            bar.append(f"{' ' + dot + ' ' if number else ''}{label} {tokens:,}", style=colour)
+        bar.append(f" {dot} reserve {breakdown.reserve:,}", style="dim")
+        notes = []
+        if breakdown.history_units_omitted:
+            notes.append(f"{breakdown.history_units_omitted} history unit(s) left out")
+        if breakdown.environment_degraded:
+            notes.append("environment shortened to fit")
+        if notes:
+            bar.append(f" ({'; '.join(notes)})", style="yellow")
+        return bar
+
+    @staticmethod
+    def prune_summary(report: PruneReport) -> str:
+        """One line saying what a pruning did."""
+        what = []
+        for label, ids in (
+            ("dropped {} entries", report.dropped),
+            ("elided {} tool result(s)", report.elided),
+            ("summarized {} entries", report.summarized),
+        ):
+            if ids:
+                what.append(label.format(len(ids)))
+        done = ", ".join(what) or "no change"
+        return (
+            f"history pruned by {report.strategy}: {report.tokens_before:,} -> "
+            f"{report.tokens_after:,} tokens (budget {report.max_tokens:,}); {done}"
+        )
+
+
+class JsonLinesWriter:
+    """Writes each event as one JSON line (`event_to_json`); use as an `EventBus` hook.
+
+    Args:
+        stream: Where the lines go.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def __call__(self, event: AgentEvent) -> None:
+        """Write one event."""
+        self.stream.write(event_to_json(event) + "\n")
+        self.stream.flush()
