@@ -1,0 +1,129 @@
+"""Every example runs as a script, offline (OPENAI_* unset: the scripted model), and says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = ("coding_agent", "data_analysis", "custom_tool", "event_consumers", "pruning_strategies")
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Run all examples at once (they are independent) and collect their output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENT_FLOW_"))}
+    env["PYTHONPATH"] = str(REPO)
+    cwd = tmp_path_factory.mktemp("examples")
+    env["TMPDIR"] = str(cwd)  # the examples' temporary directories go away with the test's
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, str(REPO / "examples" / f"{name}.py")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+        for name in EXAMPLES
+    }
+    results: dict[str, str] = {}
+    for name, process in processes.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, f"{name} failed:\n{err}"
+        assert err == "", f"{name} wrote to stderr:\n{err}"
+        assert out.startswith("model: ScriptedLLM"), f"{name} did not use the scripted model"
+        results[name] = out
+    return results
+
+
+def test_every_example_is_tested() -> None:
+    assert sorted(p.stem for p in (REPO / "examples").glob("*.py")) == sorted(EXAMPLES)
+
+
+def test_the_coding_agent_maps_the_project_records_a_design_and_writes_code(
+    outputs: dict[str, str],
+) -> None:
+    out = outputs["coding_agent"]
+    assert "approval: write_file src/agent_flow/environment.rs -> True" in out
+    assert "outcome: completed: Added src/agent_flow/environment.rs per the design." in out
+    assert (
+        "files known to the environment: Cargo.toml, docs/agent-loop.md, src/agent_flow/mod.rs, "
+        "src/coder/executor.rs, src/coder/session.rs, src/lib.rs\n"
+    ) in out
+    assert "designing struct: Environment (Observer pattern for tool result updates)" in out
+    assert "wrote src/agent_flow/environment.rs: True" in out
+
+
+def test_the_data_analysis_agent_keeps_its_dataset_in_a_typed_extension(
+    outputs: dict[str, str],
+) -> None:
+    out = outputs["data_analysis"]
+    assert "Analyzing 1250 rows of sales data; columns: date, product, region, sales, profit" in out
+    stats = json.loads(out.split("summary stats: ", 1)[1].splitlines()[0])
+    assert stats["total_sales"] == sum(stats["sales_by_region"].values())
+    assert set(stats["sales_by_region"]) == {"North", "South", "East", "West"}
+    best = max(stats["sales_by_region"], key=stats["sales_by_region"].get)
+    assert (
+        f"outcome: completed: Total sales {stats['total_sales']:,}, average profit margin "
+        f"{stats['avg_profit_margin']:.1%}; {best} sells the most." in out
+    )
+    assert "task status: completed" in out
+
+
+def test_the_custom_tool_updates_the_environment_through_its_handler(
+    outputs: dict[str, str],
+) -> None:
+    out = outputs["custom_tool"]
+    assert "set /extensions/weather/paris" in out and "set /extensions/weather/tokyo" in out
+    assert "set /knowledge/discovered_facts/1" in out
+    assert "answer: Right now: Paris: 72°F, sunny; Tokyo: 64°F, light rain." in out
+    assert "'paris': {'temperature': 72, 'conditions': 'sunny', 'location': 'Paris'}" in out
+    assert "facts: ['weather in Paris: sunny, 72°F', 'weather in Tokyo: light rain, 64°F']" in out
+
+
+def test_the_event_consumers_each_see_the_run(outputs: dict[str, str]) -> None:
+    out = outputs["event_consumers"]
+    assert "[log] INFO #0 run_started" in out
+    assert "[progress] iteration 3" in out and "[progress] finished: completed" in out
+    assert "[progress]   multiply done, 0 still running" in out
+    counted = re.search(r"logger saw (\d+) events; the file has (\d+) lines", out)
+    assert counted is not None and counted.group(1) == counted.group(2)
+    assert (
+        f"read back from events.jsonl: {counted.group(1)} events, run_started ... run_finished"
+        in out
+    )
+    assert "outcome: completed: (2+3) * (4+6) = 50" in out
+
+
+def test_the_pruning_strategies_keep_different_things(outputs: dict[str, str]) -> None:
+    out = outputs["pruning_strategies"]
+    sections = {part.splitlines()[0]: part for part in out.split("== ")[1:]}
+    assert list(sections) == [
+        "drop_oldest",
+        "chain(elide_tool_results, drop_oldest)",
+        "chain(summarize_oldest, drop_oldest)",
+    ]
+
+    def numbers(section: str, label: str) -> int:
+        found = re.search(rf"{label} (\d+)", section)
+        assert found is not None, label
+        return int(found.group(1))
+
+    drop, elide, summarize = sections.values()
+    assert numbers(drop, "dropped") > 0 and numbers(drop, "elided") == 0
+    assert "I see that I read days 01" not in drop  # the oldest turns are gone
+    assert numbers(elide, "elided") > 0 and numbers(elide, "summarized") == 0
+    assert "I see that I read days 01, 02, 03, 04, 05, 06, 07, 08, 09, 10;" in elide
+    assert numbers(summarize, "summarized") > 0 and "summaries: 1" in summarize
+    assert "summary starts: '- Agent: Reading day 1.'" in summarize
+    for section in (drop, elide, summarize):
+        total = re.search(r"last prompt: ([\d,]+)/3,000 tokens", section)
+        assert total is not None and int(total.group(1).replace(",", "")) <= 3000 - 300
+        assert "error lines remain for days 07, 08, 09, 10." in section
