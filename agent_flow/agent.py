@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
+import textwrap
 import time
 import uuid
 import warnings
@@ -106,7 +107,9 @@ from agent_flow.tools import (
     ToolOutcome,
     ToolResult,
     UserQuestion,
+    Workspace,
     control_tools,
+    workspace_tools,
 )
 
 __all__ = [
@@ -117,6 +120,7 @@ __all__ = [
     "RunTools",
     "StopReason",
     "ToolUse",
+    "tool_executor_from_config",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -354,8 +358,10 @@ class AgentExecutor:
     Args:
         llm: The model client.
         config: The agent's settings (defaults when omitted).
-        tools: The tool executor; one is built from `config` when omitted. Loop-control
-            tools are registered into it when ``config.control_tools`` is on.
+        tools: The tool executor; `tool_executor_from_config` builds one when omitted.
+            Loop-control tools are registered into it when ``config.control_tools`` is on.
+            MCP servers need a running connection, so ``config.mcp_servers`` are started by
+            the caller (``MCPServers(...).register(agent.tools)``; the CLI does it).
         environment: The working memory (a fresh one when omitted).
         history: The transcript (a fresh one when omitted).
         context: The budgeted prompt builder; built from `config.context` when omitted.
@@ -409,7 +415,7 @@ class AgentExecutor:
                 prune_target=self.config.context.prune_target,
             )
         self._base_template = self.context.system_prompt_template
-        self.tools = tools if tools is not None else self._default_tools(approval)
+        self.tools = tools if tools is not None else tool_executor_from_config(self.config)
         self.tools.hooks = _EventHooks(self)
         if approval is not None:
             self.tools.approval = approval
@@ -490,20 +496,6 @@ class AgentExecutor:
                     SummarizeOldest(LLMSummarizer(self.llm, counter=counter)),
                     DropOldest(),
                 )
-
-    def _default_tools(self, approval: ApprovalCallback | None) -> ToolExecutor:
-        policy = self.config.policy
-        return ToolExecutor(
-            policy=PolicyEngine(
-                auto_approve=policy.auto_approve,
-                read_only=policy.read_only,
-                approval_tools=policy.approval_tools,
-                approval_risk=policy.approval_risk,
-            ),
-            approval=approval,
-            default_timeout=self.config.tool_timeout,
-            max_output_tokens=self.config.max_tool_output_tokens,
-        )
 
     # -- public API --------------------------------------------------------------------
 
@@ -595,7 +587,8 @@ class AgentExecutor:
         self._run = run
         self._task = asyncio.current_task()
         if self.store is not None and self.session_id is None:
-            info = await self.store.create(agent=self.config.name, title=message[:80])
+            title = textwrap.shorten(message, width=80, placeholder=" …")
+            info = await self.store.create(agent=self.config.name, title=title)
             self.session_id = info.id
         self._close_pending("the previous run ended before this call finished")
         self.history.add(UserMessage(content=message))
@@ -1064,6 +1057,34 @@ def _validate_output(
         )
         return None, problems
     return value, None
+
+
+def tool_executor_from_config(
+    config: AgentConfig, *, approval: ApprovalCallback | None = None
+) -> ToolExecutor:
+    """Build the tool executor `config` describes.
+
+    It gets the configured policy, timeouts and output limit, and the built-in file tools
+    when ``config.workspace`` names a directory.
+
+    Raises:
+        ToolError: The workspace directory cannot be used.
+    """
+    policy = config.policy
+    executor = ToolExecutor(
+        policy=PolicyEngine(
+            auto_approve=policy.auto_approve,
+            read_only=policy.read_only,
+            approval_tools=policy.approval_tools,
+            approval_risk=policy.approval_risk,
+        ),
+        approval=approval,
+        default_timeout=config.tool_timeout,
+        max_output_tokens=config.max_tool_output_tokens,
+    )
+    if config.workspace is not None:
+        executor.register_all(workspace_tools(Workspace(config.workspace)))
+    return executor
 
 
 def _config_streams(config: AgentConfig) -> bool:

@@ -48,7 +48,7 @@ from pydantic import ValidationError
 
 from agent_flow import errors
 from agent_flow._render import EventRenderer, JsonLinesWriter, make_console
-from agent_flow.agent import AgentExecutor, ExecutionOutcome, StopReason
+from agent_flow.agent import AgentExecutor, ExecutionOutcome, StopReason, tool_executor_from_config
 from agent_flow.config import AgentConfig, load_config
 from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import (
@@ -70,7 +70,6 @@ from agent_flow.tools import (
     MCPServerHTTP,
     MCPServers,
     MCPServerStdio,
-    PolicyEngine,
     ToolExecutor,
     Workspace,
     workspace_tools,
@@ -417,20 +416,6 @@ def _check_credentials(llm: LLMConfig) -> None:
         )
 
 
-def _tool_executor(config: AgentConfig) -> ToolExecutor:
-    policy = config.policy
-    return ToolExecutor(
-        policy=PolicyEngine(
-            auto_approve=policy.auto_approve,
-            read_only=policy.read_only,
-            approval_tools=policy.approval_tools,
-            approval_risk=policy.approval_risk,
-        ),
-        default_timeout=config.tool_timeout,
-        max_output_tokens=config.max_tool_output_tokens,
-    )
-
-
 _NAME = re.compile(r"^([A-Za-z0-9_-]{1,40})=(.+)$", re.DOTALL)
 _LAUNCHERS = frozenset({"python", "python3", "node", "npx", "uvx", "uv", "bun", "bunx", "deno"})
 
@@ -502,7 +487,7 @@ async def _tools(
     args: argparse.Namespace, config: AgentConfig, stack: contextlib.AsyncExitStack
 ) -> _Tools:
     """The tool executor with the workspace tools and the MCP servers' tools, started."""
-    executor = _tool_executor(config)
+    executor = tool_executor_from_config(config.model_copy(update={"workspace": None}))
     sources: dict[str, str] = {}
     directory = args.workspace or config.workspace
     workspace = Workspace(directory) if directory else None

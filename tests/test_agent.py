@@ -447,3 +447,12 @@ async def test_a_model_whose_tokenizer_is_not_installed_is_reported_once_per_run
     notes = [e for e in events if e.kind == "warning_raised" and e.source == "tokens"]
     assert len(notes) == 1
     assert "o200k_base" in notes[0].message
+
+
+async def test_a_configured_workspace_gives_the_agent_the_file_tools(tmp_path: Any) -> None:
+    (tmp_path / "notes.txt").write_text("the key is 42\n")
+    llm = ScriptedLLM([reply(tool_calls=[call("read_file", path="notes.txt")]), "42"])
+    agent = AgentExecutor(llm, config=AgentConfig(workspace=str(tmp_path)))
+    outcome = await agent.run("read the notes")
+    assert "the key is 42" in outcome.tool_uses[0].content
+    assert not outcome.tool_uses[0].is_error
