@@ -36,6 +36,7 @@ from agent_flow.errors import (
     ModelError,
     ModelResponseError,
     OutputValidationError,
+    RunError,
     UserError,
 )
 from agent_flow.events import (
@@ -281,6 +282,7 @@ class _Run:
     last_signature: tuple[tuple[str, str, str], ...] | None = None
     repeats: int = 0
     cancel_requested: bool = False
+    finishing: bool = False
 
 
 class _EventHooks(ToolHooks):
@@ -400,6 +402,9 @@ class AgentExecutor:
         self.stream = stream if stream is not None else _config_streams(self.config)
         self.events = bus if bus is not None else EventBus()
         counter, self._counter_note = _make_counter(self.config)
+        if history is not None:
+            # Every count must come from one counter, or the budget invariant breaks.
+            counter, self._counter_note = history.counter, None
         if context is not None:
             self.context = context
         else:
@@ -416,7 +421,7 @@ class AgentExecutor:
             )
         self._base_template = self.context.system_prompt_template
         self.tools = tools if tools is not None else tool_executor_from_config(self.config)
-        self.tools.hooks = _EventHooks(self)
+        self._hooks = _EventHooks(self)
         if approval is not None:
             self.tools.approval = approval
         if self.config.control_tools:
@@ -427,6 +432,7 @@ class AgentExecutor:
         self.session_id = session_id
         self.skill: Skill | None = None
         self._run: _Run | None = None
+        self._emit_lock = asyncio.Lock()
         self._task: asyncio.Task[object] | None = None
 
     @classmethod
@@ -543,10 +549,10 @@ class AgentExecutor:
         return [d for d in self.tools.definitions() if self._callable(d.name)]
 
     def _callable(self, name: str) -> bool:
-        if name in self.tools and name in _CONTROL_NAMES and self.config.control_tools:
-            return True
         if any(fnmatch.fnmatchcase(name, p) for p in self.config.deny_tools):
             return False
+        if name in self.tools and name in _CONTROL_NAMES and self.config.control_tools:
+            return True
         if self.config.allow_tools is not None and not any(
             fnmatch.fnmatchcase(name, p) for p in self.config.allow_tools
         ):
@@ -574,9 +580,13 @@ class AgentExecutor:
 
     def cancel(self) -> None:
         """Cancel the current run: tools in flight are cancelled, `run` returns CANCELLED."""
-        if self._run is not None and self._task is not None:
-            self._run.cancel_requested = True
-            self._task.cancel()
+        run, task = self._run, self._task
+        # Once: a second cancel() must not leave a cancellation pending on the caller, and
+        # one that arrives while the run is already finishing has nothing left to cancel.
+        if run is None or task is None or run.cancel_requested or run.finishing:
+            return
+        run.cancel_requested = True
+        task.cancel()
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -586,14 +596,14 @@ class AgentExecutor:
         run = _Run(run_id=uuid.uuid4().hex)
         self._run = run
         self._task = asyncio.current_task()
-        if self.store is not None and self.session_id is None:
-            title = textwrap.shorten(message, width=80, placeholder=" …")
-            info = await self.store.create(agent=self.config.name, title=title)
-            self.session_id = info.id
-        self._close_pending("the previous run ended before this call finished")
-        self.history.add(UserMessage(content=message))
         finish: Finish
         try:
+            if self.store is not None and self.session_id is None:
+                title = textwrap.shorten(message, width=80, placeholder=" …")
+                info = await self.store.create(agent=self.config.name, title=title)
+                self.session_id = info.id
+            self._close_pending("the previous run ended before this call finished")
+            self.history.add(UserMessage(content=message))
             await self._emit(
                 RunStarted, task=message, agent=self.config.name, model=_model_name(self.llm)
             )
@@ -602,6 +612,7 @@ class AgentExecutor:
             finish = await self._loop(run)
         except asyncio.CancelledError:
             self._close_pending("the run was cancelled before this call finished")
+            run.finishing = True
             if not run.cancel_requested:
                 await self._finish(run, Finish(StopReason.CANCELLED))
                 raise
@@ -609,6 +620,16 @@ class AgentExecutor:
             if task is not None:
                 task.uncancel()
             finish = Finish(StopReason.CANCELLED)
+        # The loop's own failures (a summarizer's model error during pruning, a store that
+        # cannot write, a bug) end the run with an error instead of leaving it half-open.
+        except Exception as err:
+            self._close_pending("the run failed before this call finished")
+            wrapped = (
+                err if isinstance(err, AgentFlowError) else RunError(f"{type(err).__name__}: {err}")
+            )
+            await self._error(run, wrapped, fatal=True)
+            finish = Finish(StopReason.ERROR, text=str(wrapped))
+        run.finishing = True
         return await self._finish(run, finish)
 
     async def _loop(self, run: _Run) -> Finish:
@@ -722,7 +743,9 @@ class AgentExecutor:
         if completion.text:
             self.history.add(AgentMessage(content=completion.text))
         for call in completion.tool_calls:
-            self.history.add(ToolCall(call_id=call.id, name=call.name, arguments=call.arguments))
+            self.history.add(
+                ToolCall(call_id=call.id, name=_call_name(call.name), arguments=call.arguments)
+            )
 
     async def _text_answer(self, run: _Run, text: str) -> Step:
         """Step 5: an answer without tool calls."""
@@ -774,7 +797,7 @@ class AgentExecutor:
         outcomes = {
             o.call.id: o
             for o in await self.tools.execute(
-                allowed, run_id=run.run_id, environment=self.environment
+                allowed, run_id=run.run_id, environment=self.environment, hooks=self._hooks
             )
         }
 
@@ -809,7 +832,7 @@ class AgentExecutor:
             self.history.add(
                 ToolResultEntry(
                     call_id=request.id,
-                    tool_name=request.name or "unknown",
+                    tool_name=_call_name(request.name),
                     content=result.content,
                     is_error=result.is_error,
                 )
@@ -980,11 +1003,14 @@ class AgentExecutor:
         run = self._run
         if run is None:
             return
-        event = kind(run_id=run.run_id, seq=run.seq, **fields)
-        run.seq += 1
-        if self.store is not None:
-            run.pending_events.append(event)
-        await self.events.publish(event)
+        # Parallel tool calls emit concurrently: number and publish under one lock, so every
+        # subscriber sees the events in sequence order.
+        async with self._emit_lock:
+            event = kind(run_id=run.run_id, seq=run.seq, **fields)
+            run.seq += 1
+            if self.store is not None:
+                run.pending_events.append(event)
+            await self.events.publish(event)
 
 
 _CONTROL_NAMES = frozenset({"task_completion", "ask_question", "converse", "update_plan"})
@@ -1007,6 +1033,11 @@ def _make_counter(config: AgentConfig) -> tuple[TokenCounter, str | None]:
         counter = TiktokenCounter(model)
     notes = [str(w.message) for w in caught if issubclass(w.category, TokenizerFallbackWarning)]
     return counter, (notes[0] if notes else None)
+
+
+def _call_name(name: str) -> str:
+    """The name a call is recorded under; a call the model left nameless is "unknown"."""
+    return name or "unknown"
 
 
 def _model_name(client: LLMClient) -> str:

@@ -17,7 +17,8 @@ A TOML file holds named LLM configs and one agent::
 
 Environment variables override file values: ``AGENT_FLOW_<FIELD>`` for a top-level field and
 ``AGENT_FLOW_<SECTION>__<FIELD>`` for nested ones (``AGENT_FLOW_CONTEXT__MAX_TOKENS=16000``);
-values are parsed as TOML literals when they parse, else taken as strings. Errors name the
+values of text fields are taken as written, others are parsed as TOML literals
+(``30``, ``true``, ``["a", "b"]``). Errors name the
 key, the file and what is wrong.
 """
 
@@ -25,11 +26,21 @@ from __future__ import annotations
 
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import jsonschema
+import jsonschema.exceptions
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
@@ -203,6 +214,16 @@ class AgentConfig(BaseModel):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     workspace: str | None = None
 
+    @field_validator("output_schema")
+    @classmethod
+    def _valid_schema(cls, schema: JsonObject | None) -> JsonObject | None:
+        if schema is not None:
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.exceptions.SchemaError as err:
+                raise ValueError(f"not a valid JSON schema: {err.message}") from err
+        return schema
+
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
         if self.max_cost_usd is not None and self.pricing is None:
@@ -242,7 +263,22 @@ class AgentConfig(BaseModel):
         )
 
 
-def _parse_env_value(raw: str) -> JsonValue:
+def _is_text_field(path: list[str]) -> bool:
+    """Whether `path` names a field whose values are plain text (kept as written)."""
+    model: type[BaseModel] | None = AgentConfig
+    annotation: object = None
+    for part in path:
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        nested = [a for a in typing.get_args(annotation) or (annotation,) if isinstance(a, type)]
+        model = next((a for a in nested if issubclass(a, BaseModel)), None)
+    return annotation in (str, str | None)
+
+
+def _parse_env_value(raw: str, path: list[str]) -> JsonValue:
+    if _is_text_field(path):
+        return raw
     try:
         value: JsonValue = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -264,7 +300,7 @@ def _apply_env_overrides(data: dict[str, JsonValue], environ: Mapping[str, str])
                 child = {}
                 target[part] = child
             target = child
-        target[path[-1]] = _parse_env_value(raw)
+        target[path[-1]] = _parse_env_value(raw, path)
 
 
 def _describe(err: ValidationError, source: str) -> str:

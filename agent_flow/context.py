@@ -117,7 +117,8 @@ class ContextManager:
         system_prompt_template: The system message. ``{environment}`` marks where the rendered
             environment goes (appended when absent); ``{task}`` is replaced by the current
             task line given to `build_prompt` (or nothing).
-        counter: Token counter; defaults to the history's.
+        counter: Token counter; must be the history's own (the default), since the
+            history's cached counts were made with it.
         reserve_output_tokens: Tokens kept free for the answer.
         strategy: How `prune_if_needed` shrinks the history; defaults to eliding old tool
             results, then dropping the oldest units.
@@ -156,12 +157,17 @@ class ContextManager:
         self.max_tokens = max_tokens
         self.environment_allocation = environment_allocation
         self.system_prompt_template = system_prompt_template
-        self.counter = counter if counter is not None else history.counter
+        if counter is not None and counter is not history.counter:
+            raise UserError(
+                "counter must be the history's own counter (history.counter): its entries are "
+                "counted with it, and mixing two counters breaks the budget"
+            )
+        self.counter = history.counter
         self.reserve_output_tokens = reserve_output_tokens
         self.strategy = strategy if strategy is not None else default_strategy()
         self.prune_target = prune_target
         self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
-        self._template_cache: dict[str | None, tuple[str, str, int]] = {}
+        self._template_cache: dict[tuple[str, str | None], tuple[str, str, int]] = {}
         self._env_full: tuple[int, str, int] | None = None
         self._env_shrunk: dict[tuple[int, int], tuple[str, int]] = {}
 
@@ -183,7 +189,8 @@ class ContextManager:
 
     def _template(self, current_task: str | None) -> tuple[str, str, int]:
         """Return the system text before and after the environment, and their fixed cost."""
-        cached = self._template_cache.get(current_task)
+        key = (self.system_prompt_template, current_task)
+        cached = self._template_cache.get(key)
         if cached is not None:
             return cached
         task_line = f"Current task: {current_task}\n" if current_task else ""
@@ -195,7 +202,7 @@ class ContextManager:
         fixed = self.counter.count_message(ChatMessage(role="system", content=head + tail))
         if len(self._template_cache) > 64:
             self._template_cache.clear()
-        self._template_cache[current_task] = (head, tail, fixed)
+        self._template_cache[key] = (head, tail, fixed)
         return head, tail, fixed
 
     def fixed_tokens(

@@ -12,10 +12,10 @@ When a subscriber falls behind, its own policy decides, explicitly:
   one `EventsDropped` event counting them, so a gap is never silent.
 
 A subscriber that raises or stops reading affects nobody else: it only ever touches its own
-queue, and it leaves the bus when the task reading it ends (however it ends), when it leaves
-an ``async for`` early and drops the subscription, or at once with ``async with`` /
-`Subscription.aclose`. Closing the bus
-(the executor does it at the end of each run) ends every subscription's iteration.
+queue, and it leaves the bus when the task reading it fails, when it leaves an ``async for``
+early and drops the subscription, or at once with ``async with`` / `Subscription.aclose`.
+Closing the bus (the executor does it at the end of each run) ends every subscription's
+iteration.
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ class Subscription:
         return self
 
     async def __anext__(self) -> AgentEvent:
-        if self._consumer is None:
+        if self._consumer is not asyncio.current_task():
             self._watch_consumer()
         while not self._queue:
             if self._closed:
@@ -398,7 +398,7 @@ class Subscription:
         return event
 
     def _watch_consumer(self) -> None:
-        """Leave the bus when the reading task ends, however it ends.
+        """Leave the bus when the reading task fails.
 
         A reader that raised keeps its frame (and so this subscription) alive in the
         exception's traceback; without this, a ``"wait"`` publisher would wait on it forever.
@@ -429,6 +429,10 @@ class Subscription:
 
 
 def _reader_finished(ref: weakref.ref[Subscription], task: asyncio.Task[object]) -> None:
+    # Only a reader that failed is abandoned: a task that ended normally may have been a
+    # throwaway one (``wait_for(anext(sub))``), and the subscription lives on elsewhere.
+    if task.cancelled() or task.exception() is None:
+        return
     subscription = ref()
     if subscription is not None:
         subscription._abandon()

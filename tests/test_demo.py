@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 import typing
 from pathlib import Path
 
@@ -95,7 +96,7 @@ async def test_the_demo_session_is_stored_where_it_says(demo_run: tuple[int, str
         state = await store.load(found.group(1))
         events = await store.events(found.group(1))
     assert state.info.status == "completed" and state.info.steps == int(found.group(3))
-    assert state.info.title == DEMO_TASK[:80]
+    assert state.info.title == textwrap.shorten(DEMO_TASK, width=80, placeholder=" …")
     environment = state.environment
     assert environment is not None
     # The environment filled as the agent went: files from the tree, a fact from the MCP

@@ -92,6 +92,11 @@ def normalize_finish_reason(raw: str | None) -> FinishReason:
     return _FINISH_REASONS.get(raw.strip().lower(), "other")
 
 
+def _reject_constant(name: str) -> None:
+    # Python's json accepts NaN and Infinity; JSON does not, and neither do events.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
     """Parse a tool call's raw argument text.
 
@@ -108,12 +113,14 @@ def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
     if not text:
         return {}, None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, RecursionError) as err:
         detail = (
             f"{err.msg} at character {err.pos}" if isinstance(err, json.JSONDecodeError) else ""
         )
         return None, f"the arguments are not valid JSON ({detail or 'nested too deeply'})"
+    except ValueError as err:
+        return None, f"the arguments are not valid JSON ({err})"
     if not isinstance(value, dict):
         kind = _JSON_KIND.get(type(value), type(value).__name__)
         return None, f"the arguments must be a JSON object, not a JSON {kind}"

@@ -29,6 +29,7 @@ name, so they stay distinct (`provider_tool_name`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import difflib
 import hashlib
 import json
@@ -260,6 +261,10 @@ class _Ran:
 
 # --- the executor -------------------------------------------------------------------------
 
+_CALL_HOOKS: contextvars.ContextVar[ToolHooks | None] = contextvars.ContextVar(
+    "agent_flow_tool_hooks", default=None
+)
+
 
 class ToolExecutor:
     """Registers tools and executes the model's tool calls safely.
@@ -441,6 +446,7 @@ class ToolExecutor:
         *,
         run_id: str = "",
         environment: Environment | None = None,
+        hooks: ToolHooks | None = None,
     ) -> list[ToolOutcome]:
         """Execute one turn's calls concurrently and return their outcomes in call order.
 
@@ -449,6 +455,8 @@ class ToolExecutor:
             run_id: The run they belong to (given to tools in their `ToolContext`).
             environment: The run's environment: given to tools, and updated by the result
                 handlers.
+            hooks: Callbacks for these calls only, instead of the executor's `hooks` (so
+                several agents can share one executor, each receiving its own calls' events).
 
         Never raises for anything a tool does; cancellation propagates (running tools are
         cancelled).
@@ -458,12 +466,20 @@ class ToolExecutor:
         async def run(index: int, call: ToolCallRequest) -> None:
             ran[index] = await self._run_call(call, run_id, environment)
 
-        async with asyncio.TaskGroup() as group:
-            for index, call in enumerate(calls):
-                group.create_task(run(index, call))
+        # The tasks below copy the current context, so they see these calls' hooks.
+        token = _CALL_HOOKS.set(hooks)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, call in enumerate(calls):
+                    group.create_task(run(index, call))
+        finally:
+            _CALL_HOOKS.reset(token)
         return [
             self._finish(call, record, environment) for call, record in zip(calls, ran, strict=True)
         ]
+
+    def _hooks(self) -> ToolHooks:
+        return _CALL_HOOKS.get() or self.hooks
 
     async def execute_one(
         self,
@@ -516,7 +532,7 @@ class ToolExecutor:
     async def _run_call(
         self, call: ToolCallRequest, run_id: str, environment: Environment | None
     ) -> _Ran:
-        await self._hook(self.hooks.call_started(call))
+        await self._hook(self._hooks().call_started(call))
         try:
             record = await self._attempt(call, run_id, environment)
         except Exception as err:  # the tool boundary: a policy rule or schema bug, say
@@ -524,7 +540,7 @@ class ToolExecutor:
             message = f"the call to {call.name!r} failed before it could run: {err}"
             record = _Ran(self._error(call, message, "exception"))
         record.shown = self._truncate(record.result)
-        await self._hook(self.hooks.call_finished(call, record.shown))
+        await self._hook(self._hooks().call_finished(call, record.shown))
         return record
 
     async def _attempt(
@@ -634,7 +650,7 @@ class ToolExecutor:
             reason=decision.reason,
             risk=registered.policy.risk,
         )
-        await self._hook(self.hooks.approval_required(call, request))
+        await self._hook(self._hooks().approval_required(call, request))
         if self.approval is None:
             response = ApprovalResponse(
                 approved=False, reason="it needs approval and no approver is configured"
@@ -657,14 +673,14 @@ class ToolExecutor:
                 response = ApprovalResponse(
                     approved=False, reason=f"asking for approval failed ({err})"
                 )
-        await self._hook(self.hooks.approval_resolved(call, response))
+        await self._hook(self._hooks().approval_resolved(call, response))
         return response
 
     def _progress_reporter(
         self, call: ToolCallRequest
     ) -> Callable[[float, float | None, str | None], Awaitable[None]]:
         async def report(progress: float, total: float | None, message: str | None) -> None:
-            await self._hook(self.hooks.progress(call, progress, total, message))
+            await self._hook(self._hooks().progress(call, progress, total, message))
 
         return report
 
@@ -735,19 +751,27 @@ def _check_limit(limit: int | None) -> None:
         )
 
 
+def _reject_constant(name: str) -> None:
+    # Python's json accepts NaN and Infinity; JSON (and every event line) does not.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse_arguments(text: str) -> JsonObject | str:
     """Parse a call's arguments; return the object, or a message saying what is wrong."""
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_reject_constant)
         if isinstance(value, str) and value.strip().startswith("{"):
-            value = json.loads(value)  # some models encode the object twice
+            # some models encode the object twice
+            value = json.loads(value, parse_constant=_reject_constant)
     except json.JSONDecodeError as err:
         return (
             f"the arguments are not valid JSON ({err.msg} at line {err.lineno} column "
             f"{err.colno}); send a JSON object"
         )
+    except ValueError as err:
+        return f"the arguments are not valid JSON ({err}); send a JSON object"
     if not isinstance(value, dict):
         return f"the arguments must be a JSON object, got {type(value).__name__}"
     return cast(JsonObject, value)
