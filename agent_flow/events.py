@@ -24,6 +24,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import typing
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -36,10 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from agent_flow._types import JsonValue
 from agent_flow.context import PromptBreakdown
 from agent_flow.environment import EnvironmentChange, PlanStep
+from agent_flow.errors import UserError
 from agent_flow.pruning import PruneReport
 
 __all__ = [
     "EVENT_ADAPTER",
+    "EVENT_KINDS",
     "AgentEvent",
     "ApprovalRequired",
     "ApprovalResolved",
@@ -290,6 +293,11 @@ AgentEvent: TypeAlias = Annotated[
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+#: Every value of ``kind``.
+EVENT_KINDS: frozenset[str] = frozenset(
+    member.model_fields["kind"].default
+    for member in typing.get_args(typing.get_args(AgentEvent)[0])
+)
 EventKind: TypeAlias = str
 
 
@@ -475,7 +483,13 @@ class EventBus:
         """
         size = self.default_maxsize if maxsize is None else maxsize
         if size < 1:
-            raise ValueError(f"maxsize must be at least 1, got {size}")
+            raise UserError(f"maxsize must be at least 1, got {size}")
+        if kinds is not None:
+            kinds = frozenset(kinds)
+            unknown = sorted(kinds - EVENT_KINDS)
+            if unknown:
+                known = ", ".join(sorted(EVENT_KINDS))
+                raise UserError(f"unknown event kind(s) {unknown}; known kinds: {known}")
         subscription = Subscription(
             self,
             maxsize=size,

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_flow.environment import EnvironmentChange
+from agent_flow.errors import UserError
 from agent_flow.events import (
     EVENT_ADAPTER,
     AgentEvent,
@@ -224,3 +225,11 @@ async def test_hooks_run_per_kind_and_a_failing_hook_is_logged_not_raised(
     await bus.publish(ToolCallStarted(run_id="r1", seq=1, call_id="c", name="t", arguments="{}"))
     assert seen == ["sync:text_delta", "async:text_delta", "async:tool_call_started"]
     assert "hook bug" in caplog.text
+
+
+def test_subscribing_to_an_unknown_kind_is_refused_with_the_known_kinds() -> None:
+    bus = EventBus()
+    with pytest.raises(UserError, match=r"unknown event kind\(s\) \['tool_call_complete'\]"):
+        bus.subscribe(kinds={"tool_call_complete"})
+    with pytest.raises(UserError, match="maxsize"):
+        bus.subscribe(maxsize=0)
