@@ -10,6 +10,8 @@ Tools live in `agent_flow.tools`, model clients in `agent_flow.llm`, test double
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from agent_flow.agent import (
     AgentExecutor,
     Continue,
@@ -52,7 +54,7 @@ from agent_flow.history import (
     ToolResult,
     UserMessage,
 )
-from agent_flow.llm import Completion, LLMClient, LLMConfig, LLMOverrides, LLMRequest, OpenAIClient
+from agent_flow.llm import Completion, LLMClient, LLMConfig, LLMOverrides, LLMRequest
 from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
 from agent_flow.pruning import (
     Chain,
@@ -67,7 +69,20 @@ from agent_flow.pruning import (
 )
 from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
 
+if _TYPE_CHECKING:
+    from agent_flow.llm.openai_client import OpenAIClient
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The openai SDK takes most of a second to import: load it when the client is used.
+    if name == "OpenAIClient":
+        from agent_flow.llm.openai_client import OpenAIClient
+
+        return OpenAIClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AgentConfig",

@@ -45,7 +45,7 @@ from pydantic import (
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
 from agent_flow.llm.config import LLMConfig, LLMOverrides, resolve_llm_config
-from agent_flow.tools.mcp import MCPServerHTTP, MCPServerStdio
+from agent_flow.tools.mcp_config import MCPServerHTTP, MCPServerStdio
 from agent_flow.tools.policy import RiskLevel
 
 __all__ = [

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import signal
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 
 import agent_flow.store as store_module
 from agent_flow.environment import Environment
-from agent_flow.errors import SessionNotFoundError, StoreError, UserError
+from agent_flow.errors import PointerError, SessionNotFoundError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished, TextDelta
 from agent_flow.history import (
     History,
@@ -364,7 +365,9 @@ def test_any_sequence_of_steps_pruning_and_environment_writes_reads_back_exactly
                     strategy, percent = prune
                     await history.prune(strategy, history.token_count() * percent // 100)
                 for pointer, value in writes[step % len(writes)]:
-                    environment.set(pointer, value)
+                    # A drawn path may run into an earlier scalar; such a write is refused.
+                    with contextlib.suppress(PointerError):
+                        environment.set(pointer, value)
                 await writer.save_step(info.id, history=history, environment=environment)
                 await memory.save_step(info.id, history=history, environment=environment)
                 state = await reader.load(info.id)

@@ -373,4 +373,5 @@ def test_the_package_exports_exactly_its_public_names() -> None:
         for name, value in vars(tools_package).items()
         if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
     }
-    assert public == exported
+    # The MCP client names load on first use (the MCP SDK is slow to import).
+    assert public == exported - tools_package._LAZY_MCP

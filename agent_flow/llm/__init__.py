@@ -12,6 +12,8 @@ scripted doubles; `LLMSummarizer` lets pruning summarize history with a model.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from agent_flow.llm.base import (
     STREAM_EVENT_ADAPTER,
     Completion,
@@ -39,8 +41,20 @@ from agent_flow.llm.config import (
     Provider,
     resolve_llm_config,
 )
-from agent_flow.llm.openai_client import OpenAIClient
 from agent_flow.llm.summarizer import LLMSummarizer
+
+if _TYPE_CHECKING:
+    from agent_flow.llm.openai_client import OpenAIClient
+
+
+def __getattr__(name: str) -> object:
+    # The openai SDK takes most of a second to import: load it when the client is used.
+    if name == "OpenAIClient":
+        from agent_flow.llm.openai_client import OpenAIClient
+
+        return OpenAIClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PROVIDER_DEFAULTS",

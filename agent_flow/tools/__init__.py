@@ -18,6 +18,8 @@ The pieces, by module:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from agent_flow.tools.base import (
     BaseTool,
     FunctionTool,
@@ -60,15 +62,11 @@ from agent_flow.tools.handlers import (
     record_latest_result,
     search_results_handler,
 )
-from agent_flow.tools.mcp import (
+from agent_flow.tools.mcp_config import (
     MCP_SERVER_CONFIG_ADAPTER,
-    MCPConnection,
     MCPServerConfig,
     MCPServerHTTP,
-    MCPServers,
     MCPServerStdio,
-    MCPTool,
-    convert_call_result,
 )
 from agent_flow.tools.policy import (
     DEFAULT_DANGEROUS_COMMANDS,
@@ -95,6 +93,21 @@ from agent_flow.tools.results import (
     UserQuestion,
 )
 from agent_flow.tools.workspace import DEFAULT_EXCLUDES, UnsafePathError, Workspace, workspace_tools
+
+if _TYPE_CHECKING:
+    from agent_flow.tools.mcp import MCPConnection, MCPServers, MCPTool, convert_call_result
+
+# The MCP client pulls in the MCP SDK (about a second to import): load it on first use.
+_LAZY_MCP = frozenset({"MCPConnection", "MCPServers", "MCPTool", "convert_call_result"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_MCP:
+        from agent_flow.tools import mcp
+
+        return getattr(mcp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CONTROL_SIGNAL_ADAPTER",

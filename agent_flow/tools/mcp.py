@@ -34,25 +34,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import json
 import logging
 import os
 from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Literal, Self, TextIO, TypeAlias
+from typing import TYPE_CHECKING, Literal, Self, TextIO
 
 import anyio
 import httpx2
 import mcp_types
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import TypeAdapter
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import MCPServerError, ToolDefinitionError
 from agent_flow.tools.base import ProgressCallback, ToolContext
-from agent_flow.tools.policy import RiskLevel, ToolPolicy
+from agent_flow.tools.mcp_config import (
+    MCP_SERVER_CONFIG_ADAPTER,
+    MCPServerConfig,
+    MCPServerHTTP,
+    MCPServerStdio,
+)
 from agent_flow.tools.results import Attachment, ToolResult
 
 if TYPE_CHECKING:
@@ -82,104 +86,6 @@ _TRANSPORT_ERRORS = (
     ConnectionError,
     httpx2.TransportError,
 )
-
-
-class _ServerConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,40}$")
-    allow_tools: tuple[str, ...] | None = None
-    deny_tools: tuple[str, ...] = ()
-    timeout: float = Field(default=60.0, gt=0)
-    connect_timeout: float = Field(default=30.0, gt=0)
-    ping_timeout: float = Field(default=5.0, gt=0)
-    max_restarts: int = Field(default=3, ge=0)
-    required: bool = True
-    policy: ToolPolicy | None = None
-    tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
-
-    def allows(self, tool_name: str) -> bool:
-        """Whether the allow and deny lists let `tool_name` through (deny wins)."""
-        if any(fnmatch.fnmatchcase(tool_name, p) for p in self.deny_tools):
-            return False
-        if self.allow_tools is None:
-            return True
-        return any(fnmatch.fnmatchcase(tool_name, p) for p in self.allow_tools)
-
-    def policy_for(self, tool: mcp_types.Tool) -> ToolPolicy:
-        """The policy of one of the server's tools.
-
-        The first matching `tool_policies` glob wins; otherwise the server's `policy` (or the
-        default policy), marked read-only when the server hints so and high-risk when it
-        hints that the tool is destructive.
-        """
-        for pattern, policy in self.tool_policies.items():
-            if fnmatch.fnmatchcase(tool.name, pattern):
-                return policy
-        if self.policy is not None:
-            return self.policy
-        hints = tool.annotations
-        read_only = bool(hints and hints.read_only_hint)
-        destructive = bool(hints and hints.destructive_hint) and not read_only
-        return ToolPolicy(
-            read_only=read_only, risk=RiskLevel.HIGH if destructive else RiskLevel.LOW
-        )
-
-
-class MCPServerStdio(_ServerConfig):
-    """An MCP server run as a subprocess speaking over stdin/stdout.
-
-    Attributes:
-        name: The server's name, also the namespace of its tools.
-        command: The executable.
-        args: Its arguments.
-        env: Extra environment variables (over a minimal safe inherited set).
-        cwd: Its working directory.
-        stderr_log: A file the server's stderr is appended to (default: the logger).
-        allow_tools: Only these tools (globs) are offered; ``None`` offers all.
-        deny_tools: These tools (globs) are never offered.
-        timeout: Seconds a call may take.
-        connect_timeout: Seconds starting and initializing may take.
-        ping_timeout: Seconds a liveness ping may take after a call timed out.
-        max_restarts: How often the server may be restarted over the connection's life.
-        required: Whether `MCPServers` fails when this server cannot start (else it skips it).
-        policy: The policy of all its tools (default: from the server's hints).
-        tool_policies: Policies of particular tools, by glob.
-    """
-
-    kind: Literal["stdio"] = "stdio"
-    command: str
-    args: tuple[str, ...] = ()
-    env: dict[str, str] | None = None
-    cwd: str | None = None
-    stderr_log: str | None = None
-
-
-class MCPServerHTTP(_ServerConfig):
-    """An MCP server reached over streamable HTTP.
-
-    Attributes:
-        name: The server's name, also the namespace of its tools.
-        url: The endpoint, e.g. ``http://127.0.0.1:8000/mcp``.
-        headers: Headers sent with every request (e.g. authorization).
-        allow_tools: Only these tools (globs) are offered; ``None`` offers all.
-        deny_tools: These tools (globs) are never offered.
-        timeout: Seconds a call may take.
-        connect_timeout: Seconds initializing may take.
-        ping_timeout: Seconds a liveness ping may take after a call timed out.
-        max_restarts: How often the session may be re-established.
-        required: Whether `MCPServers` fails when this server cannot be reached.
-        policy: The policy of all its tools (default: from the server's hints).
-        tool_policies: Policies of particular tools, by glob.
-    """
-
-    kind: Literal["http"] = "http"
-    url: str
-    headers: dict[str, str] = Field(default_factory=dict)
-
-
-MCPServerConfig: TypeAlias = Annotated[MCPServerStdio | MCPServerHTTP, Field(discriminator="kind")]
-MCP_SERVER_CONFIG_ADAPTER: TypeAdapter[MCPServerConfig] = TypeAdapter(MCPServerConfig)
 
 
 # --- result conversion --------------------------------------------------------------------
