@@ -232,10 +232,10 @@ class AgentConfig(BaseModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"skill names must be unique; repeated: {duplicates}")
-        if isinstance(self.llm, str) and self.llms and self.llm not in self.llms:
+        if isinstance(self.llm, str) and self.llm not in self.llms:
             raise ValueError(
                 f"llm refers to {self.llm!r}, which is not among the named configs "
-                f"{sorted(self.llms)}"
+                f"{sorted(self.llms)}; define it in an [llms.{self.llm}] table"
             )
         return self
 

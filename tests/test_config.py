@@ -100,6 +100,7 @@ def test_explicit_overrides_win_over_everything(tmp_path: Path) -> None:
         ("[agnet]\nname = 'x'\n", "unknown top-level table(s) ['agnet']"),
         ("[agent\n", "not valid TOML"),
         ("[agent]\nmax_cost_usd = 1.0\n", "max_cost_usd needs pricing"),
+        ("[agent]\nllm = 'local'\n", "define it in an [llms.local] table"),
     ],
 )
 def test_invalid_config_files_raise_one_clear_error_naming_the_key_and_file(
