@@ -331,12 +331,11 @@ class ContextManager:
             history_messages = self.history.to_messages()
             sent, omitted, sent_tokens = len(units), 0, history_tokens
         else:
-            chosen = _select_units(
+            chosen, sent_tokens = _select_units(
                 units, self.history.pinned_indices(), pinned_tokens, history_budget
             )
             history_messages = [m for u in chosen for m in u.messages]
             sent, omitted = len(chosen), len(units) - len(chosen)
-            sent_tokens = sum(u.tokens for u in chosen)
 
         tools_tokens = self._tools_tokens(tool_tuple)
         total = system_tokens + sent_tokens + tools_tokens + REPLY_PRIMING_TOKENS
@@ -379,20 +378,24 @@ class ContextManager:
 
 def _select_units(
     units: Sequence[Unit], pinned: Sequence[int], pinned_tokens: int, budget: int
-) -> list[Unit]:
+) -> tuple[list[Unit], int]:
     """Pick the pinned units plus the newest others that fit `budget`, in original order.
 
     Walks back from the newest unit only as far as the budget reaches, so the cost is
     proportional to what is sent, not to the length of the history.
+
+    Returns:
+        The units and their total tokens.
     """
     remaining = budget - pinned_tokens
-    start = len(units)
-    while start > 0:
-        unit = units[start - 1]
+    taken = 0
+    for unit in reversed(units):
         if not unit.pinned:
             if unit.tokens > remaining:
                 break
             remaining -= unit.tokens
-        start -= 1
+        taken += 1
+    start = len(units) - taken
     older_pinned = [units[i] for i in pinned if i < start]
-    return [*older_pinned, *(units[i] for i in range(start, len(units)))]
+    # Every pinned unit is sent, and the others sent cost what the walk took from the budget.
+    return [*older_pinned, *units[start:]], budget - remaining
