@@ -52,3 +52,17 @@ async def test_the_quickstart_runs_against_an_openai_compatible_endpoint(tmp_pat
     assert lines[0] == "run_started"
     assert "tool_call_completed" in lines
     assert lines[-1] == "answered 20 + 22 = 42. in_progress"
+
+
+def test_the_readme_configuration_reference_loads(tmp_path: Path) -> None:
+    from agent_flow.config import load_config
+
+    section = README.read_text().split("## Configuration reference", 1)[1]
+    match = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert match is not None
+    path = tmp_path / "agent.toml"
+    path.write_text(match.group(1))
+    config = load_config(path, environ={})
+    assert config.resolved_llm().model == "qwen2.5-coder"
+    assert config.resolved_llm().temperature == 0.1
+    assert config.skill("review").allowed_tools == ("read_file", "search_text")
