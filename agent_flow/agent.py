@@ -95,6 +95,7 @@ from agent_flow.tokens import (
     TokenizerFallbackWarning,
 )
 from agent_flow.tools import (
+    CONTROL_TOOL_NAMES,
     ApprovalCallback,
     ApprovalRequest,
     ApprovalResponse,
@@ -110,6 +111,7 @@ from agent_flow.tools import (
     UserQuestion,
     Workspace,
     control_tools,
+    update_plan,
     workspace_tools,
 )
 
@@ -1013,7 +1015,8 @@ class AgentExecutor:
             await self.events.publish(event)
 
 
-_CONTROL_NAMES = frozenset({"task_completion", "ask_question", "converse", "update_plan"})
+# The loop-control tools and the plan tool stay callable under any skill.
+_CONTROL_NAMES = CONTROL_TOOL_NAMES | {update_plan.name}
 
 
 def _make_counter(config: AgentConfig) -> tuple[TokenCounter, str | None]:

@@ -169,7 +169,7 @@ class ContextManager:
         self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
         self._template_cache: dict[tuple[str, str | None], tuple[str, str, int]] = {}
         self._env_full: tuple[int, str, int] | None = None
-        self._env_shrunk: dict[tuple[int, int], tuple[str, int]] = {}
+        self._env_shrunk: dict[tuple[int, int], str] = {}
 
     # -- fixed costs -------------------------------------------------------------------
 
@@ -253,14 +253,13 @@ class ContextManager:
         if tokens <= budget:
             return text, False
         key = (self.environment.version, budget)
-        cached = self._env_shrunk.get(key)
-        if cached is None:
+        shrunk = self._env_shrunk.get(key)
+        if shrunk is None:
             shrunk = self.environment.render(max(budget, 0), self.counter)
-            cached = (shrunk, budget)
             if len(self._env_shrunk) > 32:
                 self._env_shrunk.clear()
-            self._env_shrunk[key] = cached
-        return cached[0], True
+            self._env_shrunk[key] = shrunk
+        return shrunk, True
 
     # -- prompts -----------------------------------------------------------------------
 

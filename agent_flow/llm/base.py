@@ -25,6 +25,7 @@ from typing import Annotated, Literal, Protocol, TypeAlias, cast, runtime_checka
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent_flow._types import JsonObject
+from agent_flow._utils import loads_json
 from agent_flow.errors import ModelResponseError
 from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
 
@@ -92,11 +93,6 @@ def normalize_finish_reason(raw: str | None) -> FinishReason:
     return _FINISH_REASONS.get(raw.strip().lower(), "other")
 
 
-def _reject_constant(name: str) -> None:
-    # Python's json accepts NaN and Infinity; JSON does not, and neither do events.
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
     """Parse a tool call's raw argument text.
 
@@ -113,7 +109,7 @@ def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
     if not text:
         return {}, None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = loads_json(text)
     except (json.JSONDecodeError, RecursionError) as err:
         detail = (
             f"{err.msg} at character {err.pos}" if isinstance(err, json.JSONDecodeError) else ""

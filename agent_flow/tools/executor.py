@@ -47,6 +47,7 @@ import jsonschema.validators
 from pydantic import BaseModel, ConfigDict
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow._utils import loads_json
 from agent_flow.environment import EnvironmentChange
 from agent_flow.errors import DuplicateToolError, ToolDefinitionError, ToolError, UserError
 from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
@@ -751,20 +752,15 @@ def _check_limit(limit: int | None) -> None:
         )
 
 
-def _reject_constant(name: str) -> None:
-    # Python's json accepts NaN and Infinity; JSON (and every event line) does not.
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _parse_arguments(text: str) -> JsonObject | str:
     """Parse a call's arguments; return the object, or a message saying what is wrong."""
     if not text.strip():
         return {}
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = loads_json(text)
         if isinstance(value, str) and value.strip().startswith("{"):
             # some models encode the object twice
-            value = json.loads(value, parse_constant=_reject_constant)
+            value = loads_json(value)
     except json.JSONDecodeError as err:
         return (
             f"the arguments are not valid JSON ({err.msg} at line {err.lineno} column "
