@@ -21,9 +21,9 @@ the agent loop. For each `ToolCallRequest` it:
 The calls of one turn run concurrently in an `asyncio.TaskGroup` and the outcomes come back in
 call order. Cancelling `execute` cancels the running tools.
 
-Registered names always fit what providers accept, ``^[a-zA-Z0-9_-]{1,64}$``: characters
-outside that set become ``_`` and longer names are cut and suffixed with a hash of the full
-name, so they stay distinct (`provider_tool_name`).
+Registration (names, namespaces, collisions, schema checks) is `ToolRegistry`'s, in
+`_registry`; argument checking is in `_validation`, output limits in `_truncation`, the
+approval flow in `_approval` and `ToolHooks` in `_hooks`. This module runs the calls.
 """
 
 from __future__ import annotations
@@ -31,37 +31,36 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import difflib
-import hashlib
-import json
 import logging
-import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.protocols
-import jsonschema.validators
 from pydantic import BaseModel, ConfigDict
 
-from agent_flow._types import JsonObject, JsonValue
-from agent_flow._utils import loads_json
+from agent_flow._types import JsonObject
 from agent_flow.environment import EnvironmentChange
-from agent_flow.errors import DuplicateToolError, ToolDefinitionError, ToolError, UserError
-from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.errors import ToolError, UserError
+from agent_flow.messages import ChatMessage, ToolCallRequest
 from agent_flow.tokens import TokenCounter, default_counter
+from agent_flow.tools._approval import _ask_approval
+from agent_flow.tools._hooks import ToolHooks, _hook
+from agent_flow.tools._registry import (
+    MAX_TOOL_NAME_LENGTH,
+    RegisteredTool,
+    ToolRegistry,
+    provider_tool_name,
+)
+from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, truncate_to_tokens
+from agent_flow.tools._validation import _parse_arguments, _schema_problems
 from agent_flow.tools.base import Tool, ToolArgumentsError, ToolContext, to_tool_result
-from agent_flow.tools.base import tool as make_tool
 from agent_flow.tools.handlers import HandlerError, HandlerRegistry
 from agent_flow.tools.policy import (
     ApprovalCallback,
-    ApprovalRequest,
     ApprovalResponse,
     PolicyDecision,
     PolicyEngine,
-    ToolPolicy,
 )
 from agent_flow.tools.results import ErrorKind, ToolResult
 
@@ -80,92 +79,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-MAX_TOOL_NAME_LENGTH = 64
-#: The smallest output limit accepted: room for the truncation marker and some content.
-MIN_OUTPUT_TOKENS = 32
-_INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
-
-
-def provider_tool_name(name: str, *, namespace: str | None = None) -> str:
-    """Return the name a tool is registered under: namespaced, provider-safe, at most 64 chars.
-
-    ``provider_tool_name("search", namespace="github")`` is ``"github_search"``. Characters outside
-    ``[a-zA-Z0-9_-]`` become ``_``; a longer name keeps its first 55 characters and gets
-    ``_`` plus 8 hex digits of the SHA-256 of the full name, so distinct long names stay
-    distinct and the same name always maps to the same result.
-
-    Raises:
-        ToolDefinitionError: The name is empty.
-    """
-    full = f"{namespace}_{name}" if namespace else name
-    if not name:
-        raise ToolDefinitionError("a tool name cannot be empty; give the tool a name")
-    cleaned = _INVALID_NAME_CHARS.sub("_", full)
-    if len(cleaned) <= MAX_TOOL_NAME_LENGTH:
-        return cleaned
-    digest = hashlib.sha256(full.encode("utf-8")).hexdigest()[:8]
-    return f"{cleaned[: MAX_TOOL_NAME_LENGTH - 9]}_{digest}"
-
-
-# --- truncation ---------------------------------------------------------------------------
-
-
-def _marker(cut: int, total: int) -> str:
-    return (
-        f"\n[... truncated: {cut} of {total} tokens cut to fit the output limit; "
-        "ask for a narrower result to see more]"
-    )
-
-
-def truncate_to_tokens(text: str, max_tokens: int, counter: TokenCounter) -> tuple[str, int]:
-    """Cut `text` to at most `max_tokens` tokens, ending with a marker saying how much was cut.
-
-    The head of the text is kept, cut at a line break when one is near. The result never
-    exceeds `max_tokens` when `max_tokens` is at least `MIN_OUTPUT_TOKENS`.
-
-    Returns:
-        The (possibly) truncated text and the token count of the original.
-    """
-    total = counter.count(text)
-    if total <= max_tokens:
-        return text, total
-    budget = max_tokens - counter.count(_marker(total, total))
-    keep = _longest_prefix(text, max(budget, 0), total, counter)
-    newline = text.rfind("\n", 0, keep)
-    if newline > keep * 0.8:
-        keep = newline
-    while True:
-        head = text[:keep]
-        kept = counter.count(head) if keep else 0
-        result = head + _marker(total - kept, total)
-        if keep == 0 or counter.count(result) <= max_tokens:
-            return result, total
-        keep = keep * 9 // 10  # token boundaries shifted under the cut; shave a little more
-
-
-def _longest_prefix(text: str, budget: int, total: int, counter: TokenCounter) -> int:
-    """The length of (nearly) the longest prefix of `text` within `budget` tokens."""
-    if budget <= 0:
-        return 0
-    low, high = 0, len(text)  # count(text[:low]) <= budget < count(text[:high])
-    guess = int(len(text) * budget / max(total, 1))
-    proportional = True
-    while high - low > 16:
-        if not low < guess < high:
-            guess = (low + high) // 2
-        tokens = counter.count(text[:guess])
-        if tokens <= budget:
-            low = guess
-        else:
-            high = guess
-        # Alternate a proportional step (fast on ordinary text) with bisection (guaranteed).
-        proportional = not proportional
-        guess = int(guess * budget / max(tokens, 1)) if proportional else (low + high) // 2
-    return low
-
-
-# --- records ------------------------------------------------------------------------------
 
 
 class ToolOutcome(BaseModel):
@@ -204,54 +117,6 @@ class ToolOutcome(BaseModel):
         )
 
 
-class ToolHooks:
-    """Callbacks the executor awaits as calls progress; override the ones you need.
-
-    The agent loop subclasses this to publish events (tool call started/completed/failed,
-    approval required/resolved, progress). A hook that raises is logged and ignored: it never
-    changes a result. Every method is a no-op by default.
-    """
-
-    async def call_started(self, call: ToolCallRequest) -> None:
-        """A call began (every call gets exactly one `call_finished` afterwards)."""
-
-    async def progress(
-        self, call: ToolCallRequest, progress: float, total: float | None, message: str | None
-    ) -> None:
-        """A running tool reported progress."""
-
-    async def approval_required(self, call: ToolCallRequest, request: ApprovalRequest) -> None:
-        """A call waits for approval."""
-
-    async def approval_resolved(self, call: ToolCallRequest, response: ApprovalResponse) -> None:
-        """An approval request was answered."""
-
-    async def call_finished(self, call: ToolCallRequest, result: ToolResult) -> None:
-        """A call produced its result (``result.failed`` when it could not run to completion)."""
-
-
-@dataclass(frozen=True)
-class RegisteredTool:
-    """A tool as registered: its exposed name and effective settings.
-
-    Attributes:
-        name: The name the model calls it by.
-        tool: The tool.
-        policy: The effective policy (the registration's, else the tool's).
-        timeout: The effective timeout (``None``: the executor's default).
-        max_output_tokens: The output limit (``None``: the executor's default).
-        definition: What the model is told about it.
-    """
-
-    name: str
-    tool: Tool
-    policy: ToolPolicy
-    timeout: float | None
-    max_output_tokens: int | None
-    definition: ToolDefinition
-    validator: jsonschema.protocols.Validator
-
-
 @dataclass
 class _Ran:
     result: ToolResult
@@ -260,15 +125,16 @@ class _Ran:
     shown: ToolResult | None = None  # the result as the model sees it (truncated)
 
 
-# --- the executor -------------------------------------------------------------------------
-
 _CALL_HOOKS: contextvars.ContextVar[ToolHooks | None] = contextvars.ContextVar(
     "agent_flow_tool_hooks", default=None
 )
 
 
-class ToolExecutor:
+class ToolExecutor(ToolRegistry):
     """Registers tools and executes the model's tool calls safely.
+
+    Registering tools (`register`, `register_all`, `unregister`, `names`, `definitions`)
+    comes from `ToolRegistry`.
 
     Args:
         tools: Tools (or plain functions, wrapped with `@tool`) to register now.
@@ -315,7 +181,7 @@ class ToolExecutor:
         self.approval_timeout = approval_timeout
         self._counter = counter
         self._semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        self._tools: dict[str, RegisteredTool] = {}
+        super().__init__()
         for item in tools:
             self.register(item)
 
@@ -325,121 +191,6 @@ class ToolExecutor:
         if self._counter is None:
             self._counter = default_counter()
         return self._counter
-
-    # --- registry -------------------------------------------------------------------------
-
-    def register(
-        self,
-        tool: Tool | Callable[..., object],
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        timeout: float | None = None,
-        max_output_tokens: int | None = None,
-        policy: ToolPolicy | None = None,
-    ) -> str:
-        """Register a tool and return the name the model will call it by.
-
-        Args:
-            tool: A `Tool`, or a plain function (wrapped with `@tool`).
-            namespace: A prefix: ``register(search, namespace="github")`` → ``github_search``.
-            name: Register under this name instead of the tool's own.
-            timeout: Seconds a call may run (overrides the tool's own timeout).
-            max_output_tokens: Token limit of this tool's results.
-            policy: A policy overriding the tool's own.
-
-        Raises:
-            DuplicateToolError: A tool with the resulting name is already registered.
-            ToolDefinitionError: The object is not a tool or its schema is invalid.
-        """
-        if isinstance(tool, Tool):
-            resolved: Tool = tool
-        elif callable(tool):
-            resolved = make_tool(tool)
-        else:
-            raise ToolDefinitionError(f"{tool!r} is not a tool; pass a Tool or a typed function")
-        tool = resolved
-        _check_limit(max_output_tokens)
-        exposed = provider_tool_name(name or tool.name, namespace=namespace)
-        if exposed in self._tools:
-            existing = self._tools[exposed]
-            raise DuplicateToolError(
-                f"a tool named {exposed!r} is already registered ({existing.tool!r}); "
-                "register the new one with another name or a namespace"
-            )
-        parameters = tool.parameters
-        validator = _validator(exposed, parameters)
-        self._tools[exposed] = RegisteredTool(
-            name=exposed,
-            tool=tool,
-            policy=policy or tool.policy,
-            timeout=timeout if timeout is not None else tool.timeout,
-            max_output_tokens=max_output_tokens,
-            definition=ToolDefinition(
-                name=exposed, description=tool.description, parameters=parameters
-            ),
-            validator=validator,
-        )
-        return exposed
-
-    def register_all(
-        self, tools: Iterable[Tool | Callable[..., object]], *, namespace: str | None = None
-    ) -> list[str]:
-        """Register several tools (all or none) and return their names.
-
-        Raises:
-            DuplicateToolError: One of the names is taken (nothing is registered then).
-        """
-        snapshot = dict(self._tools)
-        try:
-            return [self.register(item, namespace=namespace) for item in tools]
-        except BaseException:
-            self._tools = snapshot
-            raise
-
-    def unregister(self, name: str) -> None:
-        """Remove the tool registered as `name`.
-
-        Raises:
-            UserError: No tool has that name.
-        """
-        if self._tools.pop(name, None) is None:
-            raise UserError(f"no tool named {name!r} is registered")
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tools
-
-    def __len__(self) -> int:
-        return len(self._tools)
-
-    @property
-    def names(self) -> list[str]:
-        """The registered names, in registration order."""
-        return list(self._tools)
-
-    @property
-    def tools(self) -> Mapping[str, RegisteredTool]:
-        """The registered tools by name (read-only view)."""
-        return dict(self._tools)
-
-    def definitions(self, *, names: Iterable[str] | None = None) -> list[ToolDefinition]:
-        """What the model is told about the tools (all, or those named, in registration order).
-
-        Raises:
-            UserError: One of `names` is not registered.
-        """
-        if names is None:
-            return [registered.definition for registered in self._tools.values()]
-        wanted = set(names)
-        unknown = wanted - self._tools.keys()
-        if unknown:
-            raise UserError(
-                f"no tools named {sorted(unknown)!r} are registered; "
-                f"registered: {', '.join(self._tools) or '(none)'}"
-            )
-        return [r.definition for n, r in self._tools.items() if n in wanted]
-
-    # --- execution ------------------------------------------------------------------------
 
     async def execute(
         self,
@@ -533,7 +284,7 @@ class ToolExecutor:
     async def _run_call(
         self, call: ToolCallRequest, run_id: str, environment: Environment | None
     ) -> _Ran:
-        await self._hook(self._hooks().call_started(call))
+        await _hook(self._hooks().call_started(call))
         try:
             record = await self._attempt(call, run_id, environment)
         except Exception as err:  # the tool boundary: a policy rule or schema bug, say
@@ -541,7 +292,7 @@ class ToolExecutor:
             message = f"the call to {call.name!r} failed before it could run: {err}"
             record = _Ran(self._error(call, message, "exception"))
         record.shown = self._truncate(record.result)
-        await self._hook(self._hooks().call_finished(call, record.shown))
+        await _hook(self._hooks().call_finished(call, record.shown))
         return record
 
     async def _attempt(
@@ -562,7 +313,15 @@ class ToolExecutor:
             return _Ran(self._error(call, message, "denied"), decision)
         approval: ApprovalResponse | None = None
         if decision.verdict == "requires_approval":
-            approval = await self._ask_approval(call, registered, arguments, decision)
+            approval = await _ask_approval(
+                call,
+                registered,
+                arguments,
+                decision,
+                approver=self.approval,
+                approval_timeout=self.approval_timeout,
+                hooks=self._hooks(),
+            )
             if not approval.approved:
                 because = f": {approval.reason}" if approval.reason else ""
                 message = (
@@ -637,60 +396,13 @@ class ToolExecutor:
             call, f"tool {registered.name!r} failed with {type(err).__name__}{detail}", "exception"
         )
 
-    async def _ask_approval(
-        self,
-        call: ToolCallRequest,
-        registered: RegisteredTool,
-        arguments: JsonObject,
-        decision: PolicyDecision,
-    ) -> ApprovalResponse:
-        request = ApprovalRequest(
-            call_id=call.id,
-            tool_name=registered.name,
-            arguments=arguments,
-            reason=decision.reason,
-            risk=registered.policy.risk,
-        )
-        await self._hook(self._hooks().approval_required(call, request))
-        if self.approval is None:
-            response = ApprovalResponse(
-                approved=False, reason="it needs approval and no approver is configured"
-            )
-        else:
-            try:
-                async with asyncio.timeout(self.approval_timeout):
-                    answer = await self.approval(request)
-                response = (
-                    answer
-                    if isinstance(answer, ApprovalResponse)
-                    else ApprovalResponse(approved=bool(answer))
-                )
-            except TimeoutError:
-                response = ApprovalResponse(
-                    approved=False, reason=f"no answer within {self.approval_timeout:g}s"
-                )
-            except Exception as err:  # an approver failure must not crash the loop
-                logger.warning("the approval callback raised", exc_info=err)
-                response = ApprovalResponse(
-                    approved=False, reason=f"asking for approval failed ({err})"
-                )
-        await self._hook(self._hooks().approval_resolved(call, response))
-        return response
-
     def _progress_reporter(
         self, call: ToolCallRequest
     ) -> Callable[[float, float | None, str | None], Awaitable[None]]:
         async def report(progress: float, total: float | None, message: str | None) -> None:
-            await self._hook(self._hooks().progress(call, progress, total, message))
+            await _hook(self._hooks().progress(call, progress, total, message))
 
         return report
-
-    @staticmethod
-    async def _hook(awaitable: Awaitable[None]) -> None:
-        try:
-            await awaitable
-        except Exception:
-            logger.exception("a tool hook raised; ignoring it")
 
     def _error(self, call: ToolCallRequest, message: str, kind: ErrorKind) -> ToolResult:
         return ToolResult(
@@ -710,118 +422,3 @@ class ToolExecutor:
         listed = ", ".join(available[:40])
         more = f" and {len(available) - 40} more" if len(available) > 40 else ""
         return f"unknown tool {name!r}; {hint}available: {listed}{more}"
-
-
-# Checking a schema against its metaschema costs milliseconds; agents are often built per
-# run with the same tools, so each distinct schema is checked once per process.
-_validators: dict[str, jsonschema.protocols.Validator] = {}
-_MAX_CACHED_VALIDATORS = 1024
-
-
-def _validator(exposed: str, parameters: JsonObject) -> jsonschema.protocols.Validator:
-    """Return a validator for `parameters`, checking the schema itself first (cached)."""
-    key = json.dumps(parameters, sort_keys=True, default=str)
-    cached = _validators.get(key)
-    if cached is not None:
-        return cached
-    validator_class = jsonschema.validators.validator_for(
-        parameters, default=jsonschema.Draft202012Validator
-    )
-    try:
-        validator_class.check_schema(parameters)
-    except jsonschema.exceptions.SchemaError as err:
-        raise ToolDefinitionError(
-            f"the parameter schema of tool {exposed!r} is not a valid JSON schema: {err.message}"
-        ) from err
-    if parameters.get("type") != "object":
-        raise ToolDefinitionError(
-            f"the parameter schema of tool {exposed!r} must have type 'object', "
-            f"got {parameters.get('type')!r}"
-        )
-    if len(_validators) >= _MAX_CACHED_VALIDATORS:
-        _validators.clear()
-    validator = validator_class(parameters)
-    _validators[key] = validator
-    return validator
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < MIN_OUTPUT_TOKENS:
-        raise UserError(
-            f"an output limit of {limit} tokens is too small; use at least {MIN_OUTPUT_TOKENS}"
-        )
-
-
-def _parse_arguments(text: str) -> JsonObject | str:
-    """Parse a call's arguments; return the object, or a message saying what is wrong."""
-    if not text.strip():
-        return {}
-    try:
-        value = loads_json(text)
-        if isinstance(value, str) and value.strip().startswith("{"):
-            # some models encode the object twice
-            value = loads_json(value)
-    except json.JSONDecodeError as err:
-        return (
-            f"the arguments are not valid JSON ({err.msg} at line {err.lineno} column "
-            f"{err.colno}); send a JSON object"
-        )
-    except ValueError as err:
-        return f"the arguments are not valid JSON ({err}); send a JSON object"
-    if not isinstance(value, dict):
-        return f"the arguments must be a JSON object, got {type(value).__name__}"
-    return cast(JsonObject, value)
-
-
-def _schema_problems(registered: RegisteredTool, arguments: JsonObject) -> str:
-    errors = sorted(
-        registered.validator.iter_errors(arguments), key=lambda e: (list(e.path), e.message)
-    )
-    if not errors:
-        return ""
-    problems = []
-    for error in errors[:5]:
-        where = "/".join(str(part) for part in error.path)
-        problems.append(f"{where}: {error.message}" if where else error.message)
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return (
-        f"invalid arguments for tool {registered.name!r}: {'; '.join(problems)}{more}. "
-        f"Expected: {_signature(registered.definition.parameters)}"
-    )
-
-
-def _signature(schema: JsonObject) -> str:
-    properties = schema.get("properties")
-    if not isinstance(properties, dict) or not properties:
-        return "no arguments"
-    required = schema.get("required")
-    required_names = set(required) if isinstance(required, list) else set()
-    definitions = schema.get("$defs")
-    parts = []
-    for name, spec in properties.items():
-        marker = "" if name in required_names else "?"
-        parts.append(f"{name}{marker}: {_type_name(spec, definitions)}")
-    return "{" + ", ".join(parts) + "}"
-
-
-def _type_name(spec: JsonValue, definitions: JsonValue, depth: int = 0) -> str:
-    """A short type description of a property schema, for error messages."""
-    if not isinstance(spec, dict) or depth > 3:
-        return "any"
-    ref = spec.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(definitions, dict):
-        return _type_name(definitions.get(ref.removeprefix("#/$defs/")), definitions, depth + 1)
-    if isinstance(spec.get("enum"), list):
-        return " | ".join(json.dumps(v) for v in cast(list[JsonValue], spec["enum"]))
-    for key in ("anyOf", "oneOf"):
-        options = spec.get(key)
-        if isinstance(options, list):
-            return " | ".join(_type_name(o, definitions, depth + 1) for o in options)
-    kind = spec.get("type")
-    if isinstance(kind, str):
-        if kind == "array":
-            return f"{_type_name(spec.get('items'), definitions, depth + 1)}[]"
-        return kind
-    if isinstance(kind, list):
-        return " | ".join(str(k) for k in kind)
-    return "any"

@@ -1,0 +1,193 @@
+"""The tool registry: the names tools are registered under and their effective settings.
+
+Registered names always fit what providers accept, ``^[a-zA-Z0-9_-]{1,64}$``: characters
+outside that set become ``_`` and longer names are cut and suffixed with a hash of the full
+name, so they stay distinct (`provider_tool_name`). A name can be registered once; a second
+tool under it is a `DuplicateToolError`. Each tool's parameter schema is checked when it is
+registered, so a broken schema fails there, not on the model's first call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import jsonschema.protocols
+
+from agent_flow.errors import DuplicateToolError, ToolDefinitionError, UserError
+from agent_flow.messages import ToolDefinition
+from agent_flow.tools._truncation import _check_limit
+from agent_flow.tools._validation import _validator
+from agent_flow.tools.base import Tool
+from agent_flow.tools.base import tool as make_tool
+from agent_flow.tools.policy import ToolPolicy
+
+MAX_TOOL_NAME_LENGTH = 64
+_INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def provider_tool_name(name: str, *, namespace: str | None = None) -> str:
+    """Return the name a tool is registered under: namespaced, provider-safe, at most 64 chars.
+
+    ``provider_tool_name("search", namespace="github")`` is ``"github_search"``. Characters outside
+    ``[a-zA-Z0-9_-]`` become ``_``; a longer name keeps its first 55 characters and gets
+    ``_`` plus 8 hex digits of the SHA-256 of the full name, so distinct long names stay
+    distinct and the same name always maps to the same result.
+
+    Raises:
+        ToolDefinitionError: The name is empty.
+    """
+    full = f"{namespace}_{name}" if namespace else name
+    if not name:
+        raise ToolDefinitionError("a tool name cannot be empty; give the tool a name")
+    cleaned = _INVALID_NAME_CHARS.sub("_", full)
+    if len(cleaned) <= MAX_TOOL_NAME_LENGTH:
+        return cleaned
+    digest = hashlib.sha256(full.encode("utf-8")).hexdigest()[:8]
+    return f"{cleaned[: MAX_TOOL_NAME_LENGTH - 9]}_{digest}"
+
+
+@dataclass(frozen=True)
+class RegisteredTool:
+    """A tool as registered: its exposed name and effective settings.
+
+    Attributes:
+        name: The name the model calls it by.
+        tool: The tool.
+        policy: The effective policy (the registration's, else the tool's).
+        timeout: The effective timeout (``None``: the executor's default).
+        max_output_tokens: The output limit (``None``: the executor's default).
+        definition: What the model is told about it.
+    """
+
+    name: str
+    tool: Tool
+    policy: ToolPolicy
+    timeout: float | None
+    max_output_tokens: int | None
+    definition: ToolDefinition
+    validator: jsonschema.protocols.Validator
+
+
+class ToolRegistry:
+    """The registered tools, by the name the model calls each one (`ToolExecutor`'s base).
+
+    Registration order is kept: it is the order of `names` and of the definitions the model
+    is shown.
+    """
+
+    def __init__(self) -> None:
+        self._tools: dict[str, RegisteredTool] = {}
+
+    def register(
+        self,
+        tool: Tool | Callable[..., object],
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        max_output_tokens: int | None = None,
+        policy: ToolPolicy | None = None,
+    ) -> str:
+        """Register a tool and return the name the model will call it by.
+
+        Args:
+            tool: A `Tool`, or a plain function (wrapped with `@tool`).
+            namespace: A prefix: ``register(search, namespace="github")`` → ``github_search``.
+            name: Register under this name instead of the tool's own.
+            timeout: Seconds a call may run (overrides the tool's own timeout).
+            max_output_tokens: Token limit of this tool's results.
+            policy: A policy overriding the tool's own.
+
+        Raises:
+            DuplicateToolError: A tool with the resulting name is already registered.
+            ToolDefinitionError: The object is not a tool or its schema is invalid.
+        """
+        if isinstance(tool, Tool):
+            resolved: Tool = tool
+        elif callable(tool):
+            resolved = make_tool(tool)
+        else:
+            raise ToolDefinitionError(f"{tool!r} is not a tool; pass a Tool or a typed function")
+        tool = resolved
+        _check_limit(max_output_tokens)
+        exposed = provider_tool_name(name or tool.name, namespace=namespace)
+        if exposed in self._tools:
+            existing = self._tools[exposed]
+            raise DuplicateToolError(
+                f"a tool named {exposed!r} is already registered ({existing.tool!r}); "
+                "register the new one with another name or a namespace"
+            )
+        parameters = tool.parameters
+        validator = _validator(exposed, parameters)
+        self._tools[exposed] = RegisteredTool(
+            name=exposed,
+            tool=tool,
+            policy=policy or tool.policy,
+            timeout=timeout if timeout is not None else tool.timeout,
+            max_output_tokens=max_output_tokens,
+            definition=ToolDefinition(
+                name=exposed, description=tool.description, parameters=parameters
+            ),
+            validator=validator,
+        )
+        return exposed
+
+    def register_all(
+        self, tools: Iterable[Tool | Callable[..., object]], *, namespace: str | None = None
+    ) -> list[str]:
+        """Register several tools (all or none) and return their names.
+
+        Raises:
+            DuplicateToolError: One of the names is taken (nothing is registered then).
+        """
+        snapshot = dict(self._tools)
+        try:
+            return [self.register(item, namespace=namespace) for item in tools]
+        except BaseException:
+            self._tools = snapshot
+            raise
+
+    def unregister(self, name: str) -> None:
+        """Remove the tool registered as `name`.
+
+        Raises:
+            UserError: No tool has that name.
+        """
+        if self._tools.pop(name, None) is None:
+            raise UserError(f"no tool named {name!r} is registered")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> list[str]:
+        """The registered names, in registration order."""
+        return list(self._tools)
+
+    @property
+    def tools(self) -> Mapping[str, RegisteredTool]:
+        """The registered tools by name (read-only view)."""
+        return dict(self._tools)
+
+    def definitions(self, *, names: Iterable[str] | None = None) -> list[ToolDefinition]:
+        """What the model is told about the tools (all, or those named, in registration order).
+
+        Raises:
+            UserError: One of `names` is not registered.
+        """
+        if names is None:
+            return [registered.definition for registered in self._tools.values()]
+        wanted = set(names)
+        unknown = wanted - self._tools.keys()
+        if unknown:
+            raise UserError(
+                f"no tools named {sorted(unknown)!r} are registered; "
+                f"registered: {', '.join(self._tools) or '(none)'}"
+            )
+        return [r.definition for n, r in self._tools.items() if n in wanted]

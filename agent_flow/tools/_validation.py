@@ -1,0 +1,129 @@
+"""Checking a call's arguments: JSON parsing and validation against the tool's JSON schema.
+
+Every problem becomes a message for the model that says what is wrong and what was
+expected (``{path: string, limit?: integer}``), so it can correct the call.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, cast
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.protocols
+import jsonschema.validators
+
+from agent_flow._types import JsonObject, JsonValue
+from agent_flow._utils import loads_json
+from agent_flow.errors import ToolDefinitionError
+
+if TYPE_CHECKING:
+    from agent_flow.tools._registry import RegisteredTool
+
+# Checking a schema against its metaschema costs milliseconds; agents are often built per
+# run with the same tools, so each distinct schema is checked once per process.
+_validators: dict[str, jsonschema.protocols.Validator] = {}
+_MAX_CACHED_VALIDATORS = 1024
+
+
+def _validator(exposed: str, parameters: JsonObject) -> jsonschema.protocols.Validator:
+    """Return a validator for `parameters`, checking the schema itself first (cached)."""
+    key = json.dumps(parameters, sort_keys=True, default=str)
+    cached = _validators.get(key)
+    if cached is not None:
+        return cached
+    validator_class = jsonschema.validators.validator_for(
+        parameters, default=jsonschema.Draft202012Validator
+    )
+    try:
+        validator_class.check_schema(parameters)
+    except jsonschema.exceptions.SchemaError as err:
+        raise ToolDefinitionError(
+            f"the parameter schema of tool {exposed!r} is not a valid JSON schema: {err.message}"
+        ) from err
+    if parameters.get("type") != "object":
+        raise ToolDefinitionError(
+            f"the parameter schema of tool {exposed!r} must have type 'object', "
+            f"got {parameters.get('type')!r}"
+        )
+    if len(_validators) >= _MAX_CACHED_VALIDATORS:
+        _validators.clear()
+    validator = validator_class(parameters)
+    _validators[key] = validator
+    return validator
+
+
+def _parse_arguments(text: str) -> JsonObject | str:
+    """Parse a call's arguments; return the object, or a message saying what is wrong."""
+    if not text.strip():
+        return {}
+    try:
+        value = loads_json(text)
+        if isinstance(value, str) and value.strip().startswith("{"):
+            # some models encode the object twice
+            value = loads_json(value)
+    except json.JSONDecodeError as err:
+        return (
+            f"the arguments are not valid JSON ({err.msg} at line {err.lineno} column "
+            f"{err.colno}); send a JSON object"
+        )
+    except ValueError as err:
+        return f"the arguments are not valid JSON ({err}); send a JSON object"
+    if not isinstance(value, dict):
+        return f"the arguments must be a JSON object, got {type(value).__name__}"
+    return cast(JsonObject, value)
+
+
+def _schema_problems(registered: RegisteredTool, arguments: JsonObject) -> str:
+    errors = sorted(
+        registered.validator.iter_errors(arguments), key=lambda e: (list(e.path), e.message)
+    )
+    if not errors:
+        return ""
+    problems = []
+    for error in errors[:5]:
+        where = "/".join(str(part) for part in error.path)
+        problems.append(f"{where}: {error.message}" if where else error.message)
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return (
+        f"invalid arguments for tool {registered.name!r}: {'; '.join(problems)}{more}. "
+        f"Expected: {_signature(registered.definition.parameters)}"
+    )
+
+
+def _signature(schema: JsonObject) -> str:
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return "no arguments"
+    required = schema.get("required")
+    required_names = set(required) if isinstance(required, list) else set()
+    definitions = schema.get("$defs")
+    parts = []
+    for name, spec in properties.items():
+        marker = "" if name in required_names else "?"
+        parts.append(f"{name}{marker}: {_type_name(spec, definitions)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def _type_name(spec: JsonValue, definitions: JsonValue, depth: int = 0) -> str:
+    """A short type description of a property schema, for error messages."""
+    if not isinstance(spec, dict) or depth > 3:
+        return "any"
+    ref = spec.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(definitions, dict):
+        return _type_name(definitions.get(ref.removeprefix("#/$defs/")), definitions, depth + 1)
+    if isinstance(spec.get("enum"), list):
+        return " | ".join(json.dumps(v) for v in cast(list[JsonValue], spec["enum"]))
+    for key in ("anyOf", "oneOf"):
+        options = spec.get(key)
+        if isinstance(options, list):
+            return " | ".join(_type_name(o, definitions, depth + 1) for o in options)
+    kind = spec.get("type")
+    if isinstance(kind, str):
+        if kind == "array":
+            return f"{_type_name(spec.get('items'), definitions, depth + 1)}[]"
+        return kind
+    if isinstance(kind, list):
+        return " | ".join(str(k) for k in kind)
+    return "any"
