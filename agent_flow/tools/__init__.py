@@ -14,6 +14,11 @@ The pieces, by module:
 - `mcp`: MCP server configs, `MCPConnection`, `MCPServers`, `MCPTool`;
 - `workspace`: `Workspace` and `workspace_tools`;
 - `control`: ``task_completion``, ``ask_question``, ``converse`` and ``update_plan``.
+
+The modules starting with ``_`` hold the parts behind `executor` (registry, argument
+validation, truncation, hooks, approval), `workspace` (the safe root, the file tools, the
+shell tool) and `mcp` (connection, transports, tool adaptation); import from the modules
+above.
 """
 
 from __future__ import annotations

@@ -1,0 +1,353 @@
+"""`MCPConnection`: the lifecycle of one MCP server session (start, call, restart, close).
+
+The SDK's transports are anyio context managers that must be entered and left by the same
+task, so each session lives in a task of its own which enters the transport and the
+`ClientSession`, initializes, lists every page of tools, and then waits to be told to stop;
+calls are made from any task through the session. Failures:
+
+- an ``is_error`` result becomes an error result (kind ``"reported"``) with the server's text;
+- a JSON-RPC error raised by the SDK (`mcp.MCPError`) becomes an error result naming the code;
+- a call that outlives its timeout becomes a ``"timeout"`` error result; the session is then
+  pinged before its next use and restarted if it does not answer;
+- a server that crashes or closes the connection fails the calls in flight with a
+  ``"server_unavailable"`` error result and is restarted on its next use, at most
+  ``max_restarts`` times over the connection's life; after that every call fails at once
+  with a message saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+from typing import Self
+
+import anyio
+import httpx2
+import mcp_types
+from mcp import ClientSession, MCPError
+
+from agent_flow._types import JsonObject
+from agent_flow.errors import MCPServerError
+from agent_flow.tools._mcp_tool import MCPTool, _jsonable, convert_call_result
+from agent_flow.tools._mcp_transport import _transport
+from agent_flow.tools.base import ProgressCallback
+from agent_flow.tools.mcp_config import MCPServerConfig, MCPServerHTTP
+from agent_flow.tools.results import ToolResult
+
+# Logged under the public module's name: users configure MCP logs (servers' stderr included)
+# on ``agent_flow.tools.mcp``.
+logger = logging.getLogger("agent_flow.tools.mcp")
+
+_CONNECTION_CLOSED = mcp_types.CONNECTION_CLOSED
+_REQUEST_TIMEOUT = mcp_types.REQUEST_TIMEOUT
+_TRANSPORT_ERRORS = (
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    ConnectionError,
+    httpx2.TransportError,
+)
+
+
+class _Session:
+    """One started server session, owned by its own task."""
+
+    def __init__(self) -> None:
+        self.client: ClientSession | None = None
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.tools: list[mcp_types.Tool] = []
+        self.broken = False  # the connection failed: restart before the next call
+        self.suspect = False  # a call timed out or was cancelled: ping before the next call
+
+    @property
+    def usable(self) -> bool:
+        return (
+            self.client is not None
+            and not self.broken
+            and self.task is not None
+            and not self.task.done()
+        )
+
+
+class MCPConnection:
+    """A connection to one MCP server: start, list, call, restart, close.
+
+    Use as ``async with MCPConnection(config) as connection:``. After it started,
+    `tools` holds one `MCPTool` per offered tool.
+
+    Args:
+        config: The server's configuration.
+    """
+
+    def __init__(self, config: MCPServerConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.restarts = 0
+        self.last_error: str | None = None
+        self._session: _Session | None = None
+        self._retired: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._opened = False
+        self._tools: list[MCPTool] = []
+
+    def __repr__(self) -> str:
+        return f"MCPConnection({self.name!r})"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def tools(self) -> list[MCPTool]:
+        """The server's offered tools (allow/deny lists applied), as agent_flow tools."""
+        return list(self._tools)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a session is up and not known to be broken."""
+        return self._session is not None and self._session.usable
+
+    async def start(self) -> None:
+        """Start the server (or connect), initialize, and list its tools.
+
+        Raises:
+            MCPServerError: The server could not be started, reached or initialized.
+        """
+        if self._closed:
+            raise MCPServerError(f"MCP connection {self.name!r} is closed; create a new one")
+        session = await self._usable_session()
+        self._tools = [
+            MCPTool(self, remote) for remote in session.tools if self.config.allows(remote.name)
+        ]
+
+    async def list_remote_tools(self) -> list[mcp_types.Tool]:
+        """Every tool the server lists (all pages, allow/deny lists not applied)."""
+        session = await self._usable_session()
+        return await self._list_all(session)
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: JsonObject,
+        *,
+        timeout_seconds: float | None = None,
+        progress_callback: ProgressCallback | None = None,
+    ) -> ToolResult:
+        """Call the server's tool `name` and convert its result; never raises for failures.
+
+        Args:
+            name: The tool's name on the server.
+            arguments: Its arguments.
+            timeout_seconds: Seconds the call may take (default: the config's timeout).
+            progress_callback: Receives the server's progress notifications.
+        """
+        limit = timeout_seconds if timeout_seconds is not None else self.config.timeout
+        try:
+            session = await self._usable_session()
+        except MCPServerError as err:
+            return ToolResult.error(str(err), kind="server_unavailable")
+        assert session.client is not None
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            if progress_callback is not None:
+                await progress_callback(progress, total, message)
+
+        try:
+            result = await session.client.call_tool(
+                name, arguments, read_timeout_seconds=limit, progress_callback=on_progress
+            )
+        except MCPError as err:
+            return self._call_error(session, name, err, limit)
+        except _TRANSPORT_ERRORS as err:
+            session.broken = True
+            self.last_error = _describe(err)
+            return ToolResult.error(
+                f"the connection to MCP server {self.name!r} failed during the call to "
+                f"{name!r} ({type(err).__name__}); it will be restarted on the next call",
+                kind="server_unavailable",
+            )
+        except RuntimeError as err:  # the SDK's result checks (output schema, input required)
+            return ToolResult.error(
+                f"MCP server {self.name!r} returned an unusable result for {name!r}: {err}",
+                kind="mcp_error",
+            )
+        except asyncio.CancelledError:
+            session.suspect = True
+            raise
+        return convert_call_result(result)
+
+    def _call_error(self, session: _Session, name: str, err: MCPError, limit: float) -> ToolResult:
+        if err.code == _CONNECTION_CLOSED:
+            session.broken = True
+            self.last_error = err.message
+            return ToolResult.error(
+                f"MCP server {self.name!r} closed the connection during the call to {name!r} "
+                f"({err.message}); it will be restarted on the next call",
+                kind="server_unavailable",
+            )
+        if err.code == _REQUEST_TIMEOUT:
+            session.suspect = True
+            return ToolResult.error(
+                f"MCP server {self.name!r} did not answer the call to {name!r} within "
+                f"{limit:g}s; try a smaller request",
+                kind="timeout",
+            )
+        return ToolResult.error(
+            f"MCP server {self.name!r} refused the call to {name!r}: {err.message} "
+            f"(JSON-RPC error {err.code})",
+            kind="mcp_error",
+            data={"code": err.code, "message": err.message, "data": _jsonable(err.data)},
+        )
+
+    async def aclose(self) -> None:
+        """Stop the server (or end the session); calls afterwards fail with an error result."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            self._retire(session)
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
+
+    # --- session management ---------------------------------------------------------------
+
+    async def _usable_session(self) -> _Session:
+        session = self._session
+        if session is not None and session.usable and not session.suspect:
+            return session
+        async with self._lock:
+            session = self._session
+            if session is not None and session.usable:
+                if not session.suspect or await self._answers_ping(session):
+                    session.suspect = False
+                    return session
+                session.broken = True
+                self.last_error = f"no answer to a ping within {self.config.ping_timeout:g}s"
+            if self._closed:
+                raise MCPServerError(f"MCP connection {self.name!r} is closed")
+            if session is not None:
+                self._session = None
+                self._retire(session)
+            if not self._opened:
+                # The first start (explicit, or lazily on the first call) is not a restart.
+                self._opened = True
+                self._session = await self._open()
+                return self._session
+            if self.restarts >= self.config.max_restarts:
+                times = "time" if self.restarts == 1 else "times"
+                raise MCPServerError(
+                    f"MCP server {self.name!r} stopped ({self.last_error or 'no reason given'}) "
+                    f"and was already restarted {self.restarts} {times}, the limit; "
+                    "it is not restarted again"
+                )
+            self.restarts += 1
+            logger.warning(
+                "restarting MCP server %r (restart %d of at most %d) after: %s",
+                self.name,
+                self.restarts,
+                self.config.max_restarts,
+                self.last_error,
+            )
+            self._session = await self._open()
+            return self._session
+
+    async def _answers_ping(self, session: _Session) -> bool:
+        assert session.client is not None
+        try:
+            async with asyncio.timeout(self.config.ping_timeout):
+                await session.client.send_ping()
+        except (TimeoutError, MCPError, *_TRANSPORT_ERRORS):
+            return False
+        return True
+
+    def _retire(self, session: _Session) -> None:
+        session.stop.set()
+        if session.task is not None and not session.task.done():
+            self._retired.add(session.task)
+            session.task.add_done_callback(self._retired.discard)
+
+    async def _open(self) -> _Session:
+        session = _Session()
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        session.task = asyncio.create_task(
+            self._serve(session, ready), name=f"mcp-server-{self.name}"
+        )
+        try:
+            await asyncio.shield(ready)
+        except asyncio.CancelledError:
+            self._retire(session)
+            raise
+        except Exception as err:
+            self.last_error = _describe(err)
+            verb = "reached" if isinstance(self.config, MCPServerHTTP) else "started"
+            raise MCPServerError(
+                f"MCP server {self.name!r} could not be {verb}: {self.last_error}"
+            ) from err
+        return session
+
+    async def _serve(self, session: _Session, ready: asyncio.Future[None]) -> None:
+        """Own the transport and the client session for their whole life (one task)."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(_transport(self.config, stack))
+                client = await stack.enter_async_context(ClientSession(read, write))
+                with anyio.fail_after(self.config.connect_timeout):
+                    await client.initialize()
+                    session.tools = await self._list_all_with(client)
+                session.client = client
+                ready.set_result(None)
+                await session.stop.wait()
+        except Exception as err:
+            session.broken = True
+            if not ready.done():
+                ready.set_exception(err)
+            elif session.stop.is_set():
+                # Closing a session whose server is already gone fails noisily; that is expected.
+                logger.debug("MCP server %r session closed with: %s", self.name, _describe(err))
+            else:
+                self.last_error = _describe(err)
+                logger.warning("MCP server %r session ended: %s", self.name, self.last_error)
+        except asyncio.CancelledError:
+            session.broken = True
+            if not ready.done():
+                ready.set_exception(
+                    MCPServerError(f"starting MCP server {self.name!r} was cancelled")
+                )
+            raise
+
+    async def _list_all(self, session: _Session) -> list[mcp_types.Tool]:
+        assert session.client is not None
+        return await self._list_all_with(session.client)
+
+    @staticmethod
+    async def _list_all_with(client: ClientSession) -> list[mcp_types.Tool]:
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        while True:
+            params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await client.list_tools(params=params)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor or cursor in seen:  # a server repeating a cursor would loop forever
+                return tools
+            seen.add(cursor)
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: message`` of the first real error, looking inside exception groups."""
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
