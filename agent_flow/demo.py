@@ -24,9 +24,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agent_flow._render import EventRenderer
 from agent_flow._types import JsonValue
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
+from agent_flow.cli.render import EventRenderer
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import ModelConnectionError
