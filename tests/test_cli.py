@@ -434,7 +434,7 @@ def test_tools_lists_what_is_offered_with_token_costs(workspace: Path) -> None:
             "--workspace",
             str(workspace),
             "--mcp",
-            f"{sys.executable} -m agent_flow.demo_mcp_server --root {workspace}",
+            f"demo={sys.executable} -m agent_flow._demo.mcp_server --root {workspace}",
         ]
     )
     assert result.code == 0, result.err

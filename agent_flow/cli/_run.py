@@ -238,8 +238,8 @@ def _chat_turn_report(outcome: ExecutionOutcome, session: _Session, streams: _St
 
 
 async def _demo_command(args: argparse.Namespace, streams: _Streams) -> int:
+    from agent_flow._demo.scenario import create_project, real_endpoint_commands, run_demo
     from agent_flow.cli.render import make_console
-    from agent_flow.demo import create_project, real_endpoint_commands, run_demo
 
     console = make_console(streams.stdout)
     workdir = Path(args.workdir) if args.workdir else None
