@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_flow._render import EventRenderer, make_console
 from agent_flow.agent import AgentExecutor
 from agent_flow.cli import main
+from agent_flow.cli.render import EventRenderer, make_console
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.context import PromptBreakdown
 from agent_flow.events import RunStarted, TextDelta, ToolCallFailed, event_from_json
@@ -434,7 +434,7 @@ def test_tools_lists_what_is_offered_with_token_costs(workspace: Path) -> None:
             "--workspace",
             str(workspace),
             "--mcp",
-            f"{sys.executable} -m agent_flow.demo_mcp_server --root {workspace}",
+            f"demo={sys.executable} -m agent_flow._demo.mcp_server --root {workspace}",
         ]
     )
     assert result.code == 0, result.err

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from agent_flow._demo.mcp_server import lint_source, search_project
+from agent_flow._demo.scenario import DEMO_TASK, EVENT_KINDS, PROJECT_FILES, create_project
 from agent_flow.cli import main
-from agent_flow.demo import DEMO_TASK, EVENT_KINDS, PROJECT_FILES, create_project
-from agent_flow.demo_mcp_server import lint_source, search_project
 from agent_flow.events import AgentEvent
 from agent_flow.store import SQLiteSessionStore
 

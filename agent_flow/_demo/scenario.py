@@ -3,7 +3,7 @@
 A scripted model (`agent_flow.testing.ScriptedLLM`) plays a coding assistant asked to fix a
 bug in a small generated project (``csvstats``, a CSV parser whose totals come out too
 small). Everything around the model is real: the built-in workspace tools on a temporary
-directory, the demo MCP server (`agent_flow.demo_mcp_server`) started over stdio, the policy
+directory, the demo MCP server (`agent_flow._demo.mcp_server`) started over stdio, the policy
 and approvals, the environment handlers, the budgeted prompts with history pruning under a
 deliberately small budget, the event bus and the SQLite session store.
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agent_flow._render import EventRenderer
 from agent_flow._types import JsonValue
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
+from agent_flow.cli.render import EventRenderer
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import ModelConnectionError
@@ -167,7 +167,7 @@ def create_project(root: Path) -> Path:
 
 def mcp_command(project: Path) -> list[str]:
     """The command that starts the demo MCP server over `project`."""
-    return [sys.executable, "-m", "agent_flow.demo_mcp_server", "--root", str(project)]
+    return [sys.executable, "-m", "agent_flow._demo.mcp_server", "--root", str(project)]
 
 
 def _find_bug(request: LLMRequest) -> Reply:
@@ -298,10 +298,10 @@ async def run_demo(
     say("agent-flow demo: a complete agent run, offline", "bold")
     say(
         "The model is SCRIPTED (agent_flow.testing.ScriptedLLM): its answers are fixed in "
-        "agent_flow/demo.py. Everything else is real: the workspace tools, an MCP server over "
-        "stdio, approvals, environment handlers, prompts built within a deliberately small "
-        f"budget ({config.context.max_tokens:,} tokens, so that the history gets pruned), "
-        "events, the session store."
+        "agent_flow/_demo/scenario.py. Everything else is real: the workspace tools, an MCP "
+        "server over stdio, approvals, environment handlers, prompts built within a "
+        f"deliberately small budget ({config.context.max_tokens:,} tokens, so that the history "
+        "gets pruned), events, the session store."
     )
     kept = (
         " (a new temporary directory, kept so that you can look at it)" if workdir is None else ""
@@ -412,4 +412,4 @@ def real_endpoint_commands(workdir: Path) -> Sequence[str]:
 
 def _python_path() -> dict[str, str]:
     """PYTHONPATH for the MCP server, so it imports this agent_flow even when not installed."""
-    return {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}

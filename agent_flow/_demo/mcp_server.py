@@ -1,8 +1,9 @@
 """A small, real MCP server shipped for `agent-flow demo`: code search and a Python linter.
 
-Run it over stdio with ``python -m agent_flow.demo_mcp_server --root DIR``; an agent connected
-to it (``agent-flow run --mcp "python -m agent_flow.demo_mcp_server --root DIR"``) gets two
-read-only tools, namespaced by the server's name (``project_search``, ``project_lint``):
+Run it over stdio with ``python -m agent_flow._demo.mcp_server --root DIR``; an agent
+connected to it (``agent-flow run --mcp "project=python -m agent_flow._demo.mcp_server --root
+DIR"``) gets two read-only tools, namespaced by the server's name (``project_search``,
+``project_lint``):
 
 - ``search(query)``: case-insensitive substring search over the text files under the root;
   each hit is a ``{"title": "path:line", "snippet": ...}`` result, the shape agent_flow's
@@ -262,7 +263,7 @@ def build_server(root: Path) -> MCPServer:
 def main(argv: list[str] | None = None) -> None:
     """Serve the project at ``--root`` over stdio."""
     parser = argparse.ArgumentParser(
-        prog="python -m agent_flow.demo_mcp_server",
+        prog="python -m agent_flow._demo.mcp_server",
         description="An MCP server (stdio) with code search and a Python linter over a project.",
     )
     parser.add_argument("--root", default=".", help="the project directory (default: .)")

@@ -1,0 +1,49 @@
+"""The ``agent-flow`` command: run an agent, chat with it, the offline demo, sessions, tools.
+
+::
+
+    agent-flow run "task" [--model M] [--base-url URL] [--workspace DIR] [--mcp "cmd args"] ...
+    agent-flow chat [same options]            a REPL over one session
+    agent-flow demo [--slow]                  a complete run offline, with a scripted model
+    agent-flow sessions list | show ID | export ID [--output FILE] | import FILE | delete ID
+    agent-flow tools [--workspace DIR] [--mcp "cmd args"]   what an agent is offered, in tokens
+
+Runs talk to any OpenAI-compatible endpoint; the key comes from ``OPENAI_API_KEY`` (or the
+variable named by ``--api-key-env``) and is never printed. Every run is stored as it goes in
+a SQLite session store (``--db``, default `agent_flow.store.default_store_path`), so a run
+that is interrupted can be continued with ``--session ID``.
+
+Exit codes:
+
+- 0: the run finished: the task was completed, answered, or the agent waits for a reply;
+- 1: the run ended without finishing (iteration, token or cost limit, stuck, invalid output),
+  or the session store failed;
+- 2: a usage or configuration error: a bad flag or config key (named with its file), no API
+  key, an unknown session, a workspace or MCP server that cannot be used;
+- 3: the model endpoint failed: unreachable, timed out, or it refused the key or the request;
+- 130: cancelled with Ctrl-C; the session is kept.
+
+Errors are one line on stderr, saying what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+from agent_flow.cli._exit import (
+    EXIT_CANCELLED,
+    EXIT_MODEL,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    EXIT_USAGE,
+)
+from agent_flow.cli._main import main
+from agent_flow.cli._parser import build_parser
+
+__all__ = [
+    "EXIT_CANCELLED",
+    "EXIT_MODEL",
+    "EXIT_OK",
+    "EXIT_RUN_FAILED",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+]

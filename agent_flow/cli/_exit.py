@@ -1,0 +1,38 @@
+"""What a command is given and how it ends: its streams, the exit codes, `_Failure`.
+
+Every command is an ``async`` function of the parsed arguments and `_Streams` that returns an
+exit code (listed in `agent_flow.cli`), or raises `_Failure` to end with a code and one error
+line, which `_error_line` writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_USAGE = 2
+EXIT_MODEL = 3
+EXIT_CANCELLED = 130
+
+
+class _Failure(Exception):
+    """Ends the command with `code` after printing `message` as one error line."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Streams:
+    stdin: IO[str]
+    stdout: IO[str]
+    stderr: IO[str]
+
+
+def _error_line(streams: _Streams, message: str) -> None:
+    streams.stderr.write(f"agent-flow: error: {' '.join(message.split())}\n")
+    streams.stderr.flush()

@@ -1,0 +1,147 @@
+"""The interactive parts of the command: reading stdin, asking approvals, and Ctrl-C.
+
+`_LineReader` reads lines without blocking the event loop, `_read_or_stop` waits on one or on
+a stop request, `_Approver` answers approval requests (``--yes``, a terminal prompt, or a
+refusal), and `_Interrupts` turns the first Ctrl-C into a cancel and the second into a quit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import IO, TYPE_CHECKING
+
+from agent_flow.tools import ApprovalRequest, ApprovalResponse
+
+if TYPE_CHECKING:
+    from agent_flow.cli.render import EventRenderer
+
+
+class _LineReader:
+    """Reads lines from a stream on a daemon thread.
+
+    Waiting never blocks the event loop, and an abandoned wait (Ctrl-C at a prompt) leaves
+    nothing behind that the interpreter must join on exit.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._queue: asyncio.Queue[str | None] | None = None
+        self._eof = False
+
+    async def readline(self) -> str | None:
+        """The next line without its newline, or None at the end of the input."""
+        if self._eof:
+            return None
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            thread = threading.Thread(
+                target=self._pump,
+                args=(asyncio.get_running_loop(), self._queue),
+                name="agent-flow-stdin",
+                daemon=True,
+            )
+            thread.start()
+        line = await self._queue.get()
+        if line is None:
+            self._eof = True
+            return None
+        return line.rstrip("\n")
+
+    def _pump(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
+        while True:
+            try:
+                line = self._stream.readline()
+            except (OSError, ValueError):
+                line = ""
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, line or None)
+            except RuntimeError:  # the loop is closed: nobody is reading any more
+                return
+            if not line:
+                return
+
+
+class _Approver:
+    """Answers approval requests: --yes approves, a terminal asks, anything else refuses."""
+
+    def __init__(
+        self, *, auto: bool, reader: _LineReader, stdin: IO[str], renderer: EventRenderer
+    ) -> None:
+        self.auto = auto
+        self.reader = reader
+        self.stdin = stdin
+        self.renderer = renderer
+
+    async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
+        if self.auto:
+            return ApprovalResponse(approved=True, reason="approved by --yes")
+        try:
+            interactive = self.stdin.isatty()
+        except (AttributeError, ValueError):
+            interactive = False
+        if not interactive:
+            return ApprovalResponse(
+                approved=False,
+                reason="nobody could be asked (stdin is not a terminal); rerun with --yes to "
+                "approve such calls",
+            )
+        self.renderer.stop_spinner()
+        self.renderer.console.print(
+            f"  allow {request.tool_name} ({request.risk.value} risk)? [y/N] ", end=""
+        )
+        answer = await self.reader.readline()
+        approved = (answer or "").strip().lower() in ("y", "yes")
+        return ApprovalResponse(
+            approved=approved,
+            reason="approved at the terminal" if approved else "refused at the terminal",
+        )
+
+
+class _Interrupts:
+    """While active, Ctrl-C calls `on_interrupt` once; pressing it again quits at once.
+
+    Only the main thread can take signals; elsewhere (an embedding, a test) this does nothing.
+    """
+
+    def __init__(self, on_interrupt: Callable[[], None]) -> None:
+        self.on_interrupt = on_interrupt
+        self.count = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __enter__(self) -> _Interrupts:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGINT, self._handle)
+        except (NotImplementedError, RuntimeError, ValueError):
+            return self
+        self._loop = loop
+        return self
+
+    def _handle(self) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+        self.on_interrupt()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._loop is not None:
+            self._loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _read_or_stop(reader: _LineReader, stop: asyncio.Event) -> str | None:
+    read = asyncio.ensure_future(reader.readline())
+    stopped = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (read, stopped):
+        if task not in done:
+            task.cancel()
+    return read.result() if read in done else None

@@ -1,0 +1,203 @@
+"""The ``agent-flow`` argument parser: the commands, their options and the epilog.
+
+Each command's parser names its handler (``handler=``), which `agent_flow.cli._main.main`
+runs. The handlers' modules import the heavy dependencies (the openai SDK, MCP, rich) only
+when a command runs, so ``--help`` and ``--version`` stay quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from agent_flow.cli._exit import EXIT_USAGE
+from agent_flow.cli._run import _chat_command, _demo_command, _run_command
+from agent_flow.cli._sessions import (
+    _sessions_delete,
+    _sessions_export,
+    _sessions_import,
+    _sessions_list,
+    _sessions_show,
+)
+from agent_flow.cli._tools import _tools_command
+from agent_flow.store import default_store_path
+
+_EPILOG = """\
+exit codes:
+  0    the run finished: task completed, answered, or the agent waits for your reply
+  1    the run ended without finishing (a limit, stuck, invalid output) or the store failed
+  2    usage or configuration error: bad flag or config key, no API key, unknown session,
+       a workspace or MCP server that cannot be used
+  3    the model endpoint failed: unreachable, timed out, refused the key or the request
+  130  cancelled with Ctrl-C (the session is kept: continue it with --session ID)
+
+environment:
+  OPENAI_API_KEY   the API key (or name another variable with --api-key-env)
+  OPENAI_BASE_URL  the endpoint when --base-url is not given
+  AGENT_FLOW_*     config overrides, e.g. AGENT_FLOW_CONTEXT__MAX_TOKENS=16000
+  AGENT_FLOW_HOME  where the session store lives (default ~/.local/share/agent_flow)
+
+Start with `agent-flow demo`: a complete agent run, offline, with no API key.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _agent_options() -> _Parser:
+    options = _Parser(add_help=False)
+    model = options.add_argument_group("model")
+    model.add_argument("--model", help="the model name the endpoint knows (e.g. gpt-4o-mini)")
+    model.add_argument(
+        "--base-url",
+        help="an OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 (default: "
+        "OPENAI_BASE_URL, else OpenAI)",
+    )
+    model.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="the environment variable holding the API key (default OPENAI_API_KEY)",
+    )
+    agent = options.add_argument_group("agent")
+    agent.add_argument("--config", metavar="FILE", help="an agent.toml file ([agent], [llms.*])")
+    agent.add_argument(
+        "--workspace", metavar="DIR", help="give the agent the built-in file tools on DIR"
+    )
+    agent.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar='"[NAME=]COMMAND ARGS"',
+        help="an MCP server started over stdio (repeatable); its tools are named NAME_tool",
+    )
+    agent.add_argument(
+        "--mcp-http",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="an MCP server reached over streamable HTTP (repeatable)",
+    )
+    agent.add_argument("--max-iterations", type=_positive, metavar="N", help="model calls per run")
+    agent.add_argument(
+        "--budget", type=_positive, metavar="TOKENS", help="the hard token budget of every prompt"
+    )
+    agent.add_argument("--session", metavar="ID", help="continue this stored session")
+    agent.add_argument("--yes", action="store_true", help="approve every tool call that asks")
+    agent.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
+    output = options.add_argument_group("output")
+    output.add_argument(
+        "--json", action="store_true", help="print events as JSON lines instead of rendering"
+    )
+    return options
+
+
+def _db_hint() -> str:
+    try:
+        return str(default_store_path())
+    except RuntimeError:  # no home directory
+        return "$AGENT_FLOW_HOME/sessions.db"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``agent-flow`` argument parser."""
+    from agent_flow import __version__
+
+    parser = _Parser(
+        prog="agent-flow",
+        description="Stateful, tool-using LLM agents whose every prompt fits a token budget.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"agent-flow {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    agent_options = _agent_options()
+    db = _Parser(add_help=False)
+    db.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
+
+    def sub(name: str, help: str, parents: Sequence[_Parser] = ()) -> _Parser:
+        command: _Parser = commands.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=list(parents),
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return command
+
+    run = sub("run", "run an agent on a task until it finishes", [agent_options])
+    run.add_argument("task", help="what the agent should do (or your reply, with --session)")
+    run.set_defaults(handler=_run_command)
+
+    chat = sub("chat", "talk with an agent: one session, one message per line", [agent_options])
+    chat.set_defaults(handler=_chat_command)
+
+    demo = sub("demo", "a complete agent run, offline, with a scripted model and no API key")
+    demo.add_argument("--slow", action="store_true", help="stream at a watchable pace")
+    demo.add_argument(
+        "--workdir", metavar="DIR", help="where the project goes (default: a new temp directory)"
+    )
+    demo.add_argument("--db", metavar="PATH", help="the session store (default: in --workdir)")
+    demo.add_argument(
+        "--setup-only",
+        action="store_true",
+        help="only create the project, and print how to run the task with a real model",
+    )
+    demo.set_defaults(handler=_demo_command)
+
+    sessions = sub("sessions", "list, show, export, import or delete stored sessions")
+    actions = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="the most recent sessions", parents=[db])
+    listing.add_argument("--limit", type=_positive, default=20, help="how many (default 20)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per session")
+    listing.set_defaults(handler=_sessions_list)
+    show = actions.add_parser(
+        "show", help="a session's history, environment and runs", parents=[db]
+    )
+    show.add_argument("id")
+    show.add_argument("--environment", action="store_true", help="print the environment as JSON")
+    show.set_defaults(handler=_sessions_show)
+    export = actions.add_parser("export", help="a session as JSON lines", parents=[db])
+    export.add_argument("id")
+    export.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    export.set_defaults(handler=_sessions_export)
+    imported = actions.add_parser("import", help="store a session from an export", parents=[db])
+    imported.add_argument("file")
+    imported.add_argument("--id", help="store it under this id (default: the exported one)")
+    imported.set_defaults(handler=_sessions_import)
+    delete = actions.add_parser("delete", help="delete a session", parents=[db])
+    delete.add_argument("id")
+    delete.set_defaults(handler=_sessions_delete)
+
+    tools = sub(
+        "tools",
+        "list the tools an agent would be offered, with the tokens their schemas cost",
+        [_tools_options()],
+    )
+    tools.set_defaults(handler=_tools_command)
+    return parser
+
+
+def _tools_options() -> _Parser:
+    options = _Parser(add_help=False)
+    options.add_argument("--config", metavar="FILE", help="an agent.toml file")
+    options.add_argument("--workspace", metavar="DIR", help="include the built-in file tools")
+    options.add_argument("--mcp", action="append", default=[], metavar='"[NAME=]COMMAND ARGS"')
+    options.add_argument("--mcp-http", action="append", default=[], metavar="[NAME=]URL")
+    options.add_argument("--model", help="count tokens with this model's tokenizer")
+    return options

@@ -1,0 +1,138 @@
+"""`agent-flow sessions`: list, show, export, import and delete stored sessions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from agent_flow.cli._exit import EXIT_OK, _Streams
+from agent_flow.store import SQLiteSessionStore
+
+
+def _store(args: argparse.Namespace) -> SQLiteSessionStore:
+    return SQLiteSessionStore(args.db)
+
+
+async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
+    async with _store(args) as store:
+        infos = await store.list(limit=args.limit)
+    out = streams.stdout
+    if args.json:
+        for info in infos:
+            out.write(info.model_dump_json() + "\n")
+        return EXIT_OK
+    if not infos:
+        out.write(f"no sessions in {store.path}\n")
+        return EXIT_OK
+    rows = [
+        (
+            info.id,
+            info.status,
+            str(info.steps),
+            info.updated_at.astimezone().strftime("%Y-%m-%d %H:%M"),
+            info.agent,
+            _one_line(info.title, 60),
+        )
+        for info in infos
+    ]
+    header = ("ID", "STATUS", "STEPS", "UPDATED", "AGENT", "TITLE")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
+    out.write(f"{len(infos)} session(s) in {store.path}\n")
+    return EXIT_OK
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+async def _sessions_show(args: argparse.Namespace, streams: _Streams) -> int:
+    async with _store(args) as store:
+        state = await store.load(args.id)
+        events = await store.events(args.id)
+    info, out = state.info, streams.stdout
+    out.write(f"session {info.id}  ({info.status})\n")
+    out.write(f"  title:    {_one_line(info.title, 100)}\n")
+    out.write(f"  agent:    {info.agent}\n")
+    out.write(
+        f"  created:  {info.created_at.astimezone():%Y-%m-%d %H:%M:%S}   "
+        f"updated: {info.updated_at.astimezone():%Y-%m-%d %H:%M:%S}\n"
+    )
+    out.write(
+        f"  stored:   {info.steps} steps, {info.entry_count} history entries, "
+        f"{info.event_count} events, environment version {info.environment_version}\n"
+    )
+    out.write(f"\nhistory ({len(state.entries)} entries)\n")
+    for entry in state.entries:
+        out.write(f"  {_entry_line(entry.model_dump(mode='json'))}\n")
+    environment = state.environment
+    if environment is not None:
+        task = environment.task
+        out.write("\nenvironment\n")
+        out.write(f"  task:      {_one_line(task.objective, 90)} [{task.status.value}]\n")
+        if task.plan:
+            done = sum(step.completed for step in task.plan)
+            out.write(f"  plan:      {done}/{len(task.plan)} steps done\n")
+            for step in task.plan:
+                out.write(f"    [{'x' if step.completed else ' '}] {step.description}\n")
+        out.write(f"  files:     {len(environment.workspace.files)} known\n")
+        out.write(f"  facts:     {len(environment.knowledge.discovered_facts)}\n")
+        for fact in environment.knowledge.discovered_facts[-5:]:
+            out.write(f"    - {_one_line(fact, 100)}\n")
+        extensions = environment.get("/extensions")
+        names = sorted(extensions) if isinstance(extensions, dict) else []
+        out.write(f"  extensions: {', '.join(names) or '-'}\n")
+        if args.environment:
+            out.write(json.dumps(json.loads(environment.to_json()), indent=2) + "\n")
+    runs: dict[str, list[str]] = {}
+    for event in events:
+        if event.kind == "run_started":
+            runs.setdefault(event.run_id, []).insert(0, _one_line(event.task, 70))
+        elif event.kind == "run_finished":
+            runs.setdefault(event.run_id, []).append(
+                f"{event.stop_reason}, {event.iterations} iteration(s)"
+            )
+    out.write(f"\nruns ({len(runs)})\n")
+    for run_id, parts in runs.items():
+        out.write(f"  {run_id[:8]}  {' -> '.join(parts)}\n")
+    return EXIT_OK
+
+
+def _entry_line(data: dict[str, object]) -> str:
+    kind = str(data.get("kind", "?"))
+    if kind == "tool_call":
+        return f"{kind:12} {data.get('name')} {_one_line(str(data.get('arguments', '')), 80)}"
+    if kind == "tool_result":
+        flag = " (error)" if data.get("is_error") else ""
+        body = _one_line(str(data.get("content", "")), 80)
+        return f"{kind:12} {data.get('tool_name')}{flag}: {body}"
+    return f"{kind:12} {_one_line(str(data.get('content', '')), 100)}"
+
+
+async def _sessions_export(args: argparse.Namespace, streams: _Streams) -> int:
+    async with _store(args) as store:
+        if args.output:
+            await store.export(args.id, args.output)
+            streams.stderr.write(f"exported session {args.id} to {args.output}\n")
+        else:
+            await store.export(args.id, streams.stdout)
+    return EXIT_OK
+
+
+async def _sessions_import(args: argparse.Namespace, streams: _Streams) -> int:
+    async with _store(args) as store:
+        info = await store.import_(args.file, session_id=args.id)
+    streams.stdout.write(
+        f"imported session {info.id} ({info.entry_count} entries) into {store.path}\n"
+    )
+    return EXIT_OK
+
+
+async def _sessions_delete(args: argparse.Namespace, streams: _Streams) -> int:
+    async with _store(args) as store:
+        await store.delete(args.id)
+    streams.stdout.write(f"deleted session {args.id}\n")
+    return EXIT_OK
