@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import agent_flow.store as store_module
+import agent_flow.sessions.sqlite as store_module
 from agent_flow.environment import Environment
 from agent_flow.errors import PointerError, SessionNotFoundError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished, TextDelta
@@ -31,7 +31,7 @@ from agent_flow.history import (
     build_units,
 )
 from agent_flow.pruning import DropOldest, ElideToolResults, ExtractiveSummarizer, PruningStrategy
-from agent_flow.store import (
+from agent_flow.sessions.sqlite import (
     EXPORT_LINE_ADAPTER,
     SCHEMA_VERSION,
     ExportLine,

@@ -1,0 +1,1 @@
+"""Sessions: a run's history, environment and events, saved after every step, and reloaded."""
