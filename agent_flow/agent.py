@@ -87,7 +87,7 @@ from agent_flow.pruning import (
     SlidingWindow,
     SummarizeOldest,
 )
-from agent_flow.sessions.sqlite import SessionStatus, SessionStore
+from agent_flow.sessions import SessionStatus, SessionStore
 from agent_flow.tokens import (
     ApproxCounter,
     TiktokenCounter,

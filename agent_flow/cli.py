@@ -62,7 +62,7 @@ from agent_flow.errors import (
 )
 from agent_flow.llm import LLMConfig, LLMOverrides, OpenAIClient, resolve_llm_config
 from agent_flow.llm.base import Completion, LLMRequest, StreamEvent
-from agent_flow.sessions.sqlite import SQLiteSessionStore, default_store_path
+from agent_flow.sessions import SQLiteSessionStore, default_store_path
 from agent_flow.tools import (
     ApprovalRequest,
     ApprovalResponse,
