@@ -5,7 +5,7 @@ now, updated by tool results) and a prunable `History` (what was said and done).
 `AgentExecutor` runs the loop and publishes typed events to any number of subscribers.
 
 Tools live in `agent_flow.tools`, model clients in `agent_flow.llm`, test doubles in
-`agent_flow.testing`, sessions in `agent_flow.store`.
+`agent_flow.testing`, sessions in `agent_flow.sessions`.
 """
 
 from __future__ import annotations

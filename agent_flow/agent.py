@@ -87,7 +87,7 @@ from agent_flow.pruning import (
     SlidingWindow,
     SummarizeOldest,
 )
-from agent_flow.store import SessionStatus, SessionStore
+from agent_flow.sessions import SessionStatus, SessionStore
 from agent_flow.tokens import (
     ApproxCounter,
     TiktokenCounter,
@@ -371,7 +371,7 @@ class AgentExecutor:
         context: The budgeted prompt builder; built from `config.context` when omitted.
         approval: Answers approval requests of tools that need one.
         store: Saves every completed step, so a killed process loses at most the step in
-            flight (see `agent_flow.store`).
+            flight (see `agent_flow.sessions`).
         session_id: The stored session to write to; a new one is created on the first run
             when omitted. `resume` fills both from a stored session.
         bus: The event bus (a fresh one when omitted).

@@ -26,7 +26,7 @@ from agent_flow.cli.render import EventRenderer, make_console
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.context import PromptBreakdown
 from agent_flow.events import RunStarted, TextDelta, ToolCallFailed, event_from_json
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import ScriptedLLM, call, reply
 from tests.openai_server import (
     OpenAIServer,

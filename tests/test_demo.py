@@ -14,7 +14,7 @@ from agent_flow._demo.mcp_server import lint_source, search_project
 from agent_flow._demo.scenario import DEMO_TASK, EVENT_KINDS, PROJECT_FILES, create_project
 from agent_flow.cli import main
 from agent_flow.events import AgentEvent
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 
 # What the rendering shows for each kind of event, in the demo's run.
 MARKERS = {

@@ -21,7 +21,7 @@ from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.history import ToolCall, ToolResult
 from agent_flow.llm.base import LLMRequest
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import Reply, ScriptedLLM, call, reply
 from agent_flow.tools import ToolContext, ToolExecutor, tool
 

@@ -32,7 +32,7 @@ from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import ModelConnectionError
 from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMRequest
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import Reply, ScriptedLLM, ScriptStep, call, fail, reply
 from agent_flow.tools import (
     ApprovalRequest,

@@ -10,7 +10,7 @@
 
 Runs talk to any OpenAI-compatible endpoint; the key comes from ``OPENAI_API_KEY`` (or the
 variable named by ``--api-key-env``) and is never printed. Every run is stored as it goes in
-a SQLite session store (``--db``, default `agent_flow.store.default_store_path`), so a run
+a SQLite session store (``--db``, default `agent_flow.sessions.default_store_path`), so a run
 that is interrupted can be continued with ``--session ID``.
 
 Exit codes:

@@ -22,7 +22,7 @@ from agent_flow.cli._sessions import (
     _sessions_show,
 )
 from agent_flow.cli._tools import _tools_command
-from agent_flow.store import default_store_path
+from agent_flow.sessions import default_store_path
 
 _EPILOG = """\
 exit codes:

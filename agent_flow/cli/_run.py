@@ -31,7 +31,7 @@ from agent_flow.cli._exit import (
 from agent_flow.cli._interactive import _Approver, _Interrupts, _LineReader, _read_or_stop
 from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import ModelError
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 
 if TYPE_CHECKING:
     from agent_flow.cli.render import EventRenderer

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from agent_flow.cli._exit import EXIT_OK, _Streams
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 
 
 def _store(args: argparse.Namespace) -> SQLiteSessionStore:

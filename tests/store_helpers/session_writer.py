@@ -22,7 +22,7 @@ from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, TextDelta, ToolCallCompleted
 from agent_flow.history import AgentMessage, History, ToolCall, ToolResult, UserMessage
 from agent_flow.pruning import DropOldest
-from agent_flow.store import SQLiteSessionStore
+from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.tokens import ApproxCounter
 
 #: The environment's change log is kept short so that saving trims it.

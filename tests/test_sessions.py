@@ -6,6 +6,7 @@ import io
 import json
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -18,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import agent_flow.store as store_module
+import agent_flow.sessions.export as export_module
+import agent_flow.sessions.sqlite as sqlite_module
 from agent_flow.environment import Environment
 from agent_flow.errors import PointerError, SessionNotFoundError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished, TextDelta
@@ -31,11 +33,12 @@ from agent_flow.history import (
     build_units,
 )
 from agent_flow.pruning import DropOldest, ElideToolResults, ExtractiveSummarizer, PruningStrategy
-from agent_flow.store import (
+from agent_flow.sessions import (
     EXPORT_LINE_ADAPTER,
     SCHEMA_VERSION,
     ExportLine,
     InMemorySessionStore,
+    SessionState,
     SessionStore,
     SQLiteSessionStore,
     default_store_path,
@@ -518,7 +521,7 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
     assert process.returncode == -signal.SIGKILL
 
 
-def _check_session(state: store_module.SessionState) -> None:
+def _check_session(state: SessionState) -> None:
     steps = state.info.steps
     history = assert_consistent(state.entries)
     last_user = history.entries[-4]
@@ -629,8 +632,8 @@ async def test_opening_an_older_schema_runs_the_missing_migrations(
     def add_pinned(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE sessions ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(store_module, "_MIGRATIONS", (*store_module._MIGRATIONS, add_pinned))
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(sqlite_module, "_MIGRATIONS", (*sqlite_module._MIGRATIONS, add_pinned))
+    monkeypatch.setattr(sqlite_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     async with SQLiteSessionStore(path) as store:
         state = await store.load(info.id)
         assert state.entries == tuple(history.entries)
@@ -738,7 +741,7 @@ def test_every_export_line_class_is_in_the_union_with_a_distinct_kind() -> None:
     members = typing.get_args(typing.get_args(ExportLine)[0])
     defined = {
         obj
-        for obj in vars(store_module).values()
+        for obj in vars(export_module).values()
         if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__name__.endswith("Line")
     }
     assert set(members) == defined
@@ -883,3 +886,23 @@ async def test_events_published_with_a_step_keep_their_types(store: SessionStore
     events: list[AgentEvent] = [TextDelta(run_id="r", seq=0, text="héllo\nworld")]
     await store.save_step(info.id, history=history, environment=environment, events=events)
     assert await store.events(info.id) == events
+
+
+def test_importing_the_sessions_package_loads_sqlite3_only_when_the_sqlite_store_is_used() -> None:
+    # `import agent_flow` imports the package for the SessionStore protocol; sqlite3 waits
+    # until someone asks for the SQLite store.
+    code = (
+        "import sys\n"
+        "import agent_flow, agent_flow.sessions as sessions\n"
+        "assert 'sqlite3' not in sys.modules, 'sqlite3 was imported eagerly'\n"
+        "assert sessions.SQLiteSessionStore.__module__ == 'agent_flow.sessions.sqlite'\n"
+        "assert 'sqlite3' in sys.modules\n"
+        "assert all(hasattr(sessions, name) for name in sessions.__all__)\n"
+        "try:\n"
+        "    sessions.nothing_here\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('a missing name resolved')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,351 @@
+"""The async store shared by both implementations: `_StoreBase` over a synchronous backend.
+
+`_StoreBase` implements every `SessionStore` method once; `SQLiteSessionStore` and
+`InMemorySessionStore` only give it a `_Backend` and say where the backend runs (`_call`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import IO, ParamSpec, Self, TypeVar
+from uuid import uuid4
+
+from pydantic import ValidationError
+
+from agent_flow._types import JsonObject
+from agent_flow.environment import Environment
+from agent_flow.errors import StoreError, UserError
+from agent_flow.events import AgentEvent, event_to_json
+from agent_flow.history import HISTORY_ENTRY_ADAPTER, History
+from agent_flow.sessions._backend import (
+    _Backend,
+    _decode_entries,
+    _decode_environment,
+    _decode_event,
+    _EntryRow,
+    _EventRow,
+    _problem,
+    _StaleError,
+    _StepWrite,
+)
+from agent_flow.sessions._planner import _environment_write, _kept_entries, _Tracked
+from agent_flow.sessions.export import _export_lines, _parse_export, _read_lines, _write_lines
+from agent_flow.sessions.models import (
+    _STATUSES,
+    SessionInfo,
+    SessionState,
+    SessionStatus,
+    _check_id,
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_RETRIES = 5
+
+
+class _StoreBase:
+    """The async API over a synchronous `_Backend`; subclasses say where the backend runs."""
+
+    def __init__(self, backend: _Backend, where: str) -> None:
+        self._backend = backend
+        self._where = where
+        self._closed = False
+        # Serializes this store's writes, so that each plans against the state it last saved.
+        self._lock = asyncio.Lock()
+        self._tracked: dict[str, _Tracked] = {}
+
+    async def _call(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        raise NotImplementedError
+
+    async def _run(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self._closed:
+            raise StoreError(f"the session store {self._where} is closed; open a new one")
+        return await self._call(fn, *args, **kwargs)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        session_id: str | None = None,
+        agent: str = "agent",
+        title: str = "",
+        metadata: JsonObject | None = None,
+    ) -> SessionInfo:
+        """Create an empty session (status ``active``) and return its description.
+
+        Args:
+            session_id: The id to use; a new random one (12 hex digits) if None.
+            agent: The name of the agent that runs it.
+            title: A human title.
+            metadata: Free JSON to keep with it.
+
+        Raises:
+            UserError: `session_id` is not a valid id, or `metadata` is not JSON.
+            StoreError: A session with that id exists.
+        """
+        sid = _check_id(session_id) if session_id is not None else uuid4().hex[:12]
+        now = _now()
+        try:
+            info = SessionInfo(
+                id=sid,
+                agent=agent,
+                title=title,
+                created_at=now,
+                updated_at=now,
+                status="active",
+                steps=0,
+                entry_count=0,
+                event_count=0,
+                environment_version=0,
+                metadata=metadata or {},
+            )
+        except ValidationError as err:
+            raise UserError(f"cannot create session {sid!r}: {_problem(err)}") from err
+        revision = uuid4().hex
+        async with self._lock:
+            await self._run(self._backend.create, info, revision)
+            self._tracked[sid] = _Tracked(revision=revision, entries=[])
+        return info
+
+    async def save_step(
+        self,
+        session_id: str,
+        *,
+        history: History,
+        environment: Environment,
+        events: Sequence[AgentEvent] = (),
+        status: SessionStatus | None = None,
+    ) -> SessionInfo:
+        """Save one step in one transaction: the history and environment now, the new events.
+
+        Call it at a step boundary (every tool call of the history answered). It writes what
+        changed since this store's last save of the session (see the package doc); the first
+        save after `load`, after another store wrote the session, or with another history
+        object compares against what is stored first.
+
+        Args:
+            session_id: The session.
+            history: The whole history as it is now.
+            environment: The environment as it is now.
+            events: The events published since the last save (appended).
+            status: The new status, or None to keep it.
+
+        Returns:
+            The session's description after the step.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: `status` is not a `SessionStatus`.
+            StoreError: The store failed, or other writers kept changing the session.
+        """
+        if status is not None and status not in _STATUSES:
+            raise UserError(
+                f"status {status!r} is not a session status; use one of {sorted(_STATUSES)}"
+            )
+        event_rows = tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events)
+        async with self._lock:
+            for _ in range(_RETRIES):
+                tracked = self._tracked.get(session_id)
+                if tracked is None:
+                    stored = await self._run(self._backend.read, session_id, False)
+                    tracked = _Tracked(revision=stored.revision, entries=_decode_entries(stored))
+                    self._tracked[session_id] = tracked
+                history_version = history.version
+                keep = _kept_entries(tracked, history)
+                new = history.entries[keep:]
+                env_version = environment.version
+                write = _StepWrite(
+                    session_id=session_id,
+                    expected_revision=tracked.revision,
+                    revision=uuid4().hex,
+                    keep_entries=keep,
+                    entries=tuple(
+                        _EntryRow(e.id, e.kind, HISTORY_ENTRY_ADAPTER.dump_json(e).decode())
+                        for e in new
+                    ),
+                    environment=_environment_write(tracked, environment),
+                    events=event_rows,
+                    status=status,
+                    updated_at=_now(),
+                )
+                try:
+                    info = await self._run(self._backend.write_step, write)
+                except _StaleError:
+                    # Written by another store (or by a save of ours that was cancelled while
+                    # it committed): forget what we thought was stored and compare again.
+                    del self._tracked[session_id]
+                    continue
+                del tracked.entries[keep:]
+                tracked.entries.extend(new)
+                tracked.revision = write.revision
+                tracked.history, tracked.history_version = weakref.ref(history), history_version
+                tracked.environment = weakref.ref(environment)
+                tracked.environment_version = env_version
+                return info
+        raise StoreError(
+            f"session {session_id!r} changed under every one of {_RETRIES} attempts to save a "
+            "step; let one process at a time write a session"
+        )
+
+    async def load(self, session_id: str) -> SessionState:
+        """Return the session as saved at its last step.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            StoreError: The stored data cannot be read back.
+        """
+        async with self._lock:
+            stored = await self._run(self._backend.read, session_id, False)
+            entries = _decode_entries(stored)
+            environment = _decode_environment(stored)
+            tracked = _Tracked(revision=stored.revision, entries=list(entries))
+            if environment is not None:
+                tracked.environment = weakref.ref(environment)
+                tracked.environment_version = environment.version
+            self._tracked[session_id] = tracked
+        return SessionState(info=stored.info, entries=tuple(entries), environment=environment)
+
+    async def info(self, session_id: str) -> SessionInfo:
+        """Return the session's description without loading it.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+        """
+        return await self._run(self._backend.info, session_id)
+
+    async def list(self, *, limit: int = 50) -> builtins.list[SessionInfo]:
+        """Return up to `limit` sessions, the most recently updated first.
+
+        Raises:
+            UserError: `limit` is less than 1.
+        """
+        if limit < 1:
+            raise UserError(f"limit={limit} lists nothing; pass 1 or more")
+        return await self._run(self._backend.sessions, limit)
+
+    async def events(
+        self,
+        session_id: str,
+        *,
+        offset: int = 0,
+        run_id: str | None = None,
+        after_seq: int = -1,
+        limit: int | None = None,
+    ) -> builtins.list[AgentEvent]:
+        """Return the session's events in the order saved.
+
+        Args:
+            session_id: The session.
+            offset: Skip the session's first `offset` events (to read on from where one left
+                off, pass the number of events already read).
+            run_id: Only the events of this run.
+            after_seq: With `run_id`: only events with a larger ``seq``.
+            limit: At most this many events.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: A negative `offset` or `limit`, or `after_seq` without `run_id`.
+            StoreError: A stored event cannot be read back.
+        """
+        if offset < 0 or (limit is not None and limit < 0):
+            raise UserError(f"offset={offset} and limit={limit} must not be negative")
+        if after_seq >= 0 and run_id is None:
+            raise UserError(
+                f"after_seq={after_seq} needs run_id: sequence numbers count within one run"
+            )
+        rows = await self._run(self._backend.events, session_id, offset, run_id, after_seq, limit)
+        return [_decode_event(row, session_id) for row in rows]
+
+    async def delete(self, session_id: str) -> None:
+        """Delete the session and everything stored with it.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+        """
+        async with self._lock:
+            await self._run(self._backend.delete, session_id)
+            self._tracked.pop(session_id, None)
+
+    # -- export and import -----------------------------------------------------------------
+
+    async def export(self, session_id: str, target: str | Path | IO[str]) -> None:
+        """Write the session as JSON lines (`agent_flow.sessions.export`) to a path or a stream.
+
+        A path is written through a temporary file renamed at the end, so it never holds half
+        an export. A stream is written to and flushed, not closed.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            StoreError: The target cannot be written.
+        """
+        stored = await self._run(self._backend.read, session_id, True)
+        lines = _export_lines(stored)
+        await asyncio.to_thread(_write_lines, lines, target)
+
+    async def import_(
+        self, source: str | Path | IO[str], *, session_id: str | None = None
+    ) -> SessionInfo:
+        """Store a session read from what `export` wrote.
+
+        The whole source is validated first (entries against the history's unit rules, the
+        environment, every event, the closing counts); then the session is stored in one
+        transaction.
+
+        Args:
+            source: A path or a text stream.
+            session_id: The id to store it under; the exported id if None.
+
+        Returns:
+            The stored session's description.
+
+        Raises:
+            UserError: `session_id` is not a valid id.
+            StoreError: The source cannot be read or is not a complete export, or the id is
+                taken.
+        """
+        if session_id is not None:
+            _check_id(session_id)
+        name = getattr(source, "name", None) if not isinstance(source, str | Path) else source
+        label = repr(str(name)) if name is not None else "the stream"
+        lines = await asyncio.to_thread(_read_lines, source, label)
+        session = _parse_export(lines, label, session_id)
+        async with self._lock:
+            await self._run(self._backend.insert, session)
+        return session.info
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Release the store; later calls raise `StoreError`. Closing twice is harmless."""
+        if self._closed:
+            return
+        try:
+            await self._call(self._backend.close)
+        finally:
+            self._closed = True
+            self._tracked.clear()
+
+    async def __aenter__(self) -> Self:
+        await self._run(self._backend.open)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,136 @@
+"""`InMemorySessionStore`: the semantics of the SQLite store, in this process's memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent_flow.sessions._backend import (
+    _EventRow,
+    _exists,
+    _Import,
+    _not_found,
+    _StaleError,
+    _stepped,
+    _StepWrite,
+    _Stored,
+)
+from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions.models import SessionInfo
+
+__all__ = ["InMemorySessionStore"]
+
+
+@dataclass(slots=True)
+class _MemorySession:
+    info: SessionInfo
+    revision: str
+    entries: list[str] = field(default_factory=list)
+    environment: str | None = None
+    changes: dict[int, str] = field(default_factory=dict)
+    events: list[_EventRow] = field(default_factory=list)
+
+
+class _MemoryBackend:
+    """The same operations as `_SQLiteBackend` over dicts of serialized rows."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _MemorySession] = {}
+
+    def open(self) -> None:
+        pass
+
+    def _get(self, session_id: str) -> _MemorySession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise _not_found(session_id)
+        return session
+
+    def create(self, info: SessionInfo, revision: str) -> None:
+        if info.id in self._sessions:
+            raise _exists(info.id)
+        self._sessions[info.id] = _MemorySession(info=info, revision=revision)
+
+    def info(self, session_id: str) -> SessionInfo:
+        return self._get(session_id).info
+
+    def read(self, session_id: str, with_events: bool) -> _Stored:
+        session = self._get(session_id)
+        return _Stored(
+            info=session.info,
+            revision=session.revision,
+            entries=tuple(session.entries),
+            environment=session.environment,
+            changes=tuple(session.changes[v] for v in sorted(session.changes)),
+            events=tuple(e.data for e in session.events) if with_events else (),
+        )
+
+    def write_step(self, write: _StepWrite) -> SessionInfo:
+        session = self._get(write.session_id)
+        if session.revision != write.expected_revision:
+            raise _StaleError
+        del session.entries[write.keep_entries :]
+        session.entries.extend(e.data for e in write.entries)
+        env = write.environment
+        if env is not None:
+            if env.reset:
+                session.changes.clear()
+            else:
+                for version in [v for v in session.changes if v <= env.trim_through]:
+                    del session.changes[version]
+            session.changes.update(env.changes)
+            session.environment = env.base
+        session.events.extend(write.events)
+        session.info = _stepped(session.info, write)
+        session.revision = write.revision
+        return session.info
+
+    def sessions(self, limit: int) -> list[SessionInfo]:
+        infos = sorted((s.info for s in self._sessions.values()), key=lambda i: i.id)
+        infos.sort(key=lambda i: i.updated_at, reverse=True)
+        return infos[:limit]
+
+    def events(
+        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
+    ) -> list[str]:
+        rows = self._get(session_id).events[offset:]
+        if run_id is not None:
+            rows = [e for e in rows if e.run_id == run_id and e.seq > after_seq]
+        return [e.data for e in rows[:limit]]
+
+    def insert(self, session: _Import) -> None:
+        if session.info.id in self._sessions:
+            raise _exists(session.info.id)
+        self._sessions[session.info.id] = _MemorySession(
+            info=session.info,
+            revision=session.revision,
+            entries=[e.data for e in session.entries],
+            environment=session.environment,
+            changes=dict(session.changes),
+            events=list(session.events),
+        )
+
+    def delete(self, session_id: str) -> None:
+        self._get(session_id)
+        del self._sessions[session_id]
+
+    def close(self) -> None:
+        self._sessions.clear()
+
+
+class InMemorySessionStore(_StoreBase):
+    """A `SessionStore` in this process's memory, with the semantics of `SQLiteSessionStore`.
+
+    Sessions are kept serialized, exactly as the SQLite store keeps them, so `load` returns
+    fresh objects and the same round trips hold; everything is lost on `close`. Meant for
+    tests and throwaway runs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(_MemoryBackend(), "in memory")
+
+    async def _call(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return "InMemorySessionStore()"

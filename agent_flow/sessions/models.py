@@ -1,0 +1,92 @@
+"""What a store says about a session: `SessionStatus`, `SessionInfo`, `SessionState`.
+
+These are what crosses the store's boundary; the session id rules (`_check_id`) live with
+them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from agent_flow._types import JsonObject
+from agent_flow.environment import Environment
+from agent_flow.errors import UserError
+from agent_flow.history import History, HistoryEntry
+from agent_flow.tokens import TokenCounter
+
+__all__ = ["SessionInfo", "SessionState", "SessionStatus"]
+
+#: What a session is doing: ``active`` (running or resumable), ``waiting`` (for the user, e.g.
+#: an approval or a question), ``completed``, ``failed`` or ``cancelled``.
+SessionStatus: TypeAlias = Literal["active", "waiting", "completed", "failed", "cancelled"]
+_STATUSES: frozenset[str] = frozenset(("active", "waiting", "completed", "failed", "cancelled"))
+
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+class SessionInfo(BaseModel):
+    """What a store knows about a session without loading it.
+
+    Attributes:
+        id: The session id (letters, digits and ``._:-``, at most 128 characters).
+        agent: The name of the agent that runs it.
+        title: A human title (the first task, typically).
+        created_at: When it was created.
+        updated_at: When it was last saved.
+        status: What it is doing (`SessionStatus`).
+        steps: How many steps were saved.
+        entry_count: History entries stored now (after any pruning).
+        event_count: Events stored, over all runs.
+        environment_version: The stored environment's version (0 before the first step).
+        metadata: Free JSON the caller attached at creation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    agent: str
+    title: str
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    status: SessionStatus
+    steps: int = Field(ge=0)
+    entry_count: int = Field(ge=0)
+    event_count: int = Field(ge=0)
+    environment_version: int = Field(ge=0)
+    metadata: JsonObject = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """A loaded session: what `SessionStore.load` returns.
+
+    Attributes:
+        info: The session's description.
+        entries: Its history entries, in order, as saved at the last step.
+        environment: Its environment as saved at the last step; None before the first step.
+    """
+
+    info: SessionInfo
+    entries: tuple[HistoryEntry, ...]
+    environment: Environment | None
+
+    def history(self, *, counter: TokenCounter | None = None) -> History:
+        """Return a new `History` of the entries, counted with `counter` (default counter if None).
+
+        Raises:
+            UserError: The entries break the history's unit rules (never for saved entries).
+        """
+        return History(self.entries, counter=counter)
+
+
+def _check_id(session_id: str) -> str:
+    if not isinstance(session_id, str) or not _ID_PATTERN.fullmatch(session_id):
+        raise UserError(
+            f"session id {session_id!r} is not valid; use 1 to 128 letters, digits or '._:-', "
+            "starting with a letter or digit"
+        )
+    return session_id

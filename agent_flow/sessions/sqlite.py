@@ -1,0 +1,492 @@
+"""`SQLiteSessionStore`: sessions in one SQLite file, one transaction per step, no server.
+
+Durability. Every write is one SQLite transaction in WAL mode, so a process killed at any
+moment (SIGKILL) loses at most the step in flight; reopening finds every completed step, with
+the history and the environment of the same step. ``synchronous=FULL`` (the default) also
+syncs the log at each commit, so a completed step survives a power loss too: one fsync per
+step is small next to a model call; ``synchronous="normal"`` trades that away for speed.
+
+Concurrency. Each `SQLiteSessionStore` runs its one connection on its own worker thread, off
+the event loop. Several stores, in one process or many, may read while one writes (WAL);
+writers queue on SQLite's lock for up to ``busy_timeout`` seconds, then fail with
+`StoreError`. A store notices when another store wrote a session since it last did (each
+write stamps a new revision) and then compares against what is stored, so two writers never
+corrupt a session: the last write wins whole.
+
+Storage (schema version `SCHEMA_VERSION`, kept in ``PRAGMA user_version``; opening an older
+file migrates it, a newer one raises `StoreError`)::
+
+    sessions(id PK, agent, title, status, created_at, updated_at, metadata JSON, steps,
+             entry_count, event_count, environment_version, environment JSON, revision)
+    entries(session_id, position, entry_id, kind, data JSON)          PK (session_id, position)
+    environment_changes(session_id, version, data JSON)               PK (session_id, version)
+    events(session_id, position, run_id, seq, kind, data JSON)        PK (session_id, position)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from agent_flow.errors import StoreError, UserError
+from agent_flow.sessions._backend import (
+    _exists,
+    _Import,
+    _not_found,
+    _StaleError,
+    _stepped,
+    _StepWrite,
+    _Stored,
+)
+from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions.models import SessionInfo
+from agent_flow.sessions.protocol import default_store_path
+
+__all__ = ["SCHEMA_VERSION", "SQLiteSessionStore"]
+
+
+def _timestamp(moment: datetime) -> str:
+    """A fixed-width UTC ISO text, so that stored timestamps sort as text."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _create_v1(conn: sqlite3.Connection) -> None:
+    for statement in (
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            title TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            metadata TEXT NOT NULL,
+            steps INTEGER NOT NULL,
+            entry_count INTEGER NOT NULL,
+            event_count INTEGER NOT NULL,
+            environment_version INTEGER NOT NULL,
+            environment TEXT,
+            revision TEXT NOT NULL
+        )""",
+        "CREATE INDEX sessions_by_update ON sessions (updated_at)",
+        """CREATE TABLE entries (
+            session_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            entry_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )""",
+        """CREATE TABLE environment_changes (
+            session_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+        """CREATE TABLE events (
+            session_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )""",
+        "CREATE INDEX events_by_run ON events (session_id, run_id, seq)",
+    ):
+        conn.execute(statement)
+
+
+#: Migration ``i`` brings a store file from schema version ``i`` to ``i + 1``. To change the
+#: schema, append a migration; never edit one that shipped.
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1,)
+
+#: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_INFO_COLUMNS = (
+    "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
+    "event_count, environment_version"
+)
+
+
+def _info_from_row(row: sqlite3.Row) -> SessionInfo:
+    return SessionInfo(
+        id=row["id"],
+        agent=row["agent"],
+        title=row["title"],
+        status=row["status"],
+        created_at=datetime.fromisoformat(row["created_at"]),
+        updated_at=datetime.fromisoformat(row["updated_at"]),
+        steps=row["steps"],
+        entry_count=row["entry_count"],
+        event_count=row["event_count"],
+        environment_version=row["environment_version"],
+        metadata=json.loads(row["metadata"]),
+    )
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, *, write: bool) -> Iterator[None]:
+    # IMMEDIATE takes the write lock up front (waiting up to the busy timeout) rather than
+    # failing when a read transaction later tries to write; a plain BEGIN reads one snapshot.
+    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+class _SQLiteBackend:
+    """The SQL of the store; every method runs on the store's one worker thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: Literal["normal", "full"],
+        busy_timeout: float,
+        trace: Callable[[str], None] | None,
+    ) -> None:
+        self.path = path
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._trace = trace
+        self._conn: sqlite3.Connection | None = None
+
+    def open(self) -> None:
+        self._connection()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are begun and ended explicitly (see _transaction).
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            if self._trace is not None:
+                conn.set_trace_callback(self._trace)
+            self._check_version(conn)
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"the session store {str(self.path)!r} cannot use write-ahead logging "
+                    f"(journal mode {mode!r}); put it on a local file system"
+                )
+            conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _check_version(self, conn: sqlite3.Connection) -> int:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the session store {str(self.path)!r} has schema version {version}, newer than "
+                f"the {SCHEMA_VERSION} this agent_flow knows; upgrade agent_flow or use another "
+                "store path"
+            )
+        return version
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        if self._check_version(conn) == SCHEMA_VERSION:
+            return
+        with _transaction(conn, write=True):
+            # Read again under the write lock: another process may have migrated meanwhile.
+            version = self._check_version(conn)
+            if (
+                version == 0
+                and conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' LIMIT 1"
+                ).fetchone()
+            ):
+                raise StoreError(
+                    f"{str(self.path)!r} is a database that is not an agent_flow session store; "
+                    "give the store another path"
+                )
+            for migration in _MIGRATIONS[version:]:
+                migration(conn)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def create(self, info: SessionInfo, revision: str) -> None:
+        conn = self._connection()
+        with _transaction(conn, write=True):
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (info.id,)).fetchone():
+                raise _exists(info.id)
+            self._insert_session(conn, info, revision, None)
+
+    @staticmethod
+    def _insert_session(
+        conn: sqlite3.Connection, info: SessionInfo, revision: str, environment: str | None
+    ) -> None:
+        conn.execute(
+            f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                info.id,
+                info.agent,
+                info.title,
+                info.status,
+                _timestamp(info.created_at),
+                _timestamp(info.updated_at),
+                json.dumps(info.metadata, separators=(",", ":")),
+                info.steps,
+                info.entry_count,
+                info.event_count,
+                info.environment_version,
+                environment,
+                revision,
+            ),
+        )
+
+    def info(self, session_id: str) -> SessionInfo:
+        conn = self._connection()
+        row = conn.execute(
+            f"SELECT {_INFO_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        if row is None:
+            raise _not_found(session_id)
+        return _info_from_row(row)
+
+    def read(self, session_id: str, with_events: bool) -> _Stored:
+        conn = self._connection()
+        with _transaction(conn, write=False):
+            row = conn.execute(
+                f"SELECT {_INFO_COLUMNS}, environment, revision FROM sessions WHERE id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise _not_found(session_id)
+            entries = conn.execute(
+                "SELECT data FROM entries WHERE session_id = ? ORDER BY position", (session_id,)
+            ).fetchall()
+            changes = conn.execute(
+                "SELECT data FROM environment_changes WHERE session_id = ? ORDER BY version",
+                (session_id,),
+            ).fetchall()
+            events = (
+                conn.execute(
+                    "SELECT data FROM events WHERE session_id = ? ORDER BY position",
+                    (session_id,),
+                ).fetchall()
+                if with_events
+                else []
+            )
+        return _Stored(
+            info=_info_from_row(row),
+            revision=row["revision"],
+            entries=tuple(r[0] for r in entries),
+            environment=row["environment"],
+            changes=tuple(r[0] for r in changes),
+            events=tuple(r[0] for r in events),
+        )
+
+    def write_step(self, write: _StepWrite) -> SessionInfo:
+        conn = self._connection()
+        sid = write.session_id
+        with _transaction(conn, write=True):
+            row = conn.execute(
+                f"SELECT {_INFO_COLUMNS}, revision FROM sessions WHERE id = ?", (sid,)
+            ).fetchone()
+            if row is None:
+                raise _not_found(sid)
+            if row["revision"] != write.expected_revision:
+                raise _StaleError
+            info = _info_from_row(row)
+            if write.keep_entries < info.entry_count:
+                conn.execute(
+                    "DELETE FROM entries WHERE session_id = ? AND position >= ?",
+                    (sid, write.keep_entries),
+                )
+            conn.executemany(
+                "INSERT INTO entries (session_id, position, entry_id, kind, data) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
+                    for i, e in enumerate(write.entries)
+                ),
+            )
+            env = write.environment
+            if env is not None:
+                if env.reset:
+                    conn.execute("DELETE FROM environment_changes WHERE session_id = ?", (sid,))
+                elif env.trim_through > 0:
+                    conn.execute(
+                        "DELETE FROM environment_changes WHERE session_id = ? AND version <= ?",
+                        (sid, env.trim_through),
+                    )
+                conn.executemany(
+                    "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)",
+                    ((sid, version, data) for version, data in env.changes),
+                )
+            conn.executemany(
+                "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
+                    for i, e in enumerate(write.events)
+                ),
+            )
+            after = _stepped(info, write)
+            conn.execute(
+                "UPDATE sessions SET status = ?, updated_at = ?, steps = ?, entry_count = ?, "
+                "event_count = ?, environment_version = ?, "
+                "environment = COALESCE(?, environment), revision = ? WHERE id = ?",
+                (
+                    after.status,
+                    _timestamp(after.updated_at),
+                    after.steps,
+                    after.entry_count,
+                    after.event_count,
+                    after.environment_version,
+                    env.base if env is not None else None,
+                    write.revision,
+                    sid,
+                ),
+            )
+        return after
+
+    def sessions(self, limit: int) -> list[SessionInfo]:
+        conn = self._connection()
+        rows = conn.execute(
+            f"SELECT {_INFO_COLUMNS} FROM sessions ORDER BY updated_at DESC, id LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [_info_from_row(row) for row in rows]
+
+    def events(
+        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
+    ) -> list[str]:
+        conn = self._connection()
+        query = "SELECT data FROM events WHERE session_id = ? AND position >= ?"
+        parameters: list[object] = [session_id, offset]
+        if run_id is not None:
+            query += " AND run_id = ? AND seq > ?"
+            parameters += [run_id, after_seq]
+        query += " ORDER BY position LIMIT ?"
+        parameters.append(-1 if limit is None else limit)
+        with _transaction(conn, write=False):
+            rows = conn.execute(query, parameters).fetchall()
+            if (
+                not rows
+                and not conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+            ):
+                raise _not_found(session_id)
+        return [row[0] for row in rows]
+
+    def insert(self, session: _Import) -> None:
+        conn = self._connection()
+        sid = session.info.id
+        with _transaction(conn, write=True):
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+                raise _exists(sid)
+            self._insert_session(conn, session.info, session.revision, session.environment)
+            conn.executemany(
+                "INSERT INTO entries (session_id, position, entry_id, kind, data) "
+                "VALUES (?, ?, ?, ?, ?)",
+                ((sid, i, e.entry_id, e.kind, e.data) for i, e in enumerate(session.entries)),
+            )
+            conn.executemany(
+                "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)",
+                ((sid, version, data) for version, data in session.changes),
+            )
+            conn.executemany(
+                "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                ((sid, i, e.run_id, e.seq, e.kind, e.data) for i, e in enumerate(session.events)),
+            )
+
+    def delete(self, session_id: str) -> None:
+        conn = self._connection()
+        with _transaction(conn, write=True):
+            if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+                raise _not_found(session_id)
+            for table in ("entries", "environment_changes", "events"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class SQLiteSessionStore(_StoreBase):
+    """A `SessionStore` in one SQLite file: WAL mode, one transaction per step, no server.
+
+    The file is opened on first use (or on ``async with``), created with its folders if
+    missing, and migrated to `SCHEMA_VERSION` if older. All SQL runs on one worker thread
+    owned by the store, never on the event loop.
+
+    Args:
+        path: The database file; `default_store_path()` if None.
+        synchronous: ``"full"`` (default) syncs at every commit, so a completed step survives
+            a power loss; ``"normal"`` survives a killed process but not a power loss.
+        busy_timeout: Seconds a write waits for another process's write to finish before
+            failing with `StoreError`.
+        trace: Called (on the worker thread) with every SQL statement run, for debugging.
+
+    Raises:
+        StoreError: On first use: the file is not a session store, its schema is newer than
+            this agent_flow, or it cannot be opened.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        synchronous: Literal["normal", "full"] = "full",
+        busy_timeout: float = 5.0,
+        trace: Callable[[str], None] | None = None,
+    ) -> None:
+        if synchronous not in ("normal", "full"):
+            raise UserError(f"synchronous={synchronous!r} is not 'normal' or 'full'")
+        if busy_timeout < 0:
+            raise UserError(f"busy_timeout={busy_timeout} is negative; pass 0 or more seconds")
+        self.path = Path(path).expanduser() if path is not None else default_store_path()
+        backend = _SQLiteBackend(
+            self.path, synchronous=synchronous, busy_timeout=busy_timeout, trace=trace
+        )
+        super().__init__(backend, repr(str(self.path)))
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent_flow.sessions")
+
+    async def _call(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self._guarded, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
+
+    def _guarded(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except sqlite3.Error as err:
+            hint = (
+                "another process holds the write lock; retry, or raise busy_timeout"
+                if "locked" in str(err) or "busy" in str(err)
+                else "check the file, or give the store another path"
+            )
+            raise StoreError(f"the session store {self._where} failed ({err}); {hint}") from err
+
+    async def close(self) -> None:
+        """Close the database connection and stop the worker thread."""
+        try:
+            await super().close()
+        finally:
+            self._executor.shutdown(wait=False)
+
+    def __repr__(self) -> str:
+        return f"SQLiteSessionStore({str(self.path)!r})"
