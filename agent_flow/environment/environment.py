@@ -1,0 +1,528 @@
+"""`Environment`: the agent's typed, versioned working memory.
+
+This module owns `Environment` (reads, writes, the change log, persistence with `to_json` and
+`from_json`); the section models are in `sections`, the budgeted rendering in `render`, and
+`EnvironmentBuilder` in `builder`.
+
+State. The environment is kept as plain JSON data: one object with the keys ``system``,
+``task``, ``knowledge``, ``workspace`` (typed sections, always stored complete, defaults
+included) and ``extensions`` (free JSON, one value per extension name). Reads and writes use
+RFC 6901 pointers (``/task/status``, ``/knowledge/discovered_facts/-``,
+``/extensions/datasets/sales``); the typed views (``env.task``) are pydantic models validated
+once per section version and cached.
+
+Writes. Every write goes through `Environment.set`, `Environment.delete`,
+`Environment.update_section`, `Environment.set_extension` or a section property setter
+(``env.task = ...``); there is no other way to change the state, so every change is recorded.
+A write into a typed section is validated (in strict JSON mode) against the type at its
+location only, so adding a file to a workspace of 10,000 files validates one `FileInfo`, not
+the workspace. Optional JSON schemas (one for the whole state, one per extension) are checked
+after the write; a write that fails any check is undone, and the state, the version and the
+change log stay exactly as they were.
+
+Errors. A malformed pointer, or one that names nothing, raises `PointerError`; a value that is
+not JSON, deleting a typed field or a section, or a negative limit raises `UserError`; a value
+that does not fit a typed section, a schema, or the model given to `get_extension` raises
+`EnvironmentValidationError`.
+
+An Environment is not thread-safe: use it from one thread (one agent loop) at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_flow._types import JsonObject, JsonValue
+from agent_flow.environment._pointer import (
+    _adapter,
+    _brief,
+    _copy,
+    _describe,
+    _json_copy,
+    _locate,
+    _parse,
+    _pointer,
+    _validate_typed,
+    _validation_problem,
+)
+from agent_flow.environment._renderer import _Renderer
+from agent_flow.environment._schemas import _check_schemas, _make_validator
+from agent_flow.environment._snapshots import _freeze
+from agent_flow.environment._writes import _Applied, _apply_delete, _set_at
+from agent_flow.environment.render import RenderReport
+from agent_flow.environment.sections import (
+    _DEFAULT_STATE,
+    _SECTION_MODELS,
+    RENDER_ORDER,
+    EnvironmentChange,
+    KnowledgeBase,
+    SystemState,
+    TaskState,
+    TypedSectionName,
+    WorkspaceState,
+    _State,
+)
+from agent_flow.errors import EnvironmentValidationError, PointerError, UserError
+from agent_flow.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from agent_flow.environment.builder import EnvironmentBuilder
+
+__all__ = ["DEFAULT_MAX_CHANGES", "Environment"]
+
+#: How many changes an Environment keeps by default; older ones are dropped first.
+DEFAULT_MAX_CHANGES: Final = 10_000
+
+
+_M = TypeVar("_M")
+_S = TypeVar("_S", bound=BaseModel)
+
+
+class Environment:
+    """The agent's working memory: typed sections plus free extensions, versioned.
+
+    Build one with `Environment.builder()` or the constructor (every argument optional).
+
+    Reading: ``env.get("/task/status")`` returns a copy of the JSON at a pointer;
+    ``env.task`` (and ``system``, ``knowledge``, ``workspace``) return frozen, validated
+    models, cached until that section changes. They are read-only snapshots all the way
+    down: their lists and dicts refuse in-place changes with a `TypeError` (a silent edit of
+    a shared snapshot would be lost and would mislead every later reader). To change
+    something, write; to get a mutable copy, use ``copy.deepcopy`` or
+    ``model_copy(deep=True)``.
+
+    Writing (each recorded as one `EnvironmentChange`, bumping `version` by one):
+    ``env.set(pointer, value)`` (``-`` appends to an array; missing parent objects are
+    created), ``env.delete(pointer)``, ``env.update_section("task", status=...)`` (several
+    fields at once, all or nothing), ``env.task = TaskState(...)`` (a property setter is a
+    set of ``/task``), ``env.set_extension(name, value)``.
+
+    Args:
+        system: The system section (model or JSON object); defaults to an empty one.
+        task: The task section.
+        knowledge: The knowledge section.
+        workspace: The workspace section.
+        extensions: Initial extensions by name (models are stored as their JSON).
+        schema: A JSON schema the whole state (an object with the five section keys) must
+            satisfy after every write; checking it costs time proportional to the state on
+            every write, so prefer `extension_schemas` where they suffice.
+        extension_schemas: JSON schemas by extension name; an extension, when present, must
+            satisfy its schema after every write.
+        max_changes: How many changes `changes` keeps; the oldest are dropped first.
+
+    Raises:
+        UserError: A section does not fit its model, a schema is invalid, or `max_changes`
+            is negative.
+        EnvironmentValidationError: The initial state breaks a schema.
+    """
+
+    def __init__(
+        self,
+        *,
+        system: SystemState | JsonObject | None = None,
+        task: TaskState | JsonObject | None = None,
+        knowledge: KnowledgeBase | JsonObject | None = None,
+        workspace: WorkspaceState | JsonObject | None = None,
+        extensions: Mapping[str, BaseModel | JsonValue] | None = None,
+        schema: JsonObject | None = None,
+        extension_schemas: Mapping[str, JsonObject] | None = None,
+        max_changes: int = DEFAULT_MAX_CHANGES,
+    ) -> None:
+        raw: JsonObject = {}
+        for name, value in (
+            ("system", system),
+            ("task", task),
+            ("knowledge", knowledge),
+            ("workspace", workspace),
+        ):
+            if value is not None:
+                raw[name] = _json_copy(value, f"/{name}")
+        if extensions is not None:
+            raw["extensions"] = {
+                str(key): _json_copy(value, _pointer(["extensions", str(key)]))
+                for key, value in extensions.items()
+            }
+        self._init(
+            raw,
+            schema=schema,
+            extension_schemas=extension_schemas,
+            max_changes=max_changes,
+            version=0,
+            changes=(),
+        )
+
+    def _init(
+        self,
+        raw: JsonObject,
+        *,
+        schema: JsonObject | None,
+        extension_schemas: Mapping[str, JsonObject] | None,
+        max_changes: int,
+        version: int,
+        changes: Iterable[EnvironmentChange],
+    ) -> None:
+        if max_changes < 0:
+            raise UserError(f"max_changes={max_changes} is negative; pass 0 or more")
+        try:
+            state = _validate_typed(_State, raw, "")
+        except EnvironmentValidationError as err:
+            raise UserError(f"the initial environment is invalid: {err}") from err
+        self._state: JsonObject = cast(JsonObject, state)
+        self._version = version
+        self._section_versions: dict[str, int] = dict.fromkeys(RENDER_ORDER, version)
+        self._log: deque[EnvironmentChange] = deque(changes, maxlen=max_changes)
+        self._schema = cast(JsonObject, _copy(schema)) if schema is not None else None
+        self._validator = (
+            _make_validator(self._schema, "the environment") if self._schema is not None else None
+        )
+        self._extension_schemas: dict[str, JsonObject] = {
+            name: cast(JsonObject, _copy(s)) for name, s in (extension_schemas or {}).items()
+        }
+        self._extension_validators = {
+            name: _make_validator(s, f"extension {name!r}")
+            for name, s in self._extension_schemas.items()
+        }
+        self._views: dict[str, tuple[int, BaseModel]] = {}
+        self._renderer = _Renderer()
+        _check_schemas(
+            self._state,
+            self._validator,
+            self._extension_validators,
+            [_Applied("set", (), None, None, lambda: None)],
+        )
+
+    # -- construction and persistence ---------------------------------------------------
+
+    @classmethod
+    def builder(cls) -> EnvironmentBuilder:
+        """Return a builder: ``Environment.builder().task(...).extension(...).build()``."""
+        # Imported here: the builder module imports this one to build.
+        from agent_flow.environment.builder import EnvironmentBuilder
+
+        return EnvironmentBuilder()
+
+    def to_json(self) -> str:
+        """Return the state, version, schemas, change limit and change log as JSON text."""
+        payload = {
+            "format": 1,
+            "version": self._version,
+            "state": self._state,
+            "schema": self._schema,
+            "extension_schemas": self._extension_schemas,
+            "max_changes": self._log.maxlen,
+            "changes": [
+                {"version": c.version, "op": c.op, "pointer": c.pointer, "old": c.old, "new": c.new}
+                for c in self._log
+            ],
+        }
+        return json.dumps(payload, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Environment:
+        """Rebuild an Environment from `to_json` output, exactly as it was.
+
+        Raises:
+            UserError: `text` is not an environment written by `to_json`.
+            EnvironmentValidationError: The stored state breaks its stored schemas.
+        """
+        try:
+            snapshot = _Snapshot.model_validate(json.loads(text))
+        except (ValueError, ValidationError) as err:
+            raise UserError(
+                f"the text {_brief(text)} is not an environment saved by Environment.to_json "
+                f"({err}); pass to_json output unchanged"
+            ) from err
+        env = cls.__new__(cls)
+        env._init(
+            snapshot.state,
+            schema=snapshot.schema_,
+            extension_schemas=snapshot.extension_schemas,
+            max_changes=snapshot.max_changes,
+            version=snapshot.version,
+            changes=snapshot.changes,
+        )
+        return env
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The number of changes made since the environment was built (0 when new)."""
+        return self._version
+
+    @property
+    def schema(self) -> JsonObject | None:
+        """A copy of the whole-state JSON schema, if any."""
+        return cast(JsonObject, _copy(self._schema)) if self._schema is not None else None
+
+    @property
+    def extension_schemas(self) -> dict[str, JsonObject]:
+        """Copies of the per-extension JSON schemas."""
+        return {name: cast(JsonObject, _copy(s)) for name, s in self._extension_schemas.items()}
+
+    def get(self, pointer: str) -> JsonValue:
+        """Return a copy of the value at `pointer` (``""`` is the whole state).
+
+        Raises:
+            PointerError: The pointer is malformed or names nothing.
+        """
+        return _copy(_locate(self._state, pointer))
+
+    def has(self, pointer: str) -> bool:
+        """Return whether `pointer` names a value (a malformed pointer still raises).
+
+        Raises:
+            PointerError: The pointer is malformed.
+        """
+        try:
+            _locate(self._state, pointer)
+        except PointerError:
+            _parse(pointer)
+            return False
+        return True
+
+    @property
+    def system(self) -> SystemState:
+        """The system section (a frozen snapshot); assigning to it sets ``/system``."""
+        return self._view("system", SystemState)
+
+    @system.setter
+    def system(self, value: SystemState) -> None:
+        self.set("/system", value)
+
+    @property
+    def task(self) -> TaskState:
+        """The task section (a frozen snapshot); assigning to it sets ``/task``."""
+        return self._view("task", TaskState)
+
+    @task.setter
+    def task(self, value: TaskState) -> None:
+        self.set("/task", value)
+
+    @property
+    def knowledge(self) -> KnowledgeBase:
+        """The knowledge section (a frozen snapshot); assigning to it sets ``/knowledge``."""
+        return self._view("knowledge", KnowledgeBase)
+
+    @knowledge.setter
+    def knowledge(self, value: KnowledgeBase) -> None:
+        self.set("/knowledge", value)
+
+    @property
+    def workspace(self) -> WorkspaceState:
+        """The workspace section (a frozen snapshot); assigning to it sets ``/workspace``."""
+        return self._view("workspace", WorkspaceState)
+
+    @workspace.setter
+    def workspace(self, value: WorkspaceState) -> None:
+        self.set("/workspace", value)
+
+    def _view(self, name: str, model: type[_S]) -> _S:
+        version = self._section_versions[name]
+        cached = self._views.get(name)
+        if cached is not None and cached[0] == version:
+            return cast(_S, cached[1])
+        view = model.model_validate(self._state[name])
+        _freeze(view)
+        self._views[name] = (version, view)
+        return view
+
+    def get_extension(self, name: str, model: type[_M]) -> _M:
+        """Return extension `name` validated as `model` (a pydantic model or any type).
+
+        Raises:
+            PointerError: There is no extension `name`.
+            EnvironmentValidationError: The stored data does not fit `model`.
+        """
+        pointer = _pointer(["extensions", name])
+        data = _locate(self._state, pointer)
+        try:
+            return cast(_M, _adapter(model).validate_python(_copy(data)))
+        except ValidationError as err:
+            raise EnvironmentValidationError(
+                f"extension {name!r} holds {_brief(data)}, which does not fit "
+                f"{_describe(model)} ({_validation_problem(err)}); read it with the model it "
+                "was written with"
+            ) from err
+
+    def changes(self, since_version: int = 0) -> list[EnvironmentChange]:
+        """Return the recorded changes with a version above `since_version`, oldest first.
+
+        Only the newest ``max_changes`` changes are kept; older ones are gone.
+        """
+        newer: list[EnvironmentChange] = []
+        for change in reversed(self._log):
+            if change.version <= since_version:
+                break
+            newer.append(change)
+        newer.reverse()
+        return newer
+
+    # -- writing -------------------------------------------------------------------------
+
+    def set(self, pointer: str, value: JsonValue | BaseModel) -> EnvironmentChange:
+        """Write `value` at `pointer` and return the recorded change.
+
+        ``-`` as the last token appends to an array; missing parent objects are created.
+        In a typed section the value must fit the field's type exactly (no coercion).
+
+        Raises:
+            PointerError: The pointer is malformed, names a field the section lacks, or
+                walks through a missing array item or a scalar.
+            UserError: The value is not JSON.
+            EnvironmentValidationError: The value does not fit the typed section or a schema.
+        """
+        return self._transact([functools.partial(self._apply_set, pointer, value)])[0]
+
+    def delete(self, pointer: str) -> EnvironmentChange:
+        """Remove the value at `pointer` (a dict entry or an array item).
+
+        Raises:
+            PointerError: The pointer is malformed or names nothing.
+            UserError: The pointer names a section or a field of a typed model (set it to
+                its default instead).
+            EnvironmentValidationError: The removal would break a schema.
+        """
+        return self._transact([functools.partial(_apply_delete, self._state, pointer)])[0]
+
+    def update_section(self, name: TypedSectionName, **fields: object) -> list[EnvironmentChange]:
+        """Set several fields of a typed section at once: all succeed or none does.
+
+        Each field is recorded as its own change, e.g.
+        ``env.update_section("task", status=TaskStatus.IN_PROGRESS, current_step="read")``.
+
+        Raises:
+            UserError: `name` is not a typed section.
+            PointerError: A field is not a field of the section.
+            EnvironmentValidationError: A value does not fit its field or a schema.
+        """
+        if name not in _SECTION_MODELS:
+            raise UserError(
+                f"{name!r} is not a typed section; use one of {', '.join(_SECTION_MODELS)}"
+            )
+        actions = [
+            functools.partial(self._apply_set, _pointer([name, key]), value)
+            for key, value in fields.items()
+        ]
+        return self._transact(actions)
+
+    def set_extension(self, name: str, value: BaseModel | JsonValue) -> EnvironmentChange:
+        """Store `value` (a model is stored as its JSON) as extension `name`.
+
+        Raises:
+            UserError: The value is not JSON.
+            EnvironmentValidationError: The value breaks the extension's or the state's schema.
+        """
+        return self.set(_pointer(["extensions", name]), value)
+
+    def _transact(self, actions: Sequence[Callable[[], _Applied]]) -> list[EnvironmentChange]:
+        applied: list[_Applied] = []
+        try:
+            for action in actions:
+                applied.append(action())
+            _check_schemas(self._state, self._validator, self._extension_validators, applied)
+        except BaseException:
+            for step in reversed(applied):
+                step.undo()
+            raise
+        changes = []
+        for step in applied:
+            self._version += 1
+            # model_construct: the values are plain JSON already, and may be large.
+            change = EnvironmentChange.model_construct(
+                version=self._version,
+                op=step.op,
+                pointer=_pointer(step.parts),
+                old=step.old,
+                new=step.new,
+            )
+            self._log.append(change)
+            for section in step.parts[:1] or RENDER_ORDER:
+                self._section_versions[section] = self._version
+            changes.append(change)
+        return changes
+
+    def _apply_set(self, pointer: str, value: object) -> _Applied:
+        parts = _parse(pointer)
+        data = _json_copy(value, pointer)
+        if not parts:
+            normalized = _validate_typed(_State, data, pointer)
+            old_state = self._state
+            self._state = cast(JsonObject, normalized)
+
+            def restore() -> None:
+                self._state = old_state
+
+            return _Applied("set", parts, old_state, _copy(normalized), restore)
+        return _set_at(self._state, parts, data, pointer)
+
+    # -- rendering -----------------------------------------------------------------------
+
+    def render(self, max_tokens: int, counter: TokenCounter) -> str:
+        """Return the text the model sees; ``counter.count(text) <= max_tokens``, always.
+
+        The text has one block per non-empty section, in `RENDER_ORDER`, separated by a
+        blank line: a header line ``## <section>`` and the section as compact JSON (typed
+        sections leave out empty fields: None, "", [] and {}). A section still equal to its
+        defaults is left out, so an empty environment renders as "".
+
+        When the full text does not fit, it degrades in this fixed order, each stage only
+        when the previous one cannot reach the budget:
+
+        1. Elide the oldest items of long lists and dicts: every list and dict (the files
+           dict and the extensions dict included, which lose their earliest-added keys
+           first) keeps only its newest N items, N as large as fits (found by galloping,
+           then interpolation and bisection; never below 1), behind a marker that stays
+           valid JSON: a first list item ``"… 120 earlier items"``, or a first dict entry
+           ``"…": "120 earlier entries"`` (the key grows to ``"……"`` if ``"…"`` is taken).
+           Records (the sections themselves, plan steps, file and artifact entries) are
+           never elided.
+        2. Shorten long strings, with one newest item per list: every string value keeps
+           its first L characters, L as large as fits (down to 0), followed by
+           ``"… [+1234 chars]"``. Keys are never shortened.
+        3. Drop whole sections in `DROP_ORDER` (extensions, workspace, knowledge, system,
+           task last), each replaced by a line ``## <section>: omitted to fit the token
+           budget`` while those lines fit (else they are left out too); after each drop the
+           remaining sections are fitted again from stage 1, so they regain what the
+           dropped one used.
+
+        Every block that is not such a marker line is ``## <section>`` and one line of
+        valid JSON. A budget of 0 (or less) gives "". The whole text is counted before it
+        is returned, so the budget holds for any counter, even one whose counts of the
+        parts do not add up to the count of the whole.
+
+        Cost: results are cached per version, budget and counter, and each section's
+        renders and counts per section version, so rendering an unchanged environment again
+        costs a dictionary lookup and a change re-renders only the sections it touched.
+        Shrinking renders only the newest N items of each list while it searches, so a
+        workspace of 10,000 files fits a 2,000-token budget in tens of milliseconds.
+        """
+        return self.render_report(max_tokens, counter).text
+
+    def render_report(self, max_tokens: int, counter: TokenCounter) -> RenderReport:
+        """Render as `render` does and say what it cost per section and what was degraded."""
+        return self._renderer.render(self._state, self._section_versions, max_tokens, counter)
+
+    def __repr__(self) -> str:
+        present = [name for name in RENDER_ORDER if self._state[name] != _DEFAULT_STATE[name]]
+        return f"<Environment version={self._version} sections={present}>"
+
+
+class _Snapshot(BaseModel):
+    """The shape of `Environment.to_json` output."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    format: Literal[1]
+    version: int = Field(ge=0)
+    state: JsonObject
+    schema_: JsonObject | None = Field(default=None, alias="schema")
+    extension_schemas: dict[str, JsonObject] = Field(default_factory=dict)
+    max_changes: int = Field(default=DEFAULT_MAX_CHANGES, ge=0)
+    changes: list[EnvironmentChange] = Field(default_factory=list)

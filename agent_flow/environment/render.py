@@ -1,0 +1,285 @@
+"""Rendering the environment under a token budget: the report, the drop order, the search.
+
+`Environment.render` and `Environment.render_report` describe the rendered text and how it
+degrades (elide old items, shorten strings, drop sections in `DROP_ORDER`). This module
+owns what a render reports (`RenderReport`, one `SectionRender` per non-empty section) and
+`_Fit`, which finds for one budget the caps that fit and drops sections when none do; the
+caching renderer that drives it is `_renderer._Renderer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from pydantic import BaseModel, ConfigDict
+
+from agent_flow._types import JsonObject
+from agent_flow.environment.sections import RENDER_ORDER, SectionName
+from agent_flow.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from agent_flow.environment._renderer import _Block, _Caps, _Renderer, _SectionCache
+
+__all__ = ["DROP_ORDER", "RenderReport", "SectionRender"]
+
+#: The order sections are dropped in when even fully degraded they do not fit.
+DROP_ORDER: Final[tuple[SectionName, ...]] = (
+    "extensions",
+    "workspace",
+    "knowledge",
+    "system",
+    "task",
+)
+
+_SEPARATOR: Final = "\n\n"
+_DROPPED_SUFFIX: Final = ": omitted to fit the token budget"
+# Prefix lengths (in characters per token of the limit) tried before counting a whole block.
+_PREFIX_CHARS_PER_TOKEN: Final = (4, 16)
+
+
+class SectionRender(BaseModel):
+    """How one non-empty section came out of a render.
+
+    Attributes:
+        name: The section.
+        tokens: Tokens of its block as rendered (header line included; the blank line between
+            blocks is not), or of its one-line marker when dropped; 0 when left out entirely.
+        elided_items: List items and dict entries replaced by "earlier ..." markers.
+        shortened_strings: Strings cut short with a "… [+N chars]" marker.
+        dropped: Whether the section was left out (replaced by a marker, if one fit).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: SectionName
+    tokens: int
+    elided_items: int = 0
+    shortened_strings: int = 0
+    dropped: bool = False
+
+
+class RenderReport(BaseModel):
+    """The rendered environment and what it took to fit the budget.
+
+    Attributes:
+        text: What the model reads; its token count never exceeds `max_tokens`.
+        tokens: ``counter.count(text)``.
+        max_tokens: The budget.
+        sections: The non-empty sections, in render order.
+        item_cap: The newest items each list and dict kept, or None if nothing was elided.
+        string_cap: The characters each string kept, or None if no string was shortened.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    tokens: int
+    max_tokens: int
+    sections: tuple[SectionRender, ...] = ()
+    item_cap: int | None = None
+    string_cap: int | None = None
+
+    @property
+    def dropped(self) -> list[SectionName]:
+        """The sections left out, in render order."""
+        return [s.name for s in self.sections if s.dropped]
+
+    @property
+    def degraded(self) -> bool:
+        """Whether anything was elided, shortened or dropped."""
+        return any(s.dropped or s.elided_items or s.shortened_strings for s in self.sections)
+
+
+class _Fit:
+    """One render: searches the caps that fit the budget, then drops sections if needed."""
+
+    def __init__(
+        self,
+        renderer: _Renderer,
+        state: JsonObject,
+        caches: dict[str, _SectionCache],
+        budget: int,
+        counter: TokenCounter,
+        counter_id: int,
+    ) -> None:
+        self.renderer = renderer
+        self.state = state
+        self.caches = caches
+        self.budget = budget
+        self.counter = counter
+        self.counter_id = counter_id
+        self.separator = counter.count(_SEPARATOR)
+        self.marker_counts: dict[str, int] = {}
+
+    def count_block(self, block: _Block, limit: int) -> int:
+        """Return the block's tokens, or some number above `limit` when it is far above."""
+        cached = block.counts.get(self.counter_id)
+        if cached is not None and (cached[1] or cached[0] > limit):
+            return cached[0]
+        text = block.text
+        # Counting a text far longer than the limit is wasted work: count growing prefixes
+        # first. A cut splits at most a few tokens, so a prefix well over the limit means
+        # the whole is over it too. A wrong guess (a strange counter) only degrades more;
+        # the final text is always counted exactly.
+        for chars_per_token in _PREFIX_CHARS_PER_TOKEN:
+            cut = (max(limit, 0) + 1) * chars_per_token + 64
+            if len(text) <= cut:
+                break
+            head = self.counter.count(text[:cut])
+            if head > limit + 8:
+                block.counts[self.counter_id] = (head, False)
+                return head
+        count = self.counter.count(text)
+        block.counts[self.counter_id] = (count, True)
+        return count
+
+    def marker(self, name: str) -> str:
+        return f"## {name}{_DROPPED_SUFFIX}"
+
+    def marker_count(self, name: str) -> int:
+        if name not in self.marker_counts:
+            self.marker_counts[name] = self.counter.count(self.marker(name))
+        return self.marker_counts[name]
+
+    def estimate(self, kept: list[str], markers: list[str], caps: _Caps, limit: int) -> int:
+        total = sum(self.marker_count(name) for name in markers)
+        total += self.separator * max(len(kept) + len(markers) - 1, 0)
+        for name in kept:
+            if total > limit:
+                break
+            block = self.renderer._block(self.state, name, self.caches[name], caps)
+            total += self.count_block(block, limit - total)
+        return total
+
+    def largest(self, low: int, high: int, measure: Callable[[int], int], limit: int) -> int:
+        """Return the largest x in [low, high) whose measure fits `limit`.
+
+        Given: measure(low) fits, measure(high) does not. Gallops up from `low` (doubling
+        the step) so that probes stay within twice the answer, as each probe costs about as
+        much as the text it renders; then narrows the bracket by interpolating the measure,
+        alternating with bisection so that it never takes more than twice log2 probes.
+        """
+        low_cost = measure(low)
+        high_cost = limit + 1
+        step = 1
+        while low + step < high:
+            cost = measure(low + step)
+            if cost > limit:
+                high, high_cost = low + step, cost
+                break
+            low, low_cost = low + step, cost
+            step *= 2
+        bisect = False
+        while high - low > 1:
+            if bisect or high_cost <= low_cost:
+                probe = (low + high) // 2
+            else:
+                share = (limit - low_cost) / (high_cost - low_cost)
+                probe = min(max(low + int(share * (high - low)), low + 1), high - 1)
+            cost = measure(probe)
+            if cost <= limit:
+                low, low_cost = probe, cost
+            else:
+                high, high_cost = probe, cost
+            bisect = not bisect
+        return low
+
+    def search(self, kept: list[str], markers: list[str], limit: int) -> _Caps | None:
+        """Return the caps (stages 1 and 2) that fit `limit` by estimate, or None."""
+
+        def measure(caps: _Caps) -> int:
+            return self.estimate(kept, markers, caps, limit)
+
+        if measure((None, None)) <= limit:
+            return (None, None)
+        longest = max((self.caches[name].longest_collection for name in kept), default=0)
+        if longest > 1 and measure((1, None)) <= limit:
+            item_cap = self.largest(1, longest, lambda k: measure((k, None)), limit)
+            return (item_cap, None)
+        item_cap_or_none = 1 if longest > 1 else None
+        longest_string = max((self.caches[name].longest_string for name in kept), default=0)
+        if longest_string > 0 and measure((item_cap_or_none, 0)) <= limit:
+            string_cap = self.largest(
+                0, longest_string, lambda n: measure((item_cap_or_none, n)), limit
+            )
+            return (item_cap_or_none, string_cap)
+        return None
+
+    def assemble(self, kept: list[str], markers: list[str], caps: _Caps) -> RenderReport:
+        parts: list[str] = []
+        sections: list[SectionRender] = []
+        any_elided = any_shortened = False
+        for name in RENDER_ORDER:
+            if name in kept:
+                block = self.renderer._block(self.state, name, self.caches[name], caps)
+                parts.append(block.text)
+                any_elided = any_elided or block.elided > 0
+                any_shortened = any_shortened or block.shortened > 0
+                tokens = self.count_block(block, self.budget)
+                sections.append(
+                    SectionRender(
+                        name=name,
+                        tokens=tokens,
+                        elided_items=block.elided,
+                        shortened_strings=block.shortened,
+                    )
+                )
+            elif name in self.caches:
+                with_marker = name in markers
+                if with_marker:
+                    parts.append(self.marker(name))
+                tokens = self.marker_count(name) if with_marker else 0
+                sections.append(SectionRender(name=name, tokens=tokens, dropped=True))
+        text = _SEPARATOR.join(parts)
+        return RenderReport(
+            text=text,
+            tokens=self.counter.count(text) if text else 0,
+            max_tokens=self.budget,
+            sections=tuple(sections),
+            item_cap=caps[0] if any_elided else None,
+            string_cap=caps[1] if any_shortened else None,
+        )
+
+    def attempt(self, kept: list[str], markers: list[str]) -> RenderReport | None:
+        limit = self.budget
+        while limit >= 0:
+            caps = self.search(kept, markers, limit)
+            if caps is None:
+                return None
+            report = self.assemble(kept, markers, caps)
+            if report.tokens <= self.budget:
+                return report
+            # The parts were estimated to fit but the whole counts more (tokens merge
+            # differently across block seams): aim lower by the overshoot.
+            limit -= report.tokens - self.budget
+        return None
+
+    def run(self, present: list[str]) -> RenderReport:
+        kept = list(present)
+        dropped: list[str] = []
+        if self.budget > 0:
+            # The parts' counts need not add up to the whole's (tokens merge across the
+            # seams), so when the full text may fit, count it whole: what fits is never
+            # degraded.
+            near = 2 * self.budget + 16
+            if self.estimate(kept, [], (None, None), near) <= near:
+                whole = self.assemble(kept, [], (None, None))
+                if whole.tokens <= self.budget:
+                    return whole
+            while True:
+                for markers in [dropped, []] if dropped else [[]]:
+                    report = self.attempt(kept, markers)
+                    if report is not None:
+                        return report
+                if not kept:
+                    break
+                victim = next(name for name in DROP_ORDER if name in kept)
+                kept.remove(victim)
+                dropped.append(victim)
+        return RenderReport(
+            text="",
+            tokens=0,
+            max_tokens=self.budget,
+            sections=tuple(SectionRender(name=n, tokens=0, dropped=True) for n in present),
+        )
