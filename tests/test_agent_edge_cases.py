@@ -143,7 +143,7 @@ def test_a_counter_other_than_the_historys_cannot_break_the_budget() -> None:
         ContextManager(Environment(), history, 1500, counter=exact, reserve_output_tokens=100)
 
 
-# -- agent.py: exceptions that escape the loop ---------------------------------------------
+# -- agent/: exceptions that escape the loop -------------------------------------------------
 
 
 def _summarizing_model() -> FunctionLLM:
@@ -163,7 +163,7 @@ def _summarizing_model() -> FunctionLLM:
 
 
 async def test_a_model_failure_while_summarizing_ends_the_run_with_an_error() -> None:
-    """agent.py `_after_step`: a ModelError from the summarize strategy escapes `run`."""
+    """agent/_loop.py `_Run._after_step`: a ModelError from the summarize strategy escapes `run`."""
     agent = make_agent(
         _summarizing_model(),
         context=ContextConfig(
@@ -175,7 +175,8 @@ async def test_a_model_failure_while_summarizing_ends_the_run_with_an_error() ->
 
 
 async def test_after_a_run_raised_the_agent_can_run_again_and_subscribers_were_closed() -> None:
-    """agent.py `_execute` only handles CancelledError: any other exception leaves `_run` set.
+    """agent/_loop.py `_Run.execute` only handled CancelledError: any other exception left
+    `_run` set.
 
     The agent then refuses every later run ("already running") and its subscribers wait
     for events forever because the bus is never closed.
@@ -211,14 +212,14 @@ def test_an_invalid_output_schema_is_refused_by_the_config() -> None:
 
 
 def test_an_invalid_output_schema_fails_when_the_config_is_built_not_mid_run() -> None:
-    """agent.py `_validate_output`: jsonschema's UnknownType/SchemaError escaped the loop;
+    """agent/_output.py `_validate_output`: jsonschema's UnknownType/SchemaError escaped the loop;
     the config now refuses the schema up front."""
     with pytest.raises(ValidationError, match="not a valid JSON schema"):
         AgentConfig(output_schema={"type": "nonsense"})
 
 
 async def test_nan_in_tool_arguments_is_reported_to_the_model_not_a_crash() -> None:
-    """agent.py `_finish`: NaN (which json.loads accepts) failed RunFinished validation.
+    """agent/_loop.py `_Run._finish`: NaN (which json.loads accepts) failed RunFinished validation.
 
     Arguments with NaN or Infinity are now invalid JSON for the model to correct.
     """
@@ -237,7 +238,7 @@ async def test_nan_in_tool_arguments_is_reported_to_the_model_not_a_crash() -> N
 
 
 async def test_a_tool_call_without_a_name_is_reported_to_the_model_and_the_run_recovers() -> None:
-    """agent.py `_record_turn`: `ToolCallPart` allows an empty name (marked with a
+    """agent/_steps.py `_record_turn`: `ToolCallPart` allows an empty name (marked with a
     ``parse_error`` for the loop to report), but ``history.ToolCall`` requires a name, so the
     pydantic ValidationError escapes `run` and the agent stays "already running".
     """
@@ -248,7 +249,7 @@ async def test_a_tool_call_without_a_name_is_reported_to_the_model_and_the_run_r
     assert_history_consistent(agent)
 
 
-# -- agent.py: cancellation ------------------------------------------------------------------
+# -- agent/: cancellation --------------------------------------------------------------------
 
 
 def _hanging_agent() -> tuple[AgentExecutor, asyncio.Event]:
@@ -267,7 +268,7 @@ def _hanging_agent() -> tuple[AgentExecutor, asyncio.Event]:
 
 
 async def test_calling_cancel_twice_leaves_no_cancellation_pending_on_the_caller() -> None:
-    """agent.py `cancel`: each call does `task.cancel()`; `_execute` uncancels only once."""
+    """agent/_loop.py `_Run.cancel`: each call did `task.cancel()`; `execute` uncancels once."""
     agent, started = _hanging_agent()
 
     async def run_and_report() -> tuple[StopReason, int]:
@@ -286,8 +287,8 @@ async def test_calling_cancel_twice_leaves_no_cancellation_pending_on_the_caller
 
 
 async def test_cancel_while_the_run_is_finishing_does_not_leak_into_the_caller() -> None:
-    """agent.py `_finish`: `_run`/`_task` stay set while RunFinished is published and the
-    step saved, so `cancel()` then cancels the caller's task after `run` has returned.
+    """agent/_loop.py `_Run._finish`: the run stays current while RunFinished is published
+    and the step saved, so `cancel()` then cancelled the caller's task after `run` returned.
     """
     agent = make_agent(ScriptedLLM(["done"]))
     agent.events.on("run_finished", lambda event: agent.cancel())
@@ -317,9 +318,9 @@ async def test_external_cancellation_keeps_history_consistent_and_reraises() -> 
 
 
 async def test_two_agents_sharing_a_tool_executor_both_publish_their_tool_events() -> None:
-    """agent.py `__init__` overwrites ``tools.hooks`` with its own `_EventHooks`: the last
-    agent built on a shared executor (e.g. one with MCP servers registered once) takes every
-    tool event, and the first agent's runs lose theirs (`_emit` drops them: no run).
+    """agent/executor.py `__init__` overwrote ``tools.hooks`` with its own `_EventHooks`: the
+    last agent built on a shared executor (e.g. one with MCP servers registered once) took
+    every tool event, and the first agent's runs lost theirs (`_emit` drops them: no run).
     """
     tools = ToolExecutor()
     tools.register(add)
@@ -363,7 +364,7 @@ async def test_a_subscription_read_through_wait_for_keeps_receiving_events() -> 
 
 
 async def test_a_filtered_waiting_subscriber_does_not_reorder_events_for_the_others() -> None:
-    """agent.py `_emit` numbers events before publishing; parallel tool hooks publish
+    """agent/_loop.py `_Run.emit` numbers events before publishing; parallel tool hooks publish
     concurrently. A full ``"wait"`` subscriber that filters kinds blocks one hook's event
     while another hook's later event passes (it is not wanted there) and reaches every
     other subscriber first.
@@ -435,8 +436,9 @@ async def test_a_reader_that_raises_does_not_stall_a_waiting_publisher() -> None
 
 
 def test_deny_tools_can_withhold_a_loop_control_tool() -> None:
-    """agent.py `_callable` returns True for control tools before looking at `deny_tools`,
-    whose documentation says denied tools are "never offered".
+    """tools/filters.py `ToolFilter.allows` (once agent.py `_callable`) returned True for
+    control tools before looking at `deny_tools`, whose documentation says denied tools are
+    "never offered".
     """
     agent = make_agent(ScriptedLLM([]), deny_tools=("converse",))
     assert "converse" not in {d.name for d in agent.offered_tools()}

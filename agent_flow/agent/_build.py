@@ -1,0 +1,109 @@
+"""Factories that turn an `AgentConfig` into the parts an executor runs with.
+
+The token counter, the pruning strategy, the tool executor and the streaming default.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from agent_flow.config import AgentConfig
+from agent_flow.errors import ConfigError
+from agent_flow.llm.base import LLMClient
+from agent_flow.pruning import (
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    PruningStrategy,
+    SlidingWindow,
+    SummarizeOldest,
+)
+from agent_flow.tokens import (
+    ApproxCounter,
+    TiktokenCounter,
+    TokenCounter,
+    TokenizerFallbackWarning,
+)
+from agent_flow.tools import (
+    ApprovalCallback,
+    PolicyEngine,
+    ToolExecutor,
+    Workspace,
+    workspace_tools,
+)
+
+__all__ = ["tool_executor_from_config"]
+
+
+def _make_counter(config: AgentConfig) -> tuple[TokenCounter, str | None]:
+    """Return the counter for the configured model, and a note if it had to fall back."""
+    if config.context.counter == "approx":
+        return ApproxCounter(), None
+    try:
+        model = config.resolved_llm().model if config.llm is not None else None
+    except ConfigError:
+        model = None
+    if model is None:
+        return TiktokenCounter(), None
+    # A model whose encoding is not installed is counted with cl100k_base; the executor
+    # reports that as a warning event of each run instead of through the warnings module.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TokenizerFallbackWarning)
+        counter = TiktokenCounter(model)
+    notes = [str(w.message) for w in caught if issubclass(w.category, TokenizerFallbackWarning)]
+    return counter, (notes[0] if notes else None)
+
+
+def _strategy(config: AgentConfig, llm: LLMClient, counter: TokenCounter) -> PruningStrategy:
+    """Return the pruning strategy ``config.context.strategy`` names."""
+    settings = config.context
+    match settings.strategy:
+        case "elide_then_drop":
+            return Chain(ElideToolResults(), DropOldest())
+        case "drop_oldest":
+            return DropOldest()
+        case "sliding_window":
+            return Chain(SlidingWindow(settings.window_turns), DropOldest())
+        case "summarize":
+            from agent_flow.llm.summarizer import LLMSummarizer
+
+            return Chain(
+                ElideToolResults(),
+                SummarizeOldest(LLMSummarizer(llm, counter=counter)),
+                DropOldest(),
+            )
+
+
+def tool_executor_from_config(
+    config: AgentConfig, *, approval: ApprovalCallback | None = None
+) -> ToolExecutor:
+    """Build the tool executor `config` describes.
+
+    It gets the configured policy, timeouts and output limit, and the built-in file tools
+    when ``config.workspace`` names a directory.
+
+    Raises:
+        ToolError: The workspace directory cannot be used.
+    """
+    policy = config.policy
+    executor = ToolExecutor(
+        policy=PolicyEngine(
+            auto_approve=policy.auto_approve,
+            read_only=policy.read_only,
+            approval_tools=policy.approval_tools,
+            approval_risk=policy.approval_risk,
+        ),
+        approval=approval,
+        default_timeout=config.tool_timeout,
+        max_output_tokens=config.max_tool_output_tokens,
+    )
+    if config.workspace is not None:
+        executor.register_all(workspace_tools(Workspace(config.workspace)))
+    return executor
+
+
+def _config_streams(config: AgentConfig) -> bool:
+    try:
+        return config.resolved_llm().stream if config.llm is not None else True
+    except ConfigError:
+        return True

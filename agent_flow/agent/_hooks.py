@@ -1,0 +1,72 @@
+"""The adapter that publishes a tool executor's progress (`ToolHooks`) as run events."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from agent_flow.events import (
+    AgentEvent,
+    ApprovalRequired,
+    ApprovalResolved,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolCallStarted,
+)
+from agent_flow.messages import ToolCallRequest
+from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolHooks, ToolResult
+
+
+class _Emit(Protocol):
+    """Publishes one event of the current run (`AgentExecutor._emit`)."""
+
+    async def __call__(self, kind: Callable[..., AgentEvent], /, **fields: object) -> None: ...
+
+
+class _EventHooks(ToolHooks):
+    """Publishes the tool executor's progress as events of the current run."""
+
+    def __init__(self, emit: _Emit) -> None:
+        self._emit = emit
+
+    async def call_started(self, call: ToolCallRequest) -> None:
+        await self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
+
+    async def approval_required(self, call: ToolCallRequest, request: ApprovalRequest) -> None:
+        await self._emit(
+            ApprovalRequired,
+            call_id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+            reason=request.reason,
+        )
+
+    async def approval_resolved(self, call: ToolCallRequest, response: ApprovalResponse) -> None:
+        await self._emit(
+            ApprovalResolved,
+            call_id=call.id,
+            name=call.name,
+            approved=response.approved,
+            reason=response.reason,
+        )
+
+    async def call_finished(self, call: ToolCallRequest, result: ToolResult) -> None:
+        duration_ms = result.duration_seconds * 1000
+        if result.failed:
+            await self._emit(
+                ToolCallFailed,
+                call_id=call.id,
+                name=call.name,
+                error=result.content,
+                duration_ms=duration_ms,
+            )
+        else:
+            await self._emit(
+                ToolCallCompleted,
+                call_id=call.id,
+                name=call.name,
+                content=result.content,
+                is_error=result.is_error,
+                truncated=result.truncated,
+                duration_ms=duration_ms,
+            )

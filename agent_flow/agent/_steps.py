@@ -1,0 +1,349 @@
+"""The loop's steps: what one model call and one batch of tool calls do to a `_Run`.
+
+`_model_step` builds the prompt, calls the model (streaming its deltas as events), records
+the assistant turn and decides what follows: `RunTools`, or for a plain answer a `Finish`
+(a valid final answer) or `Continue` (a correction or a re-prompt). `_tool_step` executes
+the calls (refusing tools the `ToolFilter` withholds), records their results, honours
+loop-control tools and watches for a stuck model, returning `Continue` or `Finish`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from agent_flow.agent._output import _validate_output
+from agent_flow.agent.outcome import (
+    Continue,
+    Finish,
+    RunErrorInfo,
+    RunTools,
+    Step,
+    StopReason,
+    ToolUse,
+)
+from agent_flow.environment import TaskStatus
+from agent_flow.errors import (
+    ContextBudgetError,
+    ModelError,
+    ModelResponseError,
+    OutputValidationError,
+)
+from agent_flow.events import (
+    ContextBuilt,
+    EnvironmentUpdated,
+    ModelResponded,
+    PlanUpdated,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFailed,
+    WarningRaised,
+)
+from agent_flow.history import AgentMessage, AgentThinking, ToolCall, UserMessage
+from agent_flow.history import ToolResult as ToolResultEntry
+from agent_flow.llm.base import Completion, LLMRequest, StreamEvent, StreamWarning, Usage
+from agent_flow.llm.base import TextDelta as ModelTextDelta
+from agent_flow.llm.base import ThinkingDelta as ModelThinkingDelta
+from agent_flow.llm.base import ToolCallArgumentsDelta as ModelArgumentsDelta
+from agent_flow.llm.base import ToolCallStarted as ModelCallStarted
+from agent_flow.messages import ToolCallRequest
+from agent_flow.tools import (
+    ControlSignal,
+    ConverseMessage,
+    PlanUpdate,
+    TaskCompletion,
+    ToolOutcome,
+    ToolResult,
+    UserQuestion,
+)
+
+if TYPE_CHECKING:
+    from agent_flow.agent._loop import _Run
+
+_REPROMPT = (
+    "You answered without calling a tool. If the task is done, call task_completion with a "
+    "summary; if you need the user, call ask_question; otherwise continue with your tools."
+)
+
+
+async def _model_step(run: _Run) -> Step:
+    """Steps 2-5: prompt, model call, record the turn, decide what follows."""
+    tools = run.agent.offered_tools()
+    try:
+        prompt = run.agent.context.build_prompt(tools=tools)
+    except ContextBudgetError as err:
+        await run._error(err, fatal=True)
+        return Finish(StopReason.CONTEXT_BUDGET, text=str(err))
+    await run.emit(ContextBuilt, iteration=run.iteration, breakdown=prompt.breakdown)
+    request = LLMRequest(messages=prompt.messages, tools=prompt.tools)
+
+    completion: Completion | None = None
+    started = time.perf_counter()
+    for attempt in range(run.agent.config.model_retries + 1):
+        try:
+            completion = await _call_model(run, request)
+            break
+        except ModelError as err:
+            last_try = attempt == run.agent.config.model_retries
+            if not err.retryable or last_try:
+                await run._error(err, fatal=True)
+                return Finish(StopReason.ERROR, text=str(err))
+            await run._error(err, fatal=False)
+    assert completion is not None
+    usage = completion.usage or Usage()
+    run.usage = run.usage + usage
+    run.usage_per_call.append(usage)
+    await run.emit(
+        ModelResponded,
+        iteration=run.iteration,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        tool_calls=len(completion.tool_calls),
+        duration_ms=(time.perf_counter() - started) * 1000,
+    )
+    for warning in completion.warnings:
+        await run.emit(WarningRaised, message=warning, source="model")
+
+    _record_turn(run, completion)
+    if completion.tool_calls:
+        return RunTools(completion.tool_calls)
+    if completion.finish_reason == "length":
+        await run.emit(
+            WarningRaised,
+            message="the model's answer was cut at its token limit",
+            source="model",
+        )
+    return await _text_answer(run, completion.text)
+
+
+async def _call_model(run: _Run, request: LLMRequest) -> Completion:
+    if not run.agent.stream:
+        return await run.agent.llm.complete(request)
+    completion: Completion | None = None
+    stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
+    async for delta in stream:
+        match delta:
+            case ModelTextDelta(text=text):
+                await run.emit(TextDelta, text=text)
+            case ModelThinkingDelta(text=text):
+                await run.emit(ThinkingDelta, text=text)
+            case ModelCallStarted(index=index, id=call_id, name=name):
+                await run.emit(
+                    ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
+                )
+            case ModelArgumentsDelta(index=index, id=call_id, delta=text):
+                await run.emit(
+                    ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
+                )
+            case StreamWarning(message=message):
+                await run.emit(WarningRaised, message=message, source="model")
+            case Completion():
+                completion = delta
+    if completion is None:
+        raise ModelResponseError("the model's stream ended without a final answer")
+    return completion
+
+
+def _record_turn(run: _Run, completion: Completion) -> None:
+    if completion.thinking:
+        run.agent.history.add(AgentThinking(content=completion.thinking))
+    if completion.text:
+        run.agent.history.add(AgentMessage(content=completion.text))
+    for call in completion.tool_calls:
+        run.agent.history.add(
+            ToolCall(call_id=call.id, name=_call_name(call.name), arguments=call.arguments)
+        )
+
+
+async def _text_answer(run: _Run, text: str) -> Step:
+    """Step 5: an answer without tool calls."""
+    schema = run.agent.config.output_schema
+    if run.agent.output_type is not None:
+        schema = run.agent.output_type.model_json_schema()
+    if schema is not None:
+        output, problem = _validate_output(text, schema, run.agent.output_type)
+        if problem is None:
+            return Finish(StopReason.COMPLETED, text=text, output=output)
+        if run.output_retries >= run.agent.config.max_output_retries:
+            err = OutputValidationError(
+                f"the final answer did not match the output schema after "
+                f"{run.output_retries} correction(s): {problem}",
+                last_answer=text,
+                problems=problem,
+            )
+            await run._error(err, fatal=True)
+            return Finish(StopReason.OUTPUT_INVALID, text=text)
+        run.output_retries += 1
+        run.agent.history.add(
+            UserMessage(
+                content=(
+                    f"Your answer does not match the required output schema: {problem}\n"
+                    "Answer again with only a JSON value that matches this schema:\n"
+                    f"{json.dumps(schema)}"
+                )
+            )
+        )
+        return Continue()
+    if (
+        run.agent.config.on_text_answer == "reprompt"
+        and run.reprompts < run.agent.config.max_reprompts
+    ):
+        run.reprompts += 1
+        run.agent.history.add(UserMessage(content=_REPROMPT))
+        return Continue()
+    return Finish(StopReason.ANSWERED, text=text)
+
+
+async def _tool_step(run: _Run, step: RunTools) -> Step:
+    """Steps 6-8: execute the calls, apply handlers, record results, honour control."""
+    requests = [call.to_request() for call in step.calls]
+    # Unknown names go to the executor, which tells the model what exists; registered
+    # tools the agent may not use now (deny list, skill) are refused here.
+    gate = run.agent._tool_filter()
+    refused = {
+        r.id: _refusal(run, r)
+        for r in requests
+        if r.name in run.agent.tools and not gate.allows(r.name)
+    }
+    allowed = [r for r in requests if r.id not in refused]
+    version_before = run.agent.environment.version
+    outcomes = {
+        o.call.id: o
+        for o in await run.agent.tools.execute(
+            allowed, run_id=run.run_id, environment=run.agent.environment, hooks=run.agent._hooks
+        )
+    }
+
+    control: ControlSignal | None = None
+    for request in requests:
+        outcome = outcomes.get(request.id)
+        result = outcome.result if outcome is not None else refused[request.id]
+        if outcome is None:
+            await run.emit(
+                ToolCallFailed,
+                call_id=request.id,
+                name=request.name,
+                error=result.content,
+                duration_ms=0.0,
+            )
+        else:
+            for problem in outcome.handler_errors:
+                await run.emit(
+                    WarningRaised,
+                    message=f"result handler {problem.handler} failed on {request.name}: "
+                    f"{problem.error_type}: {problem.message}",
+                    source="handlers",
+                )
+                run.errors.append(
+                    RunErrorInfo(
+                        type=problem.error_type,
+                        message=problem.message,
+                        fatal=False,
+                        iteration=run.iteration,
+                    )
+                )
+        run.agent.history.add(
+            ToolResultEntry(
+                call_id=request.id,
+                tool_name=_call_name(request.name),
+                content=result.content,
+                is_error=result.is_error,
+            )
+        )
+        run.tool_uses.append(
+            ToolUse(
+                iteration=run.iteration,
+                call_id=request.id,
+                name=request.name,
+                arguments=request.arguments,
+                content=result.content,
+                is_error=result.is_error,
+                error_kind=result.error_kind,
+                duration_ms=result.duration_seconds * 1000,
+            )
+        )
+        if result.control is not None and not result.is_error:
+            if isinstance(result.control, PlanUpdate):
+                await run.emit(
+                    PlanUpdated,
+                    plan=result.control.plan,
+                    current_step=result.control.current_step,
+                )
+            elif control is None:
+                control = result.control
+
+    changes = run.agent.environment.changes(since_version=version_before)
+    if changes:
+        await run.emit(
+            EnvironmentUpdated,
+            source=", ".join(sorted({r.name for r in requests})),
+            version=run.agent.environment.version,
+            changes=tuple(changes),
+        )
+    if control is not None:
+        return await _control(run, control)
+    return await _check_stuck(run, requests, outcomes)
+
+
+def _refusal(run: _Run, request: ToolCallRequest) -> ToolResult:
+    where = (
+        f"while skill {run.agent.skill.name!r} is active" if run.agent.skill else "to this agent"
+    )
+    offered = ", ".join(d.name for d in run.agent.offered_tools()) or "none"
+    return ToolResult.error(
+        f"tool {request.name!r} is not available {where}; available: {offered}",
+        kind="denied",
+    ).model_copy(update={"call_id": request.id, "tool_name": request.name})
+
+
+async def _control(run: _Run, control: ControlSignal) -> Finish:
+    match control:
+        case TaskCompletion(summary=summary, result=result):
+            run.agent.environment.update_section("task", status=TaskStatus.COMPLETED.value)
+            return Finish(StopReason.COMPLETED, text=summary, output=result)
+        case UserQuestion(question=question):
+            run.agent.environment.update_section("task", status=TaskStatus.WAITING.value)
+            return Finish(StopReason.WAITING_FOR_USER, text=question)
+        case ConverseMessage(message=message):
+            return Finish(StopReason.CONVERSE, text=message)
+        case PlanUpdate():  # pragma: no cover - plan updates never end the loop
+            raise AssertionError("a plan update does not end the loop")
+
+
+async def _check_stuck(
+    run: _Run, requests: Sequence[ToolCallRequest], outcomes: dict[str, ToolOutcome]
+) -> Step:
+    signature = tuple(
+        (r.name, r.arguments, outcomes[r.id].result.content if r.id in outcomes else "")
+        for r in requests
+    )
+    run.repeats = run.repeats + 1 if signature == run.last_signature else 1
+    run.last_signature = signature
+    threshold = run.agent.config.stuck_threshold
+    if run.repeats >= 2 * threshold:
+        await run.emit(
+            WarningRaised,
+            message=f"stopping: the same calls returned the same results {run.repeats} "
+            "times in a row",
+            source="loop",
+        )
+        return Finish(StopReason.STUCK)
+    if run.repeats >= threshold:
+        names = ", ".join(sorted({r.name for r in requests}))
+        note = (
+            f"You have made the same call(s) ({names}) with the same arguments "
+            f"{run.repeats} times in a row and got the same results. Repeating will not "
+            "help: change your approach, or call task_completion / ask_question."
+        )
+        run.agent.history.add(UserMessage(content=note))
+        await run.emit(WarningRaised, message=note, source="loop")
+    return Continue()
+
+
+def _call_name(name: str) -> str:
+    """The name a call is recorded under; a call the model left nameless is "unknown"."""
+    return name or "unknown"

@@ -1,0 +1,166 @@
+"""What a run produces: its `StopReason`, the loop's typed steps and the `ExecutionOutcome`.
+
+A step of the loop returns `Continue`, `RunTools` or `Finish` (the `Step` union); a run ends
+with an `ExecutionOutcome` that records every `ToolUse` and `RunErrorInfo` along the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import TypeAlias, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agent_flow._types import JsonValue
+from agent_flow.errors import OutputValidationError
+from agent_flow.llm.base import ToolCallPart, Usage
+
+__all__ = [
+    "Continue",
+    "ExecutionOutcome",
+    "Finish",
+    "RunErrorInfo",
+    "RunTools",
+    "Step",
+    "StopReason",
+    "ToolUse",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StopReason(StrEnum):
+    """Why a run ended."""
+
+    COMPLETED = "completed"
+    """The model called ``task_completion``, or gave a valid final answer."""
+    ANSWERED = "answered"
+    """The model answered without calling a tool (and re-prompting was off or used up)."""
+    WAITING_FOR_USER = "waiting_for_user"
+    """The model called ``ask_question``; continue with `AgentExecutor.send`."""
+    CONVERSE = "converse"
+    """The model called ``converse`` to talk to the user."""
+    MAX_ITERATIONS = "max_iterations"
+    """The run made ``max_iterations`` model calls."""
+    TOKEN_LIMIT = "token_limit"
+    """The run used ``max_total_tokens``."""
+    COST_LIMIT = "cost_limit"
+    """The run cost ``max_cost_usd``."""
+    CONTEXT_BUDGET = "context_budget"
+    """The fixed parts of the prompt no longer fit the budget."""
+    STUCK = "stuck"
+    """The model kept repeating identical calls with identical results."""
+    OUTPUT_INVALID = "output_invalid"
+    """The final answer never matched the output schema."""
+    CANCELLED = "cancelled"
+    """The run was cancelled."""
+    ERROR = "error"
+    """A fatal error: bad credentials, an unreachable model, a refused request."""
+
+
+# -- steps ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Go on with the next iteration."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunTools:
+    """The model asked for tool calls; execute them."""
+
+    calls: tuple[ToolCallPart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """End the run."""
+
+    reason: StopReason
+    text: str = ""
+    output: JsonValue = None
+
+
+Step: TypeAlias = Continue | RunTools | Finish
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+class ToolUse(BaseModel):
+    """One tool call of a run and what came of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    iteration: int
+    call_id: str
+    name: str
+    arguments: str
+    content: str
+    is_error: bool
+    error_kind: str | None
+    duration_ms: float
+
+
+class RunErrorInfo(BaseModel):
+    """An error that occurred during a run (the run may have survived it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+    fatal: bool
+    iteration: int
+
+
+class ExecutionOutcome(BaseModel):
+    """What a run produced, why it stopped, and what it cost.
+
+    Attributes:
+        run_id: The run's id (also on every event).
+        final_text: The final answer, completion summary, question or message.
+        output: The validated structured output (with an output schema), or the result
+            ``task_completion`` returned.
+        stop_reason: Why the run ended.
+        tool_uses: Every tool call, in order, with its result.
+        usage: Token usage summed over model calls.
+        usage_per_call: Usage of each model call.
+        errors: Errors that occurred, fatal or survived.
+        iterations: Model calls made.
+        started_at: When the run began.
+        duration_ms: How long it took.
+        environment_version: The environment's version at the end.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    final_text: str
+    output: JsonValue = None
+    stop_reason: StopReason
+    tool_uses: tuple[ToolUse, ...] = ()
+    usage: Usage = Usage()
+    usage_per_call: tuple[Usage, ...] = ()
+    errors: tuple[RunErrorInfo, ...] = ()
+    iterations: int
+    started_at: datetime
+    duration_ms: float
+    environment_version: int
+
+    def output_as(self, model: type[M]) -> M:
+        """Return `output` validated as `model`.
+
+        Raises:
+            OutputValidationError: There is no output, or it does not fit `model`.
+        """
+        try:
+            return model.model_validate(self.output)
+        except ValidationError as err:
+            raise OutputValidationError(
+                f"the run's output does not fit {model.__name__}: {err}",
+                last_answer=self.final_text,
+                problems=str(err),
+            ) from err
