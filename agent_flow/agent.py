@@ -63,7 +63,19 @@ from agent_flow.events import (
     ToolCallStarted,
     WarningRaised,
 )
-from agent_flow.history import AgentMessage, AgentThinking, History, ToolCall, UserMessage
+from agent_flow.history import (
+    AgentMessage,
+    AgentThinking,
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    History,
+    PruningStrategy,
+    SlidingWindow,
+    SummarizeOldest,
+    ToolCall,
+    UserMessage,
+)
 from agent_flow.history import ToolResult as ToolResultEntry
 from agent_flow.llm.base import (
     Completion,
@@ -79,14 +91,6 @@ from agent_flow.llm.base import ThinkingDelta as ModelThinkingDelta
 from agent_flow.llm.base import ToolCallArgumentsDelta as ModelArgumentsDelta
 from agent_flow.llm.base import ToolCallStarted as ModelCallStarted
 from agent_flow.messages import ToolCallRequest, ToolDefinition
-from agent_flow.pruning import (
-    Chain,
-    DropOldest,
-    ElideToolResults,
-    PruningStrategy,
-    SlidingWindow,
-    SummarizeOldest,
-)
 from agent_flow.store import SessionStatus, SessionStore
 from agent_flow.tokens import (
     ApproxCounter,
@@ -487,7 +491,7 @@ class AgentExecutor:
 
     # -- construction helpers ----------------------------------------------------------
 
-    def _strategy(self, counter: TokenCounter) -> PruningStrategy:
+    def _strategy(self, counter: TokenCounter) -> PruningStrategy | SummarizeOldest:
         settings = self.config.context
         match settings.strategy:
             case "elide_then_drop":
@@ -499,10 +503,10 @@ class AgentExecutor:
             case "summarize":
                 from agent_flow.llm.summarizer import LLMSummarizer
 
-                return Chain(
-                    ElideToolResults(),
-                    SummarizeOldest(LLMSummarizer(self.llm, counter=counter)),
-                    DropOldest(),
+                return SummarizeOldest(
+                    LLMSummarizer(self.llm, counter=counter),
+                    before=ElideToolResults(),
+                    after=DropOldest(),
                 )
 
     # -- public API --------------------------------------------------------------------
