@@ -47,8 +47,17 @@ from agent_flow.events import AgentEvent, EventBus, Subscription, event_from_jso
 from agent_flow.history import (
     AgentMessage,
     AgentThinking,
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    ExtractiveSummarizer,
     History,
     HistoryEntry,
+    PruneReport,
+    PruningStrategy,
+    SlidingWindow,
+    SummarizeOldest,
+    Summarizer,
     Summary,
     ToolCall,
     ToolResult,
@@ -56,17 +65,6 @@ from agent_flow.history import (
 )
 from agent_flow.llm import Completion, LLMClient, LLMConfig, LLMOverrides, LLMRequest
 from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
-from agent_flow.pruning import (
-    Chain,
-    DropOldest,
-    ElideToolResults,
-    ExtractiveSummarizer,
-    PruneReport,
-    PruningStrategy,
-    SlidingWindow,
-    SummarizeOldest,
-    Summarizer,
-)
 from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
 
 if _TYPE_CHECKING:

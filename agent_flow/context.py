@@ -16,7 +16,10 @@ Every prompt agent_flow sends is built here. The budget is spent in this order:
 The invariant, property-tested: ``counter.count_messages(prompt.messages) +
 counter.count_tools(prompt.tools) == prompt.total_tokens <= max_tokens -
 reserve_output_tokens``. `build_prompt` never changes the history; `prune_if_needed`
-does, with the configured strategy, so that later prompts need not leave anything out.
+does, with the configured strategy, so that later prompts need not leave anything out. The
+strategy is either a synchronous `PruningStrategy` (applied with `History.prune`) or a
+`SummarizeOldest` step, the one that awaits a summarizer (applied with `History.fold`, with
+the sync strategies it runs before and after the summary).
 """
 
 from __future__ import annotations
@@ -28,9 +31,17 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_flow.environment import Environment
 from agent_flow.errors import ContextBudgetError, UserError
-from agent_flow.history import History, Unit
+from agent_flow.history import (
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    History,
+    PruneReport,
+    PruningStrategy,
+    SummarizeOldest,
+    Unit,
+)
 from agent_flow.messages import ChatMessage, ToolDefinition
-from agent_flow.pruning import Chain, DropOldest, ElideToolResults, PruneReport, PruningStrategy
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
 __all__ = [
@@ -120,8 +131,10 @@ class ContextManager:
         counter: Token counter; must be the history's own (the default), since the
             history's cached counts were made with it.
         reserve_output_tokens: Tokens kept free for the answer.
-        strategy: How `prune_if_needed` shrinks the history; defaults to eliding old tool
-            results, then dropping the oldest units.
+        strategy: How `prune_if_needed` shrinks the history: a synchronous `PruningStrategy`,
+            or a `SummarizeOldest` step when old units should be summarized (by a model, say)
+            rather than only elided or dropped. Defaults to eliding old tool results, then
+            dropping the oldest units.
         prune_target: When pruning, shrink the history to this fraction of its budget, so that
             the next steps do not each prune again.
     """
@@ -136,7 +149,7 @@ class ContextManager:
         system_prompt_template: str = DEFAULT_SYSTEM_PROMPT_TEMPLATE,
         counter: TokenCounter | None = None,
         reserve_output_tokens: int = 1024,
-        strategy: PruningStrategy | None = None,
+        strategy: PruningStrategy | SummarizeOldest | None = None,
         prune_target: float = 0.8,
     ) -> None:
         if max_tokens <= 0:
@@ -164,7 +177,9 @@ class ContextManager:
             )
         self.counter = history.counter
         self.reserve_output_tokens = reserve_output_tokens
-        self.strategy = strategy if strategy is not None else default_strategy()
+        self.strategy: PruningStrategy | SummarizeOldest = (
+            strategy if strategy is not None else default_strategy()
+        )
         self.prune_target = prune_target
         self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
         self._template_cache: dict[tuple[str, str | None], tuple[str, str, int]] = {}
@@ -364,15 +379,22 @@ class ContextManager:
         """Prune the history with the strategy when it exceeds its budget.
 
         The history is shrunk to ``prune_target`` of its budget, so pruning happens once in a
-        while rather than at every step.
+        while rather than at every step. A synchronous `PruningStrategy` is applied directly;
+        a `SummarizeOldest` step is awaited, since its summarizer may call a model.
 
         Returns:
             The strategy's report, or None when the history already fits.
+
+        Raises:
+            ModelError: A summarizing step's model failed.
         """
         budget = self.history_budget(current_task=current_task, tools=tools)
         if self.history.token_count() <= budget:
             return None
-        return await self.history.prune(self.strategy, int(budget * self.prune_target))
+        target = int(budget * self.prune_target)
+        if isinstance(self.strategy, SummarizeOldest):
+            return await self.history.fold(self.strategy, target)
+        return self.history.prune(self.strategy, target)
 
 
 def _select_units(

@@ -38,7 +38,7 @@ from agent_flow._types import JsonValue
 from agent_flow.context import PromptBreakdown
 from agent_flow.environment import EnvironmentChange, PlanStep
 from agent_flow.errors import UserError
-from agent_flow.pruning import PruneReport
+from agent_flow.history import PruneReport
 
 __all__ = [
     "EVENT_ADAPTER",

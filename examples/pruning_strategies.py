@@ -7,8 +7,11 @@ history when it outgrows its share of the budget:
 - ``DropOldest``: whole turns go, oldest first (the task is pinned);
 - ``Chain(ElideToolResults(), DropOldest())``: old tool results lose their bodies first
   (the calls stay), turns go only if that is not enough;
-- ``Chain(SummarizeOldest(ExtractiveSummarizer()), DropOldest())``: old turns are folded
-  into a summary entry, written here without a model.
+- ``SummarizeOldest(ExtractiveSummarizer(), after=DropOldest())``: old turns are folded
+  into a summary entry, written here without a model. Summarizing is the one pruning step that
+  may await a model, so it is not a (synchronous) strategy inside a ``Chain``: it is a step of
+  its own, given the sync strategies to run before or after it, and the ContextManager awaits
+  it when the history outgrows its budget.
 
 For each, the script prints how often it pruned, what the history holds at the end, which
 days' errors the model could still see in its last prompt, and that prompt's token split.
@@ -98,7 +101,7 @@ def choose_model(steps: list[ScriptStep]) -> LLMClient:
     return ScriptedLLM(steps)
 
 
-async def run_with(strategy: PruningStrategy, logs: Path) -> None:
+async def run_with(strategy: PruningStrategy | SummarizeOldest, logs: Path) -> None:
     counter = TiktokenCounter()
     context = ContextManager(
         Environment(),
@@ -158,14 +161,14 @@ async def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="logs-"))
     write_logs(logs)
     print(f"model: {type(choose_model([])).__name__}; budget {BUDGET} tokens per prompt")
-    for strategy in (
+    strategies: list[PruningStrategy | SummarizeOldest] = [
         DropOldest(),
         Chain(ElideToolResults(keep_last=2), DropOldest()),
-        Chain(
-            SummarizeOldest(ExtractiveSummarizer(), keep_last_units=2, max_summary_tokens=200),
-            DropOldest(),
+        SummarizeOldest(
+            ExtractiveSummarizer(), keep_last_units=2, max_summary_tokens=200, after=DropOldest()
         ),
-    ):
+    ]
+    for strategy in strategies:
         await run_with(strategy, logs)
 
 

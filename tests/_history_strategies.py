@@ -15,21 +15,19 @@ from hypothesis import strategies as st
 from agent_flow.history import (
     AgentMessage,
     AgentThinking,
-    History,
-    HistoryEntry,
-    Summary,
-    ToolCall,
-    ToolResult,
-    UserMessage,
-)
-from agent_flow.pruning import (
     Chain,
     DropOldest,
     ElideToolResults,
     ExtractiveSummarizer,
+    History,
+    HistoryEntry,
     PruningStrategy,
     SlidingWindow,
     SummarizeOldest,
+    Summary,
+    ToolCall,
+    ToolResult,
+    UserMessage,
 )
 from agent_flow.tokens import ApproxCounter, TokenCounter
 
@@ -39,6 +37,7 @@ __all__ = [
     "history_entries",
     "prose",
     "pruning_strategies",
+    "summarize_steps",
     "timestamps",
 ]
 
@@ -195,28 +194,31 @@ def histories(
     return History(entries, counter=counter if counter is not None else ApproxCounter())
 
 
-def _summarize_oldest(keep: int, cap: int) -> PruningStrategy:
-    return SummarizeOldest(
-        ExtractiveSummarizer(counter=ApproxCounter()),
-        keep_last_units=keep,
-        max_summary_tokens=cap,
-    )
-
-
 @st.composite
 def pruning_strategies(draw: st.DrawFn) -> PruningStrategy:
-    """Any built-in strategy or a typical chain of them, with drawn parameters."""
+    """Any built-in (synchronous) strategy or a typical chain of them, with drawn parameters."""
     factories: list[Callable[[], PruningStrategy]] = [
         DropOldest,
         lambda: SlidingWindow(turns=draw(st.integers(1, 4))),
         lambda: ElideToolResults(keep_last=draw(st.integers(0, 3))),
-        lambda: _summarize_oldest(draw(st.integers(0, 4)), draw(st.integers(1, 300))),
         lambda: Chain(ElideToolResults(), DropOldest()),
         lambda: Chain(SlidingWindow(turns=draw(st.integers(1, 3))), DropOldest()),
-        lambda: Chain(
-            ElideToolResults(keep_last=draw(st.integers(0, 3))),
-            _summarize_oldest(draw(st.integers(0, 4)), draw(st.integers(1, 300))),
-            DropOldest(),
-        ),
     ]
     return draw(st.sampled_from(factories))()
+
+
+@st.composite
+def summarize_steps(draw: st.DrawFn) -> SummarizeOldest:
+    """A `SummarizeOldest` step with an extractive summarizer, alone or between strategies.
+
+    One in three is the ``summarize`` configuration: elide, summarize, then drop.
+    """
+    keep, cap = draw(st.integers(0, 4)), draw(st.integers(1, 300))
+    shape = draw(st.integers(0, 2))
+    return SummarizeOldest(
+        ExtractiveSummarizer(counter=ApproxCounter()),
+        keep_last_units=keep,
+        max_summary_tokens=cap,
+        before=ElideToolResults(keep_last=draw(st.integers(0, 3))) if shape == 2 else None,
+        after=DropOldest() if shape >= 1 else None,
+    )

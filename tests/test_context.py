@@ -11,7 +11,12 @@ from agent_flow.environment import Environment
 from agent_flow.errors import ContextBudgetError, UserError
 from agent_flow.history import (
     AgentMessage,
+    DropOldest,
+    ElideToolResults,
+    ExtractiveSummarizer,
     History,
+    SummarizeOldest,
+    Summary,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -84,12 +89,31 @@ def test_built_prompt_never_exceeds_the_budget_when_recounted_independently(
                 assert message.content in sent_ids
 
 
+def summarizing_step() -> SummarizeOldest:
+    """The ``summarize`` configuration, with a summarizer that needs no model."""
+    return SummarizeOldest(
+        ExtractiveSummarizer(counter=COUNTER), before=ElideToolResults(), after=DropOldest()
+    )
+
+
 @settings(max_examples=60)
-@given(env=environments(), history=histories(COUNTER), max_tokens=st.integers(200, 3000))
+@given(
+    env=environments(),
+    history=histories(COUNTER),
+    max_tokens=st.integers(200, 3000),
+    summarizing=st.booleans(),
+)
 def test_pruning_makes_the_whole_history_fit_on_the_next_prompt(
-    env: Environment, history: History, max_tokens: int
+    env: Environment, history: History, max_tokens: int, summarizing: bool
 ) -> None:
-    manager = ContextManager(env, history, max_tokens, counter=COUNTER, reserve_output_tokens=10)
+    manager = ContextManager(
+        env,
+        history,
+        max_tokens,
+        counter=COUNTER,
+        reserve_output_tokens=10,
+        strategy=summarizing_step() if summarizing else None,
+    )
     try:
         budget = manager.history_budget()
     except ContextBudgetError:
@@ -213,5 +237,25 @@ async def test_prune_if_needed_prunes_below_target_and_reports() -> None:
     report = await manager.prune_if_needed()
     assert report is not None
     assert report.tokens_before == before
+    assert history.token_count() <= int(manager.history_budget() * manager.prune_target)
+    assert await manager.prune_if_needed() is None
+
+
+async def test_prune_if_needed_awaits_a_summarizing_step_and_reports_its_summary() -> None:
+    history = long_history(60, COUNTER)
+    manager = ContextManager(
+        Environment(),
+        history,
+        2000,
+        counter=COUNTER,
+        reserve_output_tokens=0,
+        strategy=summarizing_step(),
+    )
+    report = await manager.prune_if_needed()
+    assert report is not None
+    assert report.strategy == "chain(elide_tool_results, summarize_oldest, drop_oldest)"
+    assert [s.strategy for s in report.steps][:2] == ["elide_tool_results", "summarize_oldest"]
+    (summary,) = [e for e in history.entries if isinstance(e, Summary)]
+    assert summary.id == report.summary_id
     assert history.token_count() <= int(manager.history_budget() * manager.prune_target)
     assert await manager.prune_if_needed() is None

@@ -15,7 +15,6 @@ PUBLIC_MODULES = [
     "agent_flow.history",
     "agent_flow.llm",
     "agent_flow.messages",
-    "agent_flow.pruning",
     "agent_flow.testing",
     "agent_flow.tokens",
     "agent_flow.tools",

@@ -17,26 +17,32 @@ from agent_flow.history import (
     SUMMARY_PREFIX,
     AgentMessage,
     AgentThinking,
+    DropOldest,
+    ExtractiveSummarizer,
     History,
     HistoryEntry,
+    PruneReport,
+    PruneResult,
+    PruningStrategy,
+    SummarizeOldest,
     Summary,
     ToolCall,
     ToolResult,
     Unit,
     UserMessage,
-    _Entry,
     build_units,
     dump_entries,
     load_entries,
     truncate_to_tokens,
 )
+from agent_flow.history.entries import _Entry
 from agent_flow.messages import ChatMessage
-from agent_flow.pruning import DropOldest, ExtractiveSummarizer, PruningStrategy
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
 from tests._history_strategies import (
     entry_lists,
     history_entries,
     pruning_strategies,
+    summarize_steps,
 )
 
 COUNTER = ApproxCounter()
@@ -247,6 +253,8 @@ def test_entries_breaking_the_unit_rules_raise_user_errors(
     with pytest.raises(UserError, match=message):
         history.add(entry)
     assert_consistent(history)
+    with pytest.raises(UserError, match=message):
+        build_units([*history.entries, entry], COUNTER)
 
 
 def test_a_call_id_repeated_within_one_turn_raises() -> None:
@@ -352,8 +360,11 @@ def test_adding_entries_one_by_one_keeps_every_cache_exact(entries: list[History
 @st.composite
 def add_prune_scripts(
     draw: st.DrawFn,
-) -> list[tuple[list[HistoryEntry], tuple[PruningStrategy, int] | None]]:
-    """Entries cut at unit boundaries into chunks, each maybe followed by a pruning."""
+) -> list[tuple[list[HistoryEntry], tuple[PruningStrategy | SummarizeOldest, int] | None]]:
+    """Entries cut at unit boundaries into chunks, each maybe followed by a pruning.
+
+    A pruning is a sync strategy (`History.prune`) or a summarizing step (`History.fold`).
+    """
     entries = draw(entry_lists(max_units=20))
     starts = [0]
     for unit in build_units(entries, COUNTER):
@@ -361,7 +372,8 @@ def add_prune_scripts(
     cuts = sorted(set(draw(st.lists(st.sampled_from(starts), max_size=5))) | {0, len(entries)})
     script = []
     for begin, end in itertools.pairwise(cuts):
-        prune = draw(st.none() | st.tuples(pruning_strategies(), st.integers(0, 1500)))
+        pruner = st.one_of(pruning_strategies(), summarize_steps())
+        prune = draw(st.none() | st.tuples(pruner, st.integers(0, 1500)))
         script.append((entries[begin:end], prune))
     return script
 
@@ -369,7 +381,7 @@ def add_prune_scripts(
 @settings(max_examples=120)
 @given(script=add_prune_scripts())
 def test_token_count_stays_exact_through_any_adds_and_prunes(
-    script: list[tuple[list[HistoryEntry], tuple[PruningStrategy, int] | None]],
+    script: list[tuple[list[HistoryEntry], tuple[PruningStrategy | SummarizeOldest, int] | None]],
 ) -> None:
     history = History(counter=COUNTER)
     for chunk, prune in script:
@@ -378,7 +390,10 @@ def test_token_count_stays_exact_through_any_adds_and_prunes(
         if prune is not None:
             strategy, budget = prune
             version = history.version
-            report = asyncio.run(history.prune(strategy, budget))
+            if isinstance(strategy, SummarizeOldest):
+                report = asyncio.run(history.fold(strategy, budget))
+            else:
+                report = history.prune(strategy, budget)
             assert report.tokens_after == history.token_count()
             assert report.fits == (history.token_count() <= budget)
             assert history.version > version or not report.changed
@@ -388,14 +403,14 @@ def test_token_count_stays_exact_through_any_adds_and_prunes(
 # -- prune and summarize on the History -----------------------------------------------------
 
 
-async def test_prune_applies_the_strategy_and_reuses_kept_units() -> None:
+def test_prune_applies_the_strategy_and_reuses_kept_units() -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Task."))
     for i in range(10):
         turn(history, f"c{i}", "body " * 50)
     kept_before = history.units()[-1]
     version = history.version
-    report = await history.prune(DropOldest(), 200)
+    report = history.prune(DropOldest(), 200)
     assert report.fits
     assert history.token_count() <= 200
     assert history.version == version + 1
@@ -404,7 +419,7 @@ async def test_prune_applies_the_strategy_and_reuses_kept_units() -> None:
     assert_consistent(history)
 
 
-async def test_results_can_still_be_added_after_pruning_when_their_turn_is_kept() -> None:
+def test_results_can_still_be_added_after_pruning_when_their_turn_is_kept() -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Task."))
     turn(history, "old", "body " * 200)
@@ -412,7 +427,7 @@ async def test_results_can_still_be_added_after_pruning_when_their_turn_is_kept(
     history.add(ToolCall(call_id="x", name="search"))
     history.add(ToolCall(call_id="y", name="search"))
     history.add(ToolResult(call_id="x", tool_name="search", content="found"))
-    await history.prune(DropOldest(), 60)
+    history.prune(DropOldest(), 60)
     assert [c.call_id for c in history.pending_calls()] == ["y"]
     history.add(ToolResult(call_id="y", tool_name="search", content="found too"))
     assert history.pending_calls() == []
@@ -424,9 +439,7 @@ class DropSecondUnit:
 
     name = "drop_second"
 
-    async def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
-        from agent_flow.pruning import PruneReport, PruneResult
-
+    def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
         kept = (units[0], *units[2:])
         report = PruneReport(
             strategy=self.name,
@@ -439,52 +452,71 @@ class DropSecondUnit:
         return PruneResult(kept, report)
 
 
-async def test_units_that_a_custom_strategy_makes_adjacent_are_merged_as_grouping_would() -> None:
+def test_units_that_a_custom_strategy_makes_adjacent_are_merged_as_grouping_would() -> None:
     history = History(counter=COUNTER)
     history.add(AgentMessage(content="Hello."))
     history.add(UserMessage(content="Hi."))
     history.add(AgentMessage(content="What now?"))
-    await history.prune(DropSecondUnit(), 0)
+    history.prune(DropSecondUnit(), 0)
     assert [u.kind for u in history.units()] == ["assistant"]
     assert history.to_messages() == [ChatMessage(role="assistant", content="Hello.\n\nWhat now?")]
     assert_consistent(history)
 
 
-async def test_units_that_cannot_merge_make_prune_raise_and_change_nothing() -> None:
+def test_units_that_cannot_merge_make_prune_raise_and_change_nothing() -> None:
     history = History(counter=COUNTER)
     history.add(ToolCall(call_id="call_0", name="search"))
     history.add(UserMessage(content="Hi."))
     history.add(ToolCall(call_id="call_0", name="search"))
     before = list(history.entries)
     with pytest.raises(UserError, match="call_0"):
-        await history.prune(DropSecondUnit(), 0)
+        history.prune(DropSecondUnit(), 0)
     assert list(history.entries) == before
     assert_consistent(history)
 
 
-class SlowStrategy:
-    name = "slow"
+class SlowSummarizer:
+    """Summarizes only once released, so that the test can act while a summary is awaited."""
 
     def __init__(self, started: asyncio.Event, release: asyncio.Event) -> None:
         self.started, self.release = started, release
 
-    async def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
+    async def summarize(self, entries: Sequence[HistoryEntry], *, max_tokens: int) -> str:
         self.started.set()
         await self.release.wait()
-        return await DropOldest().prune(units, max_tokens, counter)
+        return "- Earlier work."
 
 
-async def test_adding_while_a_prune_runs_makes_the_prune_raise() -> None:
-    history = History(
-        [UserMessage(content="Go."), AgentMessage(content="a " * 99)], counter=COUNTER
-    )
+async def test_adding_while_a_fold_awaits_its_summarizer_makes_the_fold_raise() -> None:
+    history = History([UserMessage(content="Go.")], counter=COUNTER)
+    for i in range(6):
+        turn(history, f"c{i}", "body " * 40)
     started, release = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(history.prune(SlowStrategy(started, release), 10))
+    step = SummarizeOldest(SlowSummarizer(started, release), keep_last_units=1)
+    task = asyncio.create_task(history.fold(step, history.token_count() // 2))
     await started.wait()
     history.add(UserMessage(content="Meanwhile."))
     release.set()
     with pytest.raises(UserError, match="changed"):
         await task
+    assert len(history) == 20
+    assert_consistent(history)
+
+
+def test_prune_is_synchronous_and_a_strategy_that_adds_entries_makes_it_raise() -> None:
+    history = History(
+        [UserMessage(content="Go."), AgentMessage(content="a " * 99)], counter=COUNTER
+    )
+
+    class Meddler:
+        name = "meddler"
+
+        def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
+            history.add(UserMessage(content="Meanwhile."))
+            return DropOldest().prune(units, max_tokens, counter)
+
+    with pytest.raises(UserError, match="changed"):
+        history.prune(Meddler(), 10)
     assert len(history) == 3
 
 

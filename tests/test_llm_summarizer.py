@@ -6,21 +6,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent_flow import AgentConfig, AgentExecutor, ContextConfig
 from agent_flow.errors import ModelResponseError, UserError
+from agent_flow.events import AgentEvent, HistoryPruned
 from agent_flow.history import (
     SUMMARY_PREFIX,
     AgentMessage,
     AgentThinking,
     History,
+    SummarizeOldest,
+    Summarizer,
     Summary,
     ToolCall,
     ToolResult,
     UserMessage,
 )
 from agent_flow.llm import LLMRequest, LLMSummarizer
-from agent_flow.pruning import SummarizeOldest, Summarizer
-from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM
+from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
+from agent_flow.tools import tool
 
 COUNTER = ApproxCounter()
 ENTRIES = [
@@ -140,7 +144,7 @@ async def test_pruning_with_the_llm_summarizer_folds_old_turns_into_the_models_s
     summarizer = LLMSummarizer(llm, counter=COUNTER)
     assert isinstance(summarizer, Summarizer)
 
-    report = await history.prune(SummarizeOldest(summarizer, keep_last_units=2), max_tokens=400)
+    report = await history.fold(SummarizeOldest(summarizer, keep_last_units=2), max_tokens=400)
 
     assert report.fits
     assert report.summary_id is not None
@@ -151,3 +155,52 @@ async def test_pruning_with_the_llm_summarizer_folds_old_turns_into_the_models_s
         for m in history.to_messages()
     )
     llm.assert_all_consumed()
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def test_the_summarize_configuration_elides_summarizes_with_the_model_and_reports_it() -> (
+    None
+):
+    """``strategy="summarize"``: elide, then the model's summary, then drop, in one report."""
+    turns = 0
+    summary_requests: list[LLMRequest] = []
+
+    def answer(request: LLMRequest) -> Reply:
+        nonlocal turns
+        if not request.tools:  # LLMSummarizer's request: it offers no tools
+            summary_requests.append(request)
+            return "- The agent added numbers, one pair per turn."
+        turns += 1
+        if turns > 12:
+            return "done"
+        return reply("x " * 300, tool_calls=[call("add", a=turns, b=2)])
+
+    config = ContextConfig(
+        max_tokens=2500, reserve_output_tokens=200, counter="approx", strategy="summarize"
+    )
+    agent = AgentExecutor(FunctionLLM(answer), config=AgentConfig(context=config))
+    agent.tools.register(add)
+    pruned: list[HistoryPruned] = []
+
+    def record(event: AgentEvent) -> None:
+        assert isinstance(event, HistoryPruned)
+        pruned.append(event)
+
+    agent.events.on("history_pruned", record)
+    outcome = await agent.run("Add some numbers.")
+
+    assert outcome.final_text == "done"
+    assert summary_requests, "the model was never asked for a summary"
+    summarized = [e.report for e in pruned if e.report.summary_id is not None]
+    assert summarized
+    report = summarized[0]
+    assert report.strategy == "chain(elide_tool_results, summarize_oldest, drop_oldest)"
+    assert [s.strategy for s in report.steps][:2] == ["elide_tool_results", "summarize_oldest"]
+    summaries = [e for e in agent.history.entries if isinstance(e, Summary)]
+    assert [s.content for s in summaries] == ["- The agent added numbers, one pair per turn."]
+    assert summaries[0].id == summarized[-1].summary_id

@@ -12,8 +12,17 @@ from agent_flow.history import (
     SUMMARY_PREFIX,
     AgentMessage,
     AgentThinking,
+    Chain,
+    DropOldest,
+    ElideToolResults,
+    ExtractiveSummarizer,
     History,
     HistoryEntry,
+    PruneResult,
+    PruningStrategy,
+    SlidingWindow,
+    SummarizeOldest,
+    Summarizer,
     Summary,
     ToolCall,
     ToolResult,
@@ -22,30 +31,30 @@ from agent_flow.history import (
     build_units,
 )
 from agent_flow.messages import ChatMessage
-from agent_flow.pruning import (
-    Chain,
-    DropOldest,
-    ElideToolResults,
-    ExtractiveSummarizer,
-    PruneResult,
-    PruningStrategy,
-    SlidingWindow,
-    SummarizeOldest,
-    Summarizer,
-)
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
 from tests._history_strategies import (
     entry_lists,
     history_entries,
     pruning_strategies,
+    summarize_steps,
 )
 from tests.test_history import assert_tool_pairs_intact, turn
 
 COUNTER = ApproxCounter()
 
 
-def prune(strategy: PruningStrategy, units: Sequence[Unit], budget: int) -> PruneResult:
-    return asyncio.run(strategy.prune(tuple(units), budget, COUNTER))
+def prune(
+    strategy: PruningStrategy | SummarizeOldest, units: Sequence[Unit], budget: int
+) -> PruneResult:
+    """Apply a sync strategy directly, or run a summarizing step to completion."""
+    if isinstance(strategy, SummarizeOldest):
+        return asyncio.run(strategy.fold(tuple(units), budget, COUNTER))
+    return strategy.prune(tuple(units), budget, COUNTER)
+
+
+def pruners() -> st.SearchStrategy[PruningStrategy | SummarizeOldest]:
+    """Any sync strategy, or a summarizing step (alone or with strategies around it)."""
+    return st.one_of(pruning_strategies(), summarize_steps())
 
 
 def total(units: Sequence[Unit]) -> int:
@@ -66,9 +75,11 @@ def budgets(units: Sequence[Unit]) -> st.SearchStrategy[int]:
     )
 
 
-def ends_with_drop_oldest(strategy: PruningStrategy) -> bool:
+def ends_with_drop_oldest(strategy: PruningStrategy | SummarizeOldest | None) -> bool:
     if isinstance(strategy, Chain):
         return isinstance(strategy.strategies[-1], DropOldest)
+    if isinstance(strategy, SummarizeOldest):
+        return ends_with_drop_oldest(strategy.after)
     return isinstance(strategy, DropOldest)
 
 
@@ -76,9 +87,9 @@ def ends_with_drop_oldest(strategy: PruningStrategy) -> bool:
 
 
 @settings(max_examples=200)
-@given(data=st.data(), entries=entry_lists(max_units=18), strategy=pruning_strategies())
+@given(data=st.data(), entries=entry_lists(max_units=18), strategy=pruners())
 def test_any_strategy_keeps_units_whole_pinned_and_in_order(
-    data: st.DataObject, entries: list[HistoryEntry], strategy: PruningStrategy
+    data: st.DataObject, entries: list[HistoryEntry], strategy: PruningStrategy | SummarizeOldest
 ) -> None:
     units = build_units(entries, COUNTER)
     budget = data.draw(budgets(units), label="budget")
@@ -131,9 +142,9 @@ def test_any_strategy_keeps_units_whole_pinned_and_in_order(
 
 
 @settings(max_examples=60)
-@given(entries=entry_lists(), strategy=pruning_strategies(), slack=st.integers(0, 50))
+@given(entries=entry_lists(), strategy=pruners(), slack=st.integers(0, 50))
 def test_strategies_change_nothing_when_the_history_fits(
-    entries: list[HistoryEntry], strategy: PruningStrategy, slack: int
+    entries: list[HistoryEntry], strategy: PruningStrategy | SummarizeOldest, slack: int
 ) -> None:
     units = build_units(entries, COUNTER)
     result = prune(strategy, units, total(units) + slack)
@@ -284,10 +295,10 @@ def conversation(turns: int, body: str = "line of output " * 40) -> History:
     return history
 
 
-async def test_sliding_window_keeps_the_last_n_turns_and_the_task() -> None:
+def test_sliding_window_keeps_the_last_n_turns_and_the_task() -> None:
     history = conversation(6)
     budget = history.token_count() - 1
-    report = await history.prune(SlidingWindow(turns=2), budget)
+    report = history.prune(SlidingWindow(turns=2), budget)
     users = [e.content for e in history.entries if isinstance(e, UserMessage)]
     assert users == ["Request 0.", "Request 4.", "Request 5."]
     assert report.fits
@@ -296,26 +307,26 @@ async def test_sliding_window_keeps_the_last_n_turns_and_the_task() -> None:
     assert [u.kind for u in history.units()][:2] == ["user", "user"]
 
 
-async def test_sliding_window_narrows_to_fit_but_keeps_the_last_turn() -> None:
+def test_sliding_window_narrows_to_fit_but_keeps_the_last_turn() -> None:
     history = conversation(6)
     last_turn = total(history.units()[-3:])
     pinned = history.units()[0].tokens
-    report = await history.prune(SlidingWindow(turns=5), pinned + last_turn + 1)
+    report = history.prune(SlidingWindow(turns=5), pinned + last_turn + 1)
     assert [e.content for e in history.entries if isinstance(e, UserMessage)] == [
         "Request 0.",
         "Request 5.",
     ]
     assert report.fits
-    report = await history.prune(SlidingWindow(turns=5), pinned)
+    report = history.prune(SlidingWindow(turns=5), pinned)
     assert not report.fits
     assert len(history.units()) == 4
 
 
-async def test_elision_happens_before_dropping_in_a_chain() -> None:
+def test_elision_happens_before_dropping_in_a_chain() -> None:
     history = conversation(4)
     elided_size = history.token_count() - 3 * (COUNTER.count("line of output " * 40) - 20)
     # Eliding the three older bodies is enough: nothing is dropped.
-    report = await history.prune(Chain(ElideToolResults(keep_last=1), DropOldest()), elided_size)
+    report = history.prune(Chain(ElideToolResults(keep_last=1), DropOldest()), elided_size)
     assert report.fits
     assert len(report.elided) == 3
     assert report.dropped == ()
@@ -326,9 +337,9 @@ async def test_elision_happens_before_dropping_in_a_chain() -> None:
     assert len([e for e in history.entries if isinstance(e, ToolCall)]) == 4
 
 
-async def test_a_chain_drops_after_eliding_when_eliding_is_not_enough() -> None:
+def test_a_chain_drops_after_eliding_when_eliding_is_not_enough() -> None:
     history = conversation(4)
-    report = await history.prune(Chain(ElideToolResults(keep_last=1), DropOldest()), 300)
+    report = history.prune(Chain(ElideToolResults(keep_last=1), DropOldest()), 300)
     assert report.fits
     assert len(report.elided) == 3
     assert report.dropped
@@ -338,14 +349,14 @@ async def test_a_chain_drops_after_eliding_when_eliding_is_not_enough() -> None:
     assert history.token_count() <= 300
 
 
-async def test_elision_markers_count_real_tokens_with_tiktoken() -> None:
+def test_elision_markers_count_real_tokens_with_tiktoken() -> None:
     counter = TiktokenCounter()
     history = History(counter=counter)
     history.add(UserMessage(content="Summarize the two files."))
     body = "def parse(line):\n    return line.split(',')\n" * 150
     turn(history, "a", body)
     turn(history, "b", body)
-    report = await history.prune(ElideToolResults(keep_last=1), history.token_count() - 100)
+    report = history.prune(ElideToolResults(keep_last=1), history.token_count() - 100)
     assert report.fits
     (elided,) = [e for e in history.entries if isinstance(e, ToolResult) and e.elided_tokens]
     assert elided.elided_tokens == counter.count(body)
@@ -361,7 +372,7 @@ async def test_summarize_oldest_replaces_the_oldest_span_by_a_summary_entry() ->
     summarizer = ExtractiveSummarizer(counter=COUNTER)
     budget = history.token_count() // 2
     strategy = SummarizeOldest(summarizer, keep_last_units=3, max_summary_tokens=200)
-    report = await history.prune(strategy, budget)
+    report = await history.fold(strategy, budget)
     assert report.fits
     units = history.units()
     assert units[0].entries[0].content == "Request 0."  # type: ignore[union-attr]
@@ -377,7 +388,7 @@ async def test_summarize_oldest_replaces_the_oldest_span_by_a_summary_entry() ->
     for i in range(6, 9):
         history.add(UserMessage(content=f"Request {i}."))
         turn(history, f"c{i}", "line of output " * 40)
-    second = await history.prune(strategy, budget)
+    second = await history.fold(strategy, budget)
     assert report.summary_id in second.summarized
     assert [u.kind for u in history.units()].count("summary") == 1
 
@@ -391,13 +402,13 @@ async def test_summarize_oldest_with_tiktoken_keeps_the_summary_within_its_cap()
     strategy = SummarizeOldest(
         ExtractiveSummarizer(counter=counter), keep_last_units=2, max_summary_tokens=120
     )
-    report = await history.prune(strategy, 900)
+    report = await history.fold(strategy, 900)
     assert report.fits
     assert history.units()[1].tokens <= 120
     assert "more events omitted" in history.units()[1].entries[0].content  # type: ignore[union-attr]
 
 
-async def test_pinned_units_too_big_for_the_budget_are_kept_and_reported() -> None:
+def test_pinned_units_too_big_for_the_budget_are_kept_and_reported() -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="word " * 400))
     history.add(Summary(content="earlier " * 100, replaced_ids=()))
@@ -406,11 +417,11 @@ async def test_pinned_units_too_big_for_the_budget_are_kept_and_reported() -> No
     turn(history, "c2")
     strategies: list[PruningStrategy] = [DropOldest(), Chain(ElideToolResults(), DropOldest())]
     for strategy in strategies:
-        result = await strategy.prune(history.units(), 50, COUNTER)
+        result = strategy.prune(history.units(), 50, COUNTER)
         assert not result.report.fits
         assert [u.kind for u in result.units] == ["user", "summary"]
     # The window keeps the pinned units and always the last turn.
-    result = await SlidingWindow(turns=1).prune(history.units(), 50, COUNTER)
+    result = SlidingWindow(turns=1).prune(history.units(), 50, COUNTER)
     assert not result.report.fits
     assert [u.kind for u in result.units] == ["user", "summary", "user", "assistant"]
     assert len(result.report.dropped) == 3
@@ -431,7 +442,7 @@ async def test_a_summarizer_that_ignores_max_tokens_is_cut_to_fit() -> None:
     summarizer = FixedSummarizer("far too long " * 500)
     strategy = SummarizeOldest(summarizer, keep_last_units=2, max_summary_tokens=64)
     assert isinstance(summarizer, Summarizer)
-    report = await history.prune(strategy, history.token_count() // 2)
+    report = await history.fold(strategy, history.token_count() // 2)
     assert report.fits
     assert history.units()[1].tokens <= 64
     assert history.units()[1].entries[0].content.endswith("…")  # type: ignore[union-attr]
@@ -446,7 +457,7 @@ async def test_summarize_oldest_changes_nothing_when_no_useful_summary_fits() ->
     history = conversation(3)
     units = tuple(history.units())
     summarizer = FixedSummarizer("x")
-    result = await SummarizeOldest(summarizer, keep_last_units=0).prune(units, 5, COUNTER)
+    result = await SummarizeOldest(summarizer, keep_last_units=0).fold(units, 5, COUNTER)
     assert result.units == units
     assert not result.report.fits
     assert summarizer.calls == []
@@ -507,9 +518,13 @@ def test_bad_strategy_parameters_raise_user_errors(make: object) -> None:
 
 async def test_a_negative_budget_raises() -> None:
     with pytest.raises(UserError, match="-1"):
-        await History(counter=COUNTER).prune(DropOldest(), -1)
+        History(counter=COUNTER).prune(DropOldest(), -1)
     with pytest.raises(UserError, match="-1"):
-        await DropOldest().prune((), -1, COUNTER)
+        DropOldest().prune((), -1, COUNTER)
+    with pytest.raises(UserError, match="-1"):
+        await History(counter=COUNTER).fold(SummarizeOldest(FixedSummarizer("x")), -1)
+    with pytest.raises(UserError, match="-1"):
+        await SummarizeOldest(FixedSummarizer("x")).fold((), -1, COUNTER)
 
 
 def test_built_in_strategies_satisfy_the_protocols() -> None:
@@ -519,8 +534,106 @@ def test_built_in_strategies_satisfy_the_protocols() -> None:
         DropOldest(),
         SlidingWindow(turns=1),
         ElideToolResults(),
-        SummarizeOldest(summarizer),
         Chain(DropOldest()),
     ]:
         assert isinstance(strategy, PruningStrategy)
         assert strategy.name
+    # Summarizing awaits its summarizer: it is a step of its own, not a sync strategy.
+    assert not isinstance(SummarizeOldest(summarizer), PruningStrategy)
+
+
+# -- summarizing as its own async step ------------------------------------------------------
+
+
+class AsyncStrategy:
+    """A strategy written for the old async protocol."""
+
+    name = "async_drop"
+
+    async def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
+        return DropOldest().prune(units, max_tokens, counter)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Chain(ElideToolResults(), SummarizeOldest(FixedSummarizer("x")), DropOldest()),
+        lambda: SummarizeOldest(FixedSummarizer("x"), after=SummarizeOldest(FixedSummarizer("y"))),
+        lambda: Chain(AsyncStrategy()),
+        lambda: SummarizeOldest(FixedSummarizer("x"), before=AsyncStrategy()),
+    ],
+)
+def test_no_await_can_hide_inside_a_chain_or_around_a_summary(make: object) -> None:
+    with pytest.raises(UserError, match="PruningStrategy"):
+        make()  # type: ignore[operator]
+
+
+def test_history_prune_refuses_a_summarizing_step_or_an_async_strategy() -> None:
+    history = conversation(3)
+    before = list(history.entries)
+    with pytest.raises(UserError, match="SummarizeOldest"):
+        history.prune(SummarizeOldest(FixedSummarizer("x")), 10)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="synchronous"):
+        history.prune(AsyncStrategy(), 10)
+    assert list(history.entries) == before
+
+
+async def test_history_fold_refuses_a_sync_strategy() -> None:
+    with pytest.raises(UserError, match="prune"):
+        await conversation(3).fold(DropOldest(), 10)  # type: ignore[arg-type]
+
+
+def summarize_configuration(summarizer: Summarizer) -> SummarizeOldest:
+    """What ``ContextConfig(strategy="summarize")`` builds, with another summarizer."""
+    return SummarizeOldest(summarizer, before=ElideToolResults(), after=DropOldest())
+
+
+async def test_the_summarize_configuration_elides_then_summarizes_then_drops() -> None:
+    step = summarize_configuration(FixedSummarizer("- Read the files."))
+    assert step.name == "chain(elide_tool_results, summarize_oldest, drop_oldest)"
+    assert repr(step).endswith("before=ElideToolResults(keep_last=2), after=DropOldest())")
+    elided_only = conversation(6)
+    # Eliding the older bodies is enough: the summarizer is never asked.
+    report = await elided_only.fold(step, elided_only.token_count() - 100)
+    assert [s.strategy for s in report.steps] == ["elide_tool_results"]
+    assert report.fits and report.elided and report.summary_id is None
+    assert step.summarizer.calls == []  # type: ignore[attr-defined]
+    # Eliding is not enough: the oldest units are folded into the summary after eliding.
+    summarized = conversation(6)
+    report = await summarized.fold(step, summarized.token_count() // 3)
+    assert [s.strategy for s in report.steps] == ["elide_tool_results", "summarize_oldest"]
+    assert report.fits and report.elided and report.summary_id is not None
+    assert report.strategy == step.name
+    (summary,) = [e for e in summarized.entries if isinstance(e, Summary)]
+    assert summary.id == report.summary_id and summary.content == "- Read the files."
+    assert set(report.elided) & set(summary.replaced_ids), "the summary folds elided results"
+    # Not even a summary is enough: the oldest units are dropped last.
+    dropped = conversation(6)
+    report = await dropped.fold(step, dropped.units()[0].tokens + 40)
+    assert [s.strategy for s in report.steps] == [
+        "elide_tool_results",
+        "summarize_oldest",
+        "drop_oldest",
+    ]
+    assert report.fits and report.dropped
+    assert dropped.token_count() == report.tokens_after
+
+
+@settings(max_examples=80)
+@given(data=st.data(), entries=entry_lists(max_units=18))
+def test_a_summarizing_step_asks_its_summarizer_only_when_its_before_strategy_is_not_enough(
+    data: st.DataObject, entries: list[HistoryEntry]
+) -> None:
+    units = build_units(entries, COUNTER)
+    budget = data.draw(budgets(units))
+    summarizer = FixedSummarizer("- Earlier work.")
+    result = prune(summarize_configuration(summarizer), units, budget)
+    elided = ElideToolResults().prune(units, budget, COUNTER)
+    if elided.report.fits:
+        assert summarizer.calls == []
+        assert [u.ids for u in result.units] == [u.ids for u in elided.units]
+        assert result.report.steps == (elided.report,) or not elided.report.changed
+    else:
+        assert result.report.steps[0] == elided.report
+        if total([u for u in units if u.pinned]) <= budget:
+            assert result.report.fits

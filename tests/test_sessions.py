@@ -25,14 +25,17 @@ from agent_flow.environment import Environment
 from agent_flow.errors import PointerError, SessionNotFoundError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished, TextDelta
 from agent_flow.history import (
+    DropOldest,
+    ElideToolResults,
+    ExtractiveSummarizer,
     History,
     HistoryEntry,
+    PruningStrategy,
     ToolCall,
     ToolResult,
     UserMessage,
     build_units,
 )
-from agent_flow.pruning import DropOldest, ElideToolResults, ExtractiveSummarizer, PruningStrategy
 from agent_flow.sessions import (
     EXPORT_LINE_ADAPTER,
     SCHEMA_VERSION,
@@ -253,7 +256,7 @@ async def test_a_pruned_history_is_rewritten_from_its_first_changed_entry(
             add_step(history, environment, step)
             await store.save_step(info.id, history=history, environment=environment)
         before = tuple(history.entries)
-        await history.prune(strategy, history.token_count() // 2)
+        history.prune(strategy, history.token_count() // 2)
         first_change = next(
             i for i, (a, b) in enumerate(zip(history.entries, before, strict=False)) if a is not b
         )
@@ -366,7 +369,7 @@ def test_any_sequence_of_steps_pruning_and_environment_writes_reads_back_exactly
                 prune = prunes[step % len(prunes)]
                 if prune is not None:
                     strategy, percent = prune
-                    await history.prune(strategy, history.token_count() * percent // 100)
+                    history.prune(strategy, history.token_count() * percent // 100)
                 for pointer, value in writes[step % len(writes)]:
                     # A drawn path may run into an earlier scalar; such a write is refused.
                     with contextlib.suppress(PointerError):

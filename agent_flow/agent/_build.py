@@ -9,8 +9,7 @@ import warnings
 
 from agent_flow.config import AgentConfig
 from agent_flow.errors import ConfigError
-from agent_flow.llm.base import LLMClient
-from agent_flow.pruning import (
+from agent_flow.history import (
     Chain,
     DropOldest,
     ElideToolResults,
@@ -18,6 +17,7 @@ from agent_flow.pruning import (
     SlidingWindow,
     SummarizeOldest,
 )
+from agent_flow.llm.base import LLMClient
 from agent_flow.tokens import (
     ApproxCounter,
     TiktokenCounter,
@@ -54,7 +54,9 @@ def _make_counter(config: AgentConfig) -> tuple[TokenCounter, str | None]:
     return counter, (notes[0] if notes else None)
 
 
-def _strategy(config: AgentConfig, llm: LLMClient, counter: TokenCounter) -> PruningStrategy:
+def _strategy(
+    config: AgentConfig, llm: LLMClient, counter: TokenCounter
+) -> PruningStrategy | SummarizeOldest:
     """Return the pruning strategy ``config.context.strategy`` names."""
     settings = config.context
     match settings.strategy:
@@ -67,10 +69,10 @@ def _strategy(config: AgentConfig, llm: LLMClient, counter: TokenCounter) -> Pru
         case "summarize":
             from agent_flow.llm.summarizer import LLMSummarizer
 
-            return Chain(
-                ElideToolResults(),
-                SummarizeOldest(LLMSummarizer(llm, counter=counter)),
-                DropOldest(),
+            return SummarizeOldest(
+                LLMSummarizer(llm, counter=counter),
+                before=ElideToolResults(),
+                after=DropOldest(),
             )
 
 

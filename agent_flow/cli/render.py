@@ -49,7 +49,7 @@ from agent_flow.events import (
     WarningRaised,
     event_to_json,
 )
-from agent_flow.pruning import PruneReport
+from agent_flow.history import PruneReport
 
 __all__ = ["EventRenderer", "JsonLinesWriter", "make_console"]
 

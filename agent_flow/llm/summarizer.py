@@ -1,11 +1,12 @@
 """`LLMSummarizer`: a `Summarizer` that asks a model to summarize a span of history.
 
-Pruning (`agent_flow.pruning.SummarizeOldest`) hands it the entries to fold and a token cap;
-it renders them as a plain transcript, asks the model for a summary of at most that many
-tokens (``max_tokens`` on the request), and cuts the answer with the token counter if the
-model overruns — the result never exceeds the cap. A span too long for one request is
-summarized in parts whose summaries are then summarized together (map-reduce), so the
-model's own context is never overrun either.
+Summarizing is the one asynchronous step of pruning: `agent_flow.history.SummarizeOldest`
+(awaited by `History.fold` and by `ContextManager.prune_if_needed`) or `History.summarize`
+hands it the entries to fold and a token cap. It renders them as a plain transcript, asks the
+model for a summary of at most that many tokens (``max_tokens`` on the request), and cuts the
+answer with the token counter if the model overruns — the result never exceeds the cap. A
+span too long for one request is summarized in parts whose summaries are then summarized
+together (map-reduce), so the model's own context is never overrun either.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ DEFAULT_SUMMARY_INSTRUCTIONS = (
 
 
 class LLMSummarizer:
-    """Summarizes history entries with a model; implements `agent_flow.pruning.Summarizer`.
+    """Summarizes history entries with a model; implements `agent_flow.history.Summarizer`.
 
     Args:
         client: The model to ask (any `LLMClient`).

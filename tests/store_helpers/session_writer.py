@@ -20,8 +20,7 @@ import threading
 
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, TextDelta, ToolCallCompleted
-from agent_flow.history import AgentMessage, History, ToolCall, ToolResult, UserMessage
-from agent_flow.pruning import DropOldest
+from agent_flow.history import AgentMessage, DropOldest, History, ToolCall, ToolResult, UserMessage
 from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.tokens import ApproxCounter
 
@@ -71,7 +70,7 @@ async def main(path: str, session_id: str, hang_at: int | None) -> None:
         while True:
             events = add_step(history, environment, step)
             if step % 5 == 4:
-                await history.prune(DropOldest(), history.token_count() // 2)
+                history.prune(DropOldest(), history.token_count() // 2)
             hang.current = step
             info = await store.save_step(
                 session_id, history=history, environment=environment, events=events
