@@ -71,13 +71,13 @@ from agent_flow.llm.base import (
     LLMRequest,
     StreamEvent,
     StreamWarning,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     ToolCallPart,
     Usage,
 )
-from agent_flow.llm.base import TextDelta as ModelTextDelta
-from agent_flow.llm.base import ThinkingDelta as ModelThinkingDelta
-from agent_flow.llm.base import ToolCallArgumentsDelta as ModelArgumentsDelta
-from agent_flow.llm.base import ToolCallStarted as ModelCallStarted
 from agent_flow.messages import ToolCallRequest, ToolDefinition
 from agent_flow.pruning import (
     Chain,
@@ -719,15 +719,15 @@ class AgentExecutor:
         stream: AsyncIterator[StreamEvent] = self.llm.stream(request)
         async for delta in stream:
             match delta:
-                case ModelTextDelta(text=text):
+                case TextChunk(text=text):
                     await self._emit(TextDelta, text=text)
-                case ModelThinkingDelta(text=text):
+                case ThinkingChunk(text=text):
                     await self._emit(ThinkingDelta, text=text)
-                case ModelCallStarted(index=index, id=call_id, name=name):
+                case ToolCallChunk(index=index, id=call_id, name=name):
                     await self._emit(
                         ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
                     )
-                case ModelArgumentsDelta(index=index, id=call_id, delta=text):
+                case ToolCallArgumentsChunk(index=index, id=call_id, delta=text):
                     await self._emit(
                         ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
                     )
