@@ -37,7 +37,6 @@ __all__ = [
     "encode_body",
     "message_to_wire",
     "messages_to_wire",
-    "redact",
     "tool_choice_to_wire",
     "tools_to_wire",
 ]
@@ -499,16 +498,3 @@ class Assembler:
             warnings=tuple(notes),
         )
         return events, completion
-
-
-def redact(value: object, secret: str | None) -> object:
-    """Return `value` (a JSON-like body or a string) with `secret` replaced everywhere."""
-    if not secret or len(secret) < 4:
-        return value
-    if isinstance(value, str):
-        return value.replace(secret, "[redacted]")
-    if isinstance(value, dict):
-        return {k: redact(v, secret) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v, secret) for v in value]
-    return value
