@@ -16,7 +16,7 @@ tools and its events can be exercised end to end without a server::
     assert llm.requests[1].messages[-1].role == "tool"
 
 A step may also be a function of the request (sync or async) returning a reply, to answer
-from what the model was sent. Streams replay each reply as deltas (words by default,
+from what the model was sent. Streams replay each reply as chunks (words by default,
 `chunk_size` characters otherwise); usage is estimated with a token counter, so budgets and
 cost accounting see plausible numbers. Call ids are deterministic (``call_1``, ``call_2``,
 ...) unless given.
@@ -39,7 +39,7 @@ from agent_flow.llm.base import (
     FinishReason,
     LLMRequest,
     StreamEvent,
-    TextDelta,
+    TextChunk,
     ToolCallPart,
     Usage,
     completion_events,
@@ -94,7 +94,7 @@ class ScriptedReply:
 class ScriptedFailure:
     """A scripted failure (build it with `fail`): the call raises `error`.
 
-    When streamed, `partial_text` is sent as deltas first, as a server that fails mid-answer.
+    When streamed, `partial_text` is sent as chunks first, as a server that fails mid-answer.
     """
 
     error: BaseException
@@ -153,11 +153,11 @@ def reply(
     Args:
         text: The visible text.
         tool_calls: Calls made with `call`.
-        thinking: Reasoning, streamed as thinking deltas.
+        thinking: Reasoning, streamed as thinking chunks.
         finish_reason: Default ``"tool_calls"`` when there are calls, else ``"stop"``; pass
             ``"length"`` to play a model that ran out of tokens.
         usage: Reported usage; default estimated with the double's token counter.
-        chunk_size: Characters per streamed delta for this reply (default: the double's).
+        chunk_size: Characters per streamed chunk for this reply (default: the double's).
         warnings: Warnings the completion carries (streamed as `StreamWarning`).
     """
     return ScriptedReply(
@@ -263,7 +263,7 @@ class _Double:
             for event in completion_events(
                 Completion(text=answer.partial_text), chunk_size=self.chunk_size
             ):
-                if isinstance(event, TextDelta):
+                if isinstance(event, TextChunk):
                     await self._pause()
                     yield event
             raise answer.error
@@ -285,9 +285,9 @@ class ScriptedLLM(_Double):
         steps: The script: replies (`reply`, plain strings, `Completion`s), failures
             (`fail`), or functions of the request returning one of those.
         model: The model name completions report.
-        chunk_size: Characters per streamed delta; ``None`` streams word by word.
+        chunk_size: Characters per streamed chunk; ``None`` streams word by word.
         counter: Estimates usage when a reply gives none (default `ApproxCounter`).
-        delay: Seconds to wait before each streamed delta (for demos; 0 in tests).
+        delay: Seconds to wait before each streamed chunk (for demos; 0 in tests).
     """
 
     def __init__(
@@ -353,7 +353,7 @@ class ScriptedLLM(_Double):
         return await self._answer(await self._resolve(step, request), request)
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamEvent]:
-        """Stream the next step of the script as deltas, ending with its `Completion`.
+        """Stream the next step of the script as chunks, ending with its `Completion`.
 
         Raises:
             ScriptExhaustedError: The script has no step left.
@@ -379,9 +379,9 @@ class FunctionLLM(_Double):
     Args:
         fn: Plays the model.
         model: The model name completions report.
-        chunk_size: Characters per streamed delta; ``None`` streams word by word.
+        chunk_size: Characters per streamed chunk; ``None`` streams word by word.
         counter: Estimates usage when a reply gives none (default `ApproxCounter`).
-        delay: Seconds to wait before each streamed delta.
+        delay: Seconds to wait before each streamed chunk.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""The neutral LLM data model: requests, completions, deltas, argument parsing."""
+"""The neutral LLM data model: requests, completions, stream chunks, argument parsing."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from agent_flow.llm import (
     OpenAIClient,
     StreamEvent,
     StreamWarning,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     ToolCallPart,
-    ToolCallStarted,
     Usage,
     completion_events,
     final_completion,
@@ -123,10 +123,10 @@ def test_finish_reasons_of_many_servers_map_onto_a_closed_set(raw: str | None, r
 
 
 EXAMPLES: list[StreamEvent] = [
-    TextDelta(text="hi"),
-    ThinkingDelta(text="hmm"),
-    ToolCallStarted(index=0, id="c1", name="ls"),
-    ToolCallArgumentsDelta(index=0, id="c1", delta='{"a"'),
+    TextChunk(text="hi"),
+    ThinkingChunk(text="hmm"),
+    ToolCallChunk(index=0, id="c1", name="ls"),
+    ToolCallArgumentsChunk(index=0, id="c1", delta='{"a"'),
     StreamWarning(code="stream_options_rejected", message="no usage"),
     Completion(
         text="done",
@@ -163,32 +163,32 @@ completions = st.builds(
 
 
 @given(completion=completions, chunk_size=st.one_of(st.none(), st.integers(1, 9)))
-def test_replaying_a_completion_as_deltas_reassembles_to_the_completion(
+def test_replaying_a_completion_as_chunks_reassembles_to_the_completion(
     completion: Completion, chunk_size: int | None
 ) -> None:
     events = list(completion_events(completion, chunk_size=chunk_size))
 
     assert events[-1] is completion
-    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == completion.text
-    assert "".join(e.text for e in events if isinstance(e, ThinkingDelta)) == completion.thinking
-    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert "".join(e.text for e in events if isinstance(e, TextChunk)) == completion.text
+    assert "".join(e.text for e in events if isinstance(e, ThinkingChunk)) == completion.thinking
+    started = [e for e in events if isinstance(e, ToolCallChunk)]
     assert [(s.id, s.name) for s in started] == [(c.id, c.name) for c in completion.tool_calls]
     for index, call in enumerate(completion.tool_calls):
         pieces = [
-            e.delta for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == index
+            e.delta for e in events if isinstance(e, ToolCallArgumentsChunk) and e.index == index
         ]
         assert "".join(pieces) == call.arguments
     if chunk_size is not None:
-        assert all(len(e.text) <= chunk_size for e in events if isinstance(e, TextDelta))
+        assert all(len(e.text) <= chunk_size for e in events if isinstance(e, TextChunk))
 
 
 async def test_final_completion_drains_a_stream_and_insists_on_its_completion() -> None:
     async def good() -> AsyncIterator[StreamEvent]:
-        yield TextDelta(text="a")
+        yield TextChunk(text="a")
         yield Completion(text="a")
 
     async def truncated() -> AsyncIterator[StreamEvent]:
-        yield TextDelta(text="a")
+        yield TextChunk(text="a")
 
     assert (await final_completion(good())).text == "a"
     with pytest.raises(ModelResponseError, match="without a final completion"):

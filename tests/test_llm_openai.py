@@ -27,10 +27,10 @@ from agent_flow.llm import (
     OpenAIClient,
     StreamEvent,
     StreamWarning,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
-    ToolCallStarted,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     final_completion,
 )
 from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
@@ -81,13 +81,13 @@ async def drain_into(events: AsyncIterator[StreamEvent], seen: list[StreamEvent]
 
 
 def texts(events: list[StreamEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
+    return "".join(e.text for e in events if isinstance(e, TextChunk))
 
 
 # -- streaming -------------------------------------------------------------------------------
 
 
-async def test_a_text_stream_in_many_small_chunks_arrives_as_deltas_and_one_completion(
+async def test_a_text_stream_in_many_small_chunks_arrives_as_text_chunks_and_one_completion(
     server: OpenAIServer, client: OpenAIClient
 ) -> None:
     answer = "The quick brown fox jumps over the lazy dog, twice.  \n"
@@ -95,8 +95,8 @@ async def test_a_text_stream_in_many_small_chunks_arrives_as_deltas_and_one_comp
 
     events = await collect(client.stream(HELLO))
 
-    deltas = [e for e in events if isinstance(e, TextDelta)]
-    assert len(deltas) == (len(answer) + 1) // 2
+    chunks = [e for e in events if isinstance(e, TextChunk)]
+    assert len(chunks) == (len(answer) + 1) // 2
     assert texts(events) == answer
     completion = events[-1]
     assert isinstance(completion, Completion)
@@ -156,7 +156,7 @@ async def test_several_parallel_tool_calls_are_assembled_by_index_from_interleav
 
     events = await collect(client.stream(WITH_TOOLS))
 
-    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    started = [e for e in events if isinstance(e, ToolCallChunk)]
     assert [(e.index, e.id, e.name) for e in started] == [
         (0, "call_a", "read_file"),
         (1, "call_b", "read_file"),
@@ -164,7 +164,7 @@ async def test_several_parallel_tool_calls_are_assembled_by_index_from_interleav
     ]
     for index, (_, _, arguments) in enumerate(calls):
         pieces = [
-            e.delta for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == index
+            e.delta for e in events if isinstance(e, ToolCallArgumentsChunk) and e.index == index
         ]
         assert len(pieces) > 1 or arguments == "{}"
         assert "".join(pieces) == arguments
@@ -238,7 +238,7 @@ async def test_tool_calls_without_ids_or_with_reused_ids_get_fresh_unique_ids(
     assert "call_0" not in ids
     assert ids[2] == "dup"
     assert all(ids)
-    assert [e.id for e in events if isinstance(e, ToolCallStarted)] == ids
+    assert [e.id for e in events if isinstance(e, ToolCallChunk)] == ids
     assert [c.parsed_arguments for c in completion.tool_calls] == [{"path": p} for p in "abcd"]
 
 
@@ -330,7 +330,7 @@ async def test_chunks_with_empty_choices_and_trailing_whitespace_are_normalized(
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
-async def test_reasoning_fields_surface_as_thinking_deltas(
+async def test_reasoning_fields_surface_as_thinking_chunks(
     server: OpenAIServer, client: OpenAIClient, field: str
 ) -> None:
     chunks = text_chunks("42.", reasoning="Six times seven.", reasoning_field=field)
@@ -338,7 +338,7 @@ async def test_reasoning_fields_surface_as_thinking_deltas(
 
     events = await collect(client.stream(HELLO))
 
-    thinking = "".join(e.text for e in events if isinstance(e, ThinkingDelta))
+    thinking = "".join(e.text for e in events if isinstance(e, ThinkingChunk))
     assert thinking == "Six times seven."
     assert texts(events) == "42."
     completion = events[-1]
@@ -369,7 +369,7 @@ async def test_breaking_out_of_a_stream_early_releases_the_connection(
 
     stream = client.stream(HELLO)
     async for event in stream:
-        assert isinstance(event, TextDelta)
+        assert isinstance(event, TextChunk)
         break
     await stream.aclose()  # type: ignore[attr-defined]
 
@@ -379,7 +379,7 @@ async def test_breaking_out_of_a_stream_early_releases_the_connection(
 # -- streams that go wrong ------------------------------------------------------------------
 
 
-async def test_a_connection_dropped_mid_stream_raises_model_connection_error_after_the_deltas(
+async def test_a_connection_dropped_mid_stream_raises_model_connection_error_after_the_chunks(
     server: OpenAIServer, client: OpenAIClient
 ) -> None:
     server.script(sse_reply(text_chunks("abcdefghij", chunk_size=2), drop_after=3))
@@ -651,7 +651,7 @@ async def test_a_server_rejecting_streams_with_tools_falls_back_to_a_non_streame
     (warning,) = [e for e in events if isinstance(e, StreamWarning)]
     assert warning.code == "stream_with_tools_unsupported"
     assert texts(events) == "Reading."
-    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    started = [e for e in events if isinstance(e, ToolCallChunk)]
     assert [(s.id, s.name) for s in started] == [("c1", "read_file")]
     completion = events[-1]
     assert isinstance(completion, Completion)

@@ -15,10 +15,10 @@ from agent_flow.llm import (
     LLMRequest,
     OpenAIClient,
     StreamEvent,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
-    ToolCallStarted,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
 )
 from agent_flow.llm.xml_tools import (
     XmlPiece,
@@ -294,14 +294,14 @@ async def test_a_streamed_xml_answer_yields_tool_calls_and_never_shows_the_xml(
 
     events: list[StreamEvent] = [e async for e in client.stream(REQUEST)]
 
-    text = [e.text for e in events if isinstance(e, TextDelta)]
+    text = [e.text for e in events if isinstance(e, TextChunk)]
     assert "".join(text) == "Let me read it.\n"
     assert not any("<" in t or "tool_name" in t or "thinking" in t for t in text)
-    thinking = "".join(e.text for e in events if isinstance(e, ThinkingDelta))
+    thinking = "".join(e.text for e in events if isinstance(e, ThinkingChunk))
     assert thinking == "The user wants a.py."
-    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    started = [e for e in events if isinstance(e, ToolCallChunk)]
     assert [(s.index, s.name) for s in started] == [(0, "read_file")]
-    arguments = [e.delta for e in events if isinstance(e, ToolCallArgumentsDelta)]
+    arguments = [e.delta for e in events if isinstance(e, ToolCallArgumentsChunk)]
     assert json.loads("".join(arguments)) == {"path": "a.py"}
     completion = events[-1]
     assert isinstance(completion, Completion)

@@ -15,10 +15,10 @@ from agent_flow.llm import (
     LLMRequest,
     StreamEvent,
     StreamWarning,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
-    ToolCallStarted,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     Usage,
     final_completion,
 )
@@ -141,11 +141,11 @@ async def test_a_scripted_failure_raises_and_a_streamed_one_sends_its_partial_te
     seen: list[StreamEvent] = []
     with pytest.raises(ModelRateLimitError):
         await drain_into(llm.stream(ASK), seen)
-    assert "".join(e.text for e in seen if isinstance(e, TextDelta)) == "I was saying"
+    assert "".join(e.text for e in seen if isinstance(e, TextChunk)) == "I was saying"
     assert not any(isinstance(e, Completion) for e in seen)
 
 
-async def test_a_streamed_reply_arrives_as_deltas_ending_with_its_completion() -> None:
+async def test_a_streamed_reply_arrives_as_chunks_ending_with_its_completion() -> None:
     llm = ScriptedLLM(
         [
             reply(
@@ -161,16 +161,16 @@ async def test_a_streamed_reply_arrives_as_deltas_ending_with_its_completion() -
     events = await stream_all(llm, ASK)
 
     assert isinstance(events[0], StreamWarning)
-    texts = [e.text for e in events if isinstance(e, TextDelta)]
+    texts = [e.text for e in events if isinstance(e, TextChunk)]
     assert all(len(t) <= 4 for t in texts)
     assert "".join(texts) == "I will read two files."
-    assert "".join(e.text for e in events if isinstance(e, ThinkingDelta)) == (
+    assert "".join(e.text for e in events if isinstance(e, ThinkingChunk)) == (
         "Start with the entry point."
     )
-    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    started = [e for e in events if isinstance(e, ToolCallChunk)]
     assert [(s.index, s.id) for s in started] == [(0, "call_1"), (1, "call_2")]
     second_args = [
-        e.delta for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == 1
+        e.delta for e in events if isinstance(e, ToolCallArgumentsChunk) and e.index == 1
     ]
     assert json.loads("".join(second_args)) == {"path": "util.py"}
     completion = events[-1]
@@ -184,7 +184,7 @@ async def test_by_default_streams_go_word_by_word() -> None:
 
     events = await stream_all(llm, ASK)
 
-    assert [e.text for e in events if isinstance(e, TextDelta)] == ["one ", "two  ", "three"]
+    assert [e.text for e in events if isinstance(e, TextChunk)] == ["one ", "two  ", "three"]
 
 
 async def test_usage_is_estimated_with_the_token_counter_unless_scripted() -> None:
@@ -295,4 +295,4 @@ async def test_streaming_and_completing_a_script_give_the_same_answers(
         events = await stream_all(streamed, ASK)
         completion = events[-1]
         assert completion == expected
-        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == expected.text
+        assert "".join(e.text for e in events if isinstance(e, TextChunk)) == expected.text

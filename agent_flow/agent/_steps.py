@@ -44,11 +44,17 @@ from agent_flow.events import (
 )
 from agent_flow.history import AgentMessage, AgentThinking, ToolCall, UserMessage
 from agent_flow.history import ToolResult as ToolResultEntry
-from agent_flow.llm.base import Completion, LLMRequest, StreamEvent, StreamWarning, Usage
-from agent_flow.llm.base import TextDelta as ModelTextDelta
-from agent_flow.llm.base import ThinkingDelta as ModelThinkingDelta
-from agent_flow.llm.base import ToolCallArgumentsDelta as ModelArgumentsDelta
-from agent_flow.llm.base import ToolCallStarted as ModelCallStarted
+from agent_flow.llm.base import (
+    Completion,
+    LLMRequest,
+    StreamEvent,
+    StreamWarning,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
+    Usage,
+)
 from agent_flow.messages import ToolCallRequest
 from agent_flow.tools import (
     ControlSignal,
@@ -127,15 +133,15 @@ async def _call_model(run: _Run, request: LLMRequest) -> Completion:
     stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
     async for delta in stream:
         match delta:
-            case ModelTextDelta(text=text):
+            case TextChunk(text=text):
                 await run.emit(TextDelta, text=text)
-            case ModelThinkingDelta(text=text):
+            case ThinkingChunk(text=text):
                 await run.emit(ThinkingDelta, text=text)
-            case ModelCallStarted(index=index, id=call_id, name=name):
+            case ToolCallChunk(index=index, id=call_id, name=name):
                 await run.emit(
                     ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
                 )
-            case ModelArgumentsDelta(index=index, id=call_id, delta=text):
+            case ToolCallArgumentsChunk(index=index, id=call_id, delta=text):
                 await run.emit(
                     ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
                 )

@@ -2,8 +2,8 @@
 
 ```
 LLMRequest ──▶ LLMClient.complete() ──▶ Completion
-           └─▶ LLMClient.stream()   ──▶ TextDelta | ThinkingDelta | ToolCallStarted
-                                        | ToolCallArgumentsDelta | StreamWarning ... Completion
+           └─▶ LLMClient.stream()   ──▶ TextChunk | ThinkingChunk | ToolCallChunk
+                                        | ToolCallArgumentsChunk | StreamWarning ... Completion
 ```
 
 `OpenAIClient` speaks to any OpenAI-compatible server; `agent_flow.testing` holds the
@@ -22,11 +22,11 @@ from agent_flow.llm.base import (
     LLMRequest,
     StreamEvent,
     StreamWarning,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     ToolCallPart,
-    ToolCallStarted,
     ToolMode,
     Usage,
     completion_events,
@@ -70,11 +70,11 @@ __all__ = [
     "Provider",
     "StreamEvent",
     "StreamWarning",
-    "TextDelta",
-    "ThinkingDelta",
-    "ToolCallArgumentsDelta",
+    "TextChunk",
+    "ThinkingChunk",
+    "ToolCallArgumentsChunk",
+    "ToolCallChunk",
     "ToolCallPart",
-    "ToolCallStarted",
     "ToolMode",
     "Usage",
     "completion_events",

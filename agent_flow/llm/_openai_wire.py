@@ -21,11 +21,11 @@ from agent_flow.errors import IncompleteStreamError, MalformedChunkError, ModelR
 from agent_flow.llm.base import (
     Completion,
     StreamEvent,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     ToolCallPart,
-    ToolCallStarted,
     Usage,
     normalize_finish_reason,
 )
@@ -37,7 +37,6 @@ __all__ = [
     "encode_body",
     "message_to_wire",
     "messages_to_wire",
-    "redact",
     "tool_choice_to_wire",
     "tools_to_wire",
 ]
@@ -201,7 +200,7 @@ class _PartialCall:
 
 
 class Assembler:
-    """Turns chat-completions chunks (or one whole response) into deltas and a `Completion`.
+    """Turns chat-completions chunks (or one whole response) into stream chunks and a `Completion`.
 
     Normalizations: tool-call fragments are joined by ``index`` (or by id, for servers that
     omit it); calls without an id, or with an id already used in this answer or anywhere in
@@ -256,7 +255,7 @@ class Assembler:
     # -- feeding ---------------------------------------------------------------------------
 
     def feed(self, chunk: object) -> list[StreamEvent]:
-        """Read one streamed chunk and return the deltas it carries.
+        """Read one streamed chunk and return the stream chunks it carries.
 
         Raises:
             MalformedChunkError: The chunk is not a JSON object.
@@ -292,7 +291,7 @@ class Assembler:
         return events
 
     def feed_response(self, response: object) -> list[StreamEvent]:
-        """Read a whole (non-streamed) response and return the deltas it amounts to.
+        """Read a whole (non-streamed) response and return the stream chunks it amounts to.
 
         Raises:
             ModelResponseError: The response is not a chat completion or has no choices.
@@ -342,14 +341,14 @@ class Assembler:
             reasoning = delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             self._thinking.append(reasoning)
-            events.append(ThinkingDelta(text=reasoning))
+            events.append(ThinkingChunk(text=reasoning))
         content = delta.get("content")
         if content:
             text = _text_of(content)
             if text:
                 if self._xml is None:
                     self._text.append(text)
-                    events.append(TextDelta(text=text))
+                    events.append(TextChunk(text=text))
                 else:
                     self._read_xml(self._xml.feed(text), events)
         calls = delta.get("tool_calls")
@@ -404,15 +403,15 @@ class Assembler:
         if not call.started:
             if call.name:
                 self._start(call)
-                events.append(ToolCallStarted(index=call.position, id=call.id, name=call.name))
+                events.append(ToolCallChunk(index=call.position, id=call.id, name=call.name))
                 if call.arguments:
                     events.append(
-                        ToolCallArgumentsDelta(
+                        ToolCallArgumentsChunk(
                             index=call.position, id=call.id, delta="".join(call.arguments)
                         )
                     )
         elif arguments:
-            events.append(ToolCallArgumentsDelta(index=call.position, id=call.id, delta=arguments))
+            events.append(ToolCallArgumentsChunk(index=call.position, id=call.id, delta=arguments))
 
     def _start(self, call: _PartialCall) -> None:
         call.started = True
@@ -424,10 +423,10 @@ class Assembler:
         for kind, text in pieces:
             if kind == "text":
                 self._text.append(text)
-                events.append(TextDelta(text=text))
+                events.append(TextChunk(text=text))
             elif kind == "thinking":
                 self._thinking.append(text)
-                events.append(ThinkingDelta(text=text))
+                events.append(ThinkingChunk(text=text))
             else:
                 self._xml_call(text, closed=kind == "tool", events=events)
 
@@ -442,15 +441,15 @@ class Assembler:
         call.arguments = [arguments]
         call.problem = problem
         self._start(call)
-        events.append(ToolCallStarted(index=call.position, id=call.id, name=name))
-        events.append(ToolCallArgumentsDelta(index=call.position, id=call.id, delta=arguments))
+        events.append(ToolCallChunk(index=call.position, id=call.id, name=name))
+        events.append(ToolCallArgumentsChunk(index=call.position, id=call.id, delta=arguments))
 
     # -- finishing ---------------------------------------------------------------------------
 
     def finish(
         self, *, warnings: Sequence[str] = (), require_finish_reason: bool = True
     ) -> tuple[list[StreamEvent], Completion]:
-        """Close the answer: return the last deltas (XML held back) and the `Completion`.
+        """Close the answer: return the last stream chunks (XML held back) and the `Completion`.
 
         Raises:
             IncompleteStreamError: No finish reason arrived: the answer was cut short.
@@ -499,16 +498,3 @@ class Assembler:
             warnings=tuple(notes),
         )
         return events, completion
-
-
-def redact(value: object, secret: str | None) -> object:
-    """Return `value` (a JSON-like body or a string) with `secret` replaced everywhere."""
-    if not secret or len(secret) < 4:
-        return value
-    if isinstance(value, str):
-        return value.replace(secret, "[redacted]")
-    if isinstance(value, dict):
-        return {k: redact(v, secret) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v, secret) for v in value]
-    return value

@@ -1,13 +1,14 @@
-"""The provider-neutral model interface: requests, completions, stream deltas, `LLMClient`.
+"""The provider-neutral model interface: requests, completions, stream chunks, `LLMClient`.
 
 Everything here is plain data that the rest of agent_flow may hold on to: an `LLMRequest`
 built from the neutral `ChatMessage` / `ToolDefinition` model, the `Completion` a client
-returns, and the `StreamEvent` deltas a streaming call yields before that completion.
+returns, and the `StreamEvent` chunks a streaming call yields before that completion.
 Provider wire formats never appear here; clients convert at their own boundary.
 
-A stream is a sequence of deltas that always ends with exactly one `Completion`::
+A stream is a sequence of chunks (pieces of the model's answer as it writes it) and
+warnings that always ends with exactly one `Completion`::
 
-    TextDelta | ThinkingDelta | ToolCallStarted | ToolCallArgumentsDelta | StreamWarning
+    TextChunk | ThinkingChunk | ToolCallChunk | ToolCallArgumentsChunk | StreamWarning
     ... → Completion
 
 `Completion` normalizes what servers disagree about: tool calls always have a unique id,
@@ -37,11 +38,11 @@ __all__ = [
     "LLMRequest",
     "StreamEvent",
     "StreamWarning",
-    "TextDelta",
-    "ThinkingDelta",
-    "ToolCallArgumentsDelta",
+    "TextChunk",
+    "ThinkingChunk",
+    "ToolCallArgumentsChunk",
+    "ToolCallChunk",
     "ToolCallPart",
-    "ToolCallStarted",
     "ToolMode",
     "Usage",
     "completion_events",
@@ -214,26 +215,29 @@ class ToolCallPart(BaseModel):
         return ToolCallRequest(id=self.id, name=self.name, arguments=self.arguments)
 
 
-class TextDelta(BaseModel):
+class TextChunk(BaseModel):
     """A piece of the answer's user-visible text."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["text_delta"] = "text_delta"
+    kind: Literal["text_chunk"] = "text_chunk"
     text: str
 
 
-class ThinkingDelta(BaseModel):
+class ThinkingChunk(BaseModel):
     """A piece of the model's reasoning (``reasoning_content`` / ``<thinking>``), not for users."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["thinking_delta"] = "thinking_delta"
+    kind: Literal["thinking_chunk"] = "thinking_chunk"
     text: str
 
 
-class ToolCallStarted(BaseModel):
-    """The model began a tool call; its arguments follow as `ToolCallArgumentsDelta`s.
+class ToolCallChunk(BaseModel):
+    """The first piece of a tool call the model is writing: which call, and which tool.
+
+    Its arguments follow as `ToolCallArgumentsChunk`s. (That the agent began *running* a
+    call is a different fact: the event `agent_flow.events.ToolCallStarted`.)
 
     Attributes:
         index: The call's position in the completion's ``tool_calls``.
@@ -243,18 +247,24 @@ class ToolCallStarted(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["tool_call_started"] = "tool_call_started"
+    kind: Literal["tool_call_chunk"] = "tool_call_chunk"
     index: int
     id: str
     name: str
 
 
-class ToolCallArgumentsDelta(BaseModel):
-    """A piece of a started tool call's raw argument text."""
+class ToolCallArgumentsChunk(BaseModel):
+    """A piece of the raw argument text of a call its `ToolCallChunk` began.
+
+    Attributes:
+        index: The call's position in the completion's ``tool_calls``.
+        id: The call id.
+        delta: The next piece of the argument text.
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["tool_call_arguments_delta"] = "tool_call_arguments_delta"
+    kind: Literal["tool_call_arguments_chunk"] = "tool_call_arguments_chunk"
     index: int
     id: str
     delta: str
@@ -262,6 +272,8 @@ class ToolCallArgumentsDelta(BaseModel):
 
 class StreamWarning(BaseModel):
     """Something the caller should know that did not stop the call.
+
+    Not a piece of the answer (so not a chunk): the client's own note about how it got it.
 
     Attributes:
         code: A stable identifier, e.g. ``"stream_options_rejected"`` or
@@ -316,12 +328,7 @@ class Completion(BaseModel):
 
 #: One item of a streamed answer; the last one is always a `Completion`.
 StreamEvent: TypeAlias = Annotated[
-    TextDelta
-    | ThinkingDelta
-    | ToolCallStarted
-    | ToolCallArgumentsDelta
-    | StreamWarning
-    | Completion,
+    TextChunk | ThinkingChunk | ToolCallChunk | ToolCallArgumentsChunk | StreamWarning | Completion,
     Field(discriminator="kind"),
 ]
 STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
@@ -380,7 +387,7 @@ class LLMClient(Protocol):
         ...
 
     def stream(self, request: LLMRequest) -> AsyncIterator[StreamEvent]:
-        """Yield the answer as deltas, ending with the final `Completion`.
+        """Yield the answer as chunks, ending with the final `Completion`.
 
         Raises:
             ModelError: A subclass saying precisely what failed (a truncated stream is an
@@ -419,20 +426,20 @@ def _chunks(text: str, size: int | None) -> Iterator[str]:
 def completion_events(
     completion: Completion, *, chunk_size: int | None = None
 ) -> Iterator[StreamEvent]:
-    """Replay a whole completion as the deltas a streaming server would have sent.
+    """Replay a whole completion as the chunks a streaming server would have sent.
 
     Args:
         completion: The answer to replay; it is the last event.
-        chunk_size: Characters per text / argument delta; ``None`` splits at words.
+        chunk_size: Characters per text / argument chunk; ``None`` splits at words.
     """
     for message in completion.warnings:
         yield StreamWarning(code="warning", message=message)
     for piece in _chunks(completion.thinking, chunk_size):
-        yield ThinkingDelta(text=piece)
+        yield ThinkingChunk(text=piece)
     for piece in _chunks(completion.text, chunk_size):
-        yield TextDelta(text=piece)
+        yield TextChunk(text=piece)
     for index, call in enumerate(completion.tool_calls):
-        yield ToolCallStarted(index=index, id=call.id, name=call.name)
+        yield ToolCallChunk(index=index, id=call.id, name=call.name)
         for piece in _chunks(call.arguments, chunk_size):
-            yield ToolCallArgumentsDelta(index=index, id=call.id, delta=piece)
+            yield ToolCallArgumentsChunk(index=index, id=call.id, delta=piece)
     yield completion

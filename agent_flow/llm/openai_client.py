@@ -10,15 +10,16 @@ backoff and ``Retry-After`` are the SDK's. What this module adds is what real se
   Streams are read as raw chunk dicts.
 - Every answer goes through one `Assembler` that normalizes what servers disagree about (see
   `agent_flow.llm._openai_wire`).
-- Failures end in a precise `ModelError` subclass: HTTP errors (after the SDK's retries)
-  carry status, provider code and body; a stream that stops without a finish reason raises
-  `IncompleteStreamError`, a connection dropped mid-answer `ModelConnectionError`, a
-  corrupt chunk `MalformedChunkError` — never a silently truncated answer. (A connection
-  lost after the finish reason arrived loses only usage: the answer is returned, with a
-  warning.)
+- Failures end in a precise `ModelError` subclass (see `agent_flow.llm._openai_errors`):
+  HTTP errors (after the SDK's retries) carry status, provider code and body; a stream
+  that stops without a finish reason raises `IncompleteStreamError`, a connection dropped
+  mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError` — never a
+  silently truncated answer. (A connection lost after the finish reason arrived loses only
+  usage: the answer is returned, with a warning.)
 - Servers that reject ``stream_options`` get the stream requested again without it (once;
   remembered); servers that cannot stream with tools get a non-streamed request for that
-  call. Both are reported as `StreamWarning` deltas and in `Completion.warnings`.
+  call (see `agent_flow.llm._openai_stream`). Both are reported as `StreamWarning` events and
+  in `Completion.warnings`.
 
 The API key is kept out of every repr, log line and exception (server messages that echo it
 are redacted).
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -37,24 +39,13 @@ from openai import AsyncOpenAI, AsyncStream
 from pydantic import SecretStr
 
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow.errors import (
-    ConfigError,
-    MalformedChunkError,
-    ModelAuthenticationError,
-    ModelBadRequestError,
-    ModelConnectionError,
-    ModelError,
-    ModelHTTPError,
-    ModelRateLimitError,
-    ModelResponseError,
-    ModelServerError,
-    ModelTimeoutError,
-)
+from agent_flow.errors import ConfigError, ModelError, ModelResponseError
+from agent_flow.llm._openai_errors import translate_error
+from agent_flow.llm._openai_stream import WARNINGS, StreamSupport, read_stream
 from agent_flow.llm._openai_wire import (
     Assembler,
     encode_body,
     messages_to_wire,
-    redact,
     tool_choice_to_wire,
     tools_to_wire,
 )
@@ -73,51 +64,6 @@ __all__ = ["OpenAIClient"]
 _PATH = "/chat/completions"
 _NO_KEY_PLACEHOLDER = "no-key-needed"  # local servers ignore the key; the SDK wants one
 _DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
-
-STREAM_OPTIONS_REJECTED = "stream_options_rejected"
-STREAM_WITH_TOOLS_UNSUPPORTED = "stream_with_tools_unsupported"
-CONNECTION_LOST_AFTER_ANSWER = "connection_lost_after_answer"
-
-_WARNINGS = {
-    STREAM_OPTIONS_REJECTED: (
-        "the server rejected stream_options, so the stream was requested again without it; "
-        "token usage may be missing from streamed answers"
-    ),
-    STREAM_WITH_TOOLS_UNSUPPORTED: (
-        "the server cannot stream an answer when tools are offered, so this answer was "
-        "requested without streaming"
-    ),
-    CONNECTION_LOST_AFTER_ANSWER: (
-        "the connection closed after the answer was complete but before the stream ended; "
-        "token usage may be missing"
-    ),
-}
-
-
-class _StreamWithToolsRejected(Exception):
-    """Internal: the server refused ``stream`` together with ``tools``."""
-
-
-def _error_text(err: openai.APIStatusError) -> str:
-    try:
-        body = json.dumps(err.body, default=str)
-    except (TypeError, ValueError):
-        body = str(err.body)
-    return f"{err.message} {body}".lower()
-
-
-def _rejects_stream_options(err: openai.APIStatusError) -> bool:
-    text = _error_text(err)
-    return err.status_code in (400, 422) and ("stream_options" in text or "include_usage" in text)
-
-
-def _rejects_stream_with_tools(err: openai.APIStatusError) -> bool:
-    text = _error_text(err)
-    return (
-        err.status_code in (400, 422, 500, 501)
-        and "stream" in text
-        and ("tool" in text or "function" in text)
-    )
 
 
 class OpenAIClient:
@@ -187,8 +133,7 @@ class OpenAIClient:
         self.max_tokens_field = max_tokens_field
         self.extra_body: JsonObject = dict(extra_body or {})
         self._api_key_env = api_key_env
-        self._stream_options_ok = True
-        self._no_stream_with_tools: set[str] = set()
+        self._streaming = StreamSupport()
         if sdk_client is not None:
             given = [
                 name
@@ -343,7 +288,7 @@ class OpenAIClient:
         fields: JsonObject = {"model": request.model or self.model}
         if stream:
             fields["stream"] = True
-            if self.stream_usage and self._stream_options_ok:
+            if self.stream_usage and self._streaming.options_accepted:
                 fields["stream_options"] = {"include_usage": True}
         if request.tools and not xml:
             fields["tools"] = cast(list[JsonValue], tools_to_wire(request.tools))
@@ -433,7 +378,7 @@ class OpenAIClient:
         return completion
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamEvent]:
-        """Yield the answer as deltas, then the final `Completion`.
+        """Yield the answer as chunks, then the final `Completion`.
 
         Raises:
             ModelError: A precise subclass; see the module docstring.
@@ -441,83 +386,27 @@ class OpenAIClient:
         messages, fields = self._prepare(request, stream=True)
         assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
         codes: list[str] = []
-        sdk_stream: AsyncStream[object] | None = None
-        if "tools" in fields and fields["model"] in self._no_stream_with_tools:
-            codes.append(STREAM_WITH_TOOLS_UNSUPPORTED)
-        else:
-            try:
-                sdk_stream = await self._open_stream(messages, fields, codes)
-            except _StreamWithToolsRejected:
-                self._no_stream_with_tools.add(cast(str, fields["model"]))
-                codes.append(STREAM_WITH_TOOLS_UNSUPPORTED)
-            except openai.OpenAIError as err:
-                raise self._translate(err, streaming=False) from err
+        try:
+            sdk_stream = await self._streaming.open(
+                lambda body: self._post_stream(messages, body), fields, codes
+            )
+        except openai.OpenAIError as err:
+            raise self._translate(err, streaming=False) from err
         for code in codes:
-            yield StreamWarning(code=code, message=_WARNINGS[code])
-        notes = [_WARNINGS[code] for code in codes]
+            yield StreamWarning(code=code, message=WARNINGS[code])
+        notes = [WARNINGS[code] for code in codes]
         if sdk_stream is None:
             async for event in self._fallback(messages, fields, assembler, notes):
                 yield event
             return
         try:
-            content_type = sdk_stream.response.headers.get("content-type", "")
-            if content_type.startswith("application/json"):
-                # The server ignored "stream": read its whole answer instead.
-                data = json.loads(await sdk_stream.response.aread())
-                for event in assembler.feed_response(data):
+            async with aclosing(
+                read_stream(sdk_stream, assembler, notes, where=self.base_url)
+            ) as events:
+                async for event in events:
                     yield event
-                events, completion = assembler.finish(warnings=notes, require_finish_reason=False)
-            else:
-                try:
-                    async for chunk in sdk_stream:
-                        for event in assembler.feed(chunk):
-                            yield event
-                except openai.APIConnectionError:
-                    if not assembler.finished:
-                        raise
-                    # The answer was complete (it had its finish reason); only the stream's
-                    # tail (usage, [DONE]) was lost, as with proxies that cut the connection.
-                    notes.append(_WARNINGS[CONNECTION_LOST_AFTER_ANSWER])
-                    yield StreamWarning(
-                        code=CONNECTION_LOST_AFTER_ANSWER,
-                        message=_WARNINGS[CONNECTION_LOST_AFTER_ANSWER],
-                    )
-                events, completion = assembler.finish(warnings=notes)
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=True) from err
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise MalformedChunkError(
-                f"chunk {assembler.chunks + 1} of the stream from {self.base_url} is not valid "
-                f"JSON ({_excerpt(err)}); the answer cannot be trusted"
-            ) from err
-        finally:
-            await sdk_stream.close()
-        for event in events:
-            yield event
-        yield completion
-
-    async def _open_stream(
-        self, messages: Sequence[ChatMessage], fields: JsonObject, codes: list[str]
-    ) -> AsyncStream[object]:
-        try:
-            return await self._post_stream(messages, fields)
-        except openai.APIStatusError as err:
-            if "stream_options" in fields and _rejects_stream_options(err):
-                pass
-            elif "tools" in fields and _rejects_stream_with_tools(err):
-                raise _StreamWithToolsRejected from err
-            else:
-                raise
-        # Once per client: every later stream is sent without the option.
-        self._stream_options_ok = False
-        del fields["stream_options"]
-        codes.append(STREAM_OPTIONS_REJECTED)
-        try:
-            return await self._post_stream(messages, fields)
-        except openai.APIStatusError as err:
-            if "tools" in fields and _rejects_stream_with_tools(err):
-                raise _StreamWithToolsRejected from err
-            raise
 
     async def _fallback(
         self,
@@ -545,92 +434,14 @@ class OpenAIClient:
     # -- errors ----------------------------------------------------------------------------
 
     def _translate(self, err: openai.OpenAIError, *, streaming: bool) -> ModelError:
-        secret = self._secret.get_secret_value()
-        where = self.base_url
-        if isinstance(err, openai.APIStatusError):
-            return self._status_error(err, secret)
-        if isinstance(err, openai.APITimeoutError):
-            return ModelTimeoutError(
-                f"the model server at {where} did not answer in time"
-                f"{' while streaming' if streaming else ''}; raise the timeout or check the server"
-            )
-        if isinstance(err, openai.APIConnectionError):
-            cause = str(redact(str(err.__cause__ or err), secret)) or type(err.__cause__).__name__
-            if streaming:
-                return ModelConnectionError(
-                    f"the connection to the model server at {where} was lost mid-answer "
-                    f"({cause}); the answer is incomplete, retry the request"
-                )
-            return ModelConnectionError(
-                f"could not reach the model server at {where} ({cause}); check that it is "
-                "running and that the base URL is right"
-            )
-        if isinstance(err, openai.APIResponseValidationError):
-            return ModelResponseError(
-                f"the answer from {where} could not be read: {redact(err.message, secret)}"
-            )
-        if isinstance(err, openai.APIError):
-            code = err.code or err.type
-            return ModelResponseError(
-                f"the model server at {where} reported an error mid-answer"
-                f"{f' ({code})' if code else ''}: {redact(err.message, secret)}"
-            )
-        return ModelError(f"the model call to {where} failed: {redact(str(err), secret)}")
-
-    def _status_error(self, err: openai.APIStatusError, secret: str) -> ModelHTTPError:
-        status = err.status_code
-        body = redact(err.body, secret)
-        code = err.code
-        if code is None and isinstance(body, dict):
-            kind = body.get("type")
-            code = kind if isinstance(kind, str) else None
-        detail = _message_of(body) or str(redact(err.message, secret))
-        label = f"HTTP {status}" + (f" ({code})" if code else "")
-        retried = f" after {self._sdk.max_retries} retries" if self._sdk.max_retries else ""
-        cls: type[ModelHTTPError]
-        if status in (401, 403):
-            cls = ModelAuthenticationError
-            advice = f"check the API key (environment variable {self._api_key_env})"
-        elif status == 429:
-            cls = ModelRateLimitError
-            advice = f"the server is rate limiting{retried}; wait or lower the request rate"
-        elif status >= 500:
-            cls = ModelServerError
-            advice = f"the server kept failing{retried}; retry later"
-        else:
-            cls = ModelBadRequestError
-            advice = (
-                "check the model name and base URL"
-                if status == 404
-                else "the server refused the request as sent"
-            )
-        return cls(
-            f"the model server at {self.base_url} answered {label}: {detail}; {advice}",
-            status_code=status,
-            code=code,
-            body=body,
+        return translate_error(
+            err,
+            where=self.base_url,
+            secret=self._secret.get_secret_value(),
+            api_key_env=self._api_key_env,
+            max_retries=self._sdk.max_retries,
+            streaming=streaming,
         )
-
-
-def _message_of(body: object) -> str:
-    if isinstance(body, dict):
-        message = body.get("message")
-        if isinstance(message, str):
-            return message
-        inner = body.get("error")
-        if isinstance(inner, dict):
-            return _message_of(inner)
-        if isinstance(inner, str):
-            return inner
-    if isinstance(body, str):
-        return body[:300]
-    return ""
-
-
-def _excerpt(err: json.JSONDecodeError | UnicodeDecodeError) -> str:
-    if isinstance(err, json.JSONDecodeError):
-        return f"{err.msg}: {err.doc[:120]!r}"
-    return str(err)
 
 
 if TYPE_CHECKING:  # mypy checks that the client implements the protocol

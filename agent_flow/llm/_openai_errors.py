@@ -1,0 +1,143 @@
+"""What a failed call to an OpenAI-compatible server raises: SDK exceptions as `ModelError`s.
+
+Private to `agent_flow.llm`. The openai SDK's exceptions (raised after its own retries) become
+the precise `ModelError` subclasses `OpenAIClient` promises: HTTP errors carry status, provider
+code and body; timeouts, lost connections and unreadable answers each get their own class.
+Every message names the server and says what to change, and the API key is redacted from
+every message and body a server echoes it in.
+"""
+
+from __future__ import annotations
+
+import openai
+
+from agent_flow.errors import (
+    ModelAuthenticationError,
+    ModelBadRequestError,
+    ModelConnectionError,
+    ModelError,
+    ModelHTTPError,
+    ModelRateLimitError,
+    ModelResponseError,
+    ModelServerError,
+    ModelTimeoutError,
+)
+
+__all__ = ["redact", "translate_error"]
+
+
+def translate_error(
+    err: openai.OpenAIError,
+    *,
+    where: str,
+    secret: str,
+    api_key_env: str,
+    max_retries: int,
+    streaming: bool,
+) -> ModelError:
+    """Return the `ModelError` that says what `err` means for a call to `where`.
+
+    Args:
+        err: What the SDK raised.
+        where: The server's base URL, named in the message.
+        secret: The API key, redacted from everything the server sent back.
+        api_key_env: The variable the key came from (named when the key was refused).
+        max_retries: How often the SDK retried before giving up (named in the advice).
+        streaming: Whether the answer was being streamed when `err` happened.
+    """
+    if isinstance(err, openai.APIStatusError):
+        return _status_error(
+            err, where=where, secret=secret, api_key_env=api_key_env, max_retries=max_retries
+        )
+    if isinstance(err, openai.APITimeoutError):
+        return ModelTimeoutError(
+            f"the model server at {where} did not answer in time"
+            f"{' while streaming' if streaming else ''}; raise the timeout or check the server"
+        )
+    if isinstance(err, openai.APIConnectionError):
+        cause = str(redact(str(err.__cause__ or err), secret)) or type(err.__cause__).__name__
+        if streaming:
+            return ModelConnectionError(
+                f"the connection to the model server at {where} was lost mid-answer "
+                f"({cause}); the answer is incomplete, retry the request"
+            )
+        return ModelConnectionError(
+            f"could not reach the model server at {where} ({cause}); check that it is "
+            "running and that the base URL is right"
+        )
+    if isinstance(err, openai.APIResponseValidationError):
+        return ModelResponseError(
+            f"the answer from {where} could not be read: {redact(err.message, secret)}"
+        )
+    if isinstance(err, openai.APIError):
+        code = err.code or err.type
+        return ModelResponseError(
+            f"the model server at {where} reported an error mid-answer"
+            f"{f' ({code})' if code else ''}: {redact(err.message, secret)}"
+        )
+    return ModelError(f"the model call to {where} failed: {redact(str(err), secret)}")
+
+
+def _status_error(
+    err: openai.APIStatusError, *, where: str, secret: str, api_key_env: str, max_retries: int
+) -> ModelHTTPError:
+    status = err.status_code
+    body = redact(err.body, secret)
+    code = err.code
+    if code is None and isinstance(body, dict):
+        kind = body.get("type")
+        code = kind if isinstance(kind, str) else None
+    detail = _message_of(body) or str(redact(err.message, secret))
+    label = f"HTTP {status}" + (f" ({code})" if code else "")
+    retried = f" after {max_retries} retries" if max_retries else ""
+    cls: type[ModelHTTPError]
+    if status in (401, 403):
+        cls = ModelAuthenticationError
+        advice = f"check the API key (environment variable {api_key_env})"
+    elif status == 429:
+        cls = ModelRateLimitError
+        advice = f"the server is rate limiting{retried}; wait or lower the request rate"
+    elif status >= 500:
+        cls = ModelServerError
+        advice = f"the server kept failing{retried}; retry later"
+    else:
+        cls = ModelBadRequestError
+        advice = (
+            "check the model name and base URL"
+            if status == 404
+            else "the server refused the request as sent"
+        )
+    return cls(
+        f"the model server at {where} answered {label}: {detail}; {advice}",
+        status_code=status,
+        code=code,
+        body=body,
+    )
+
+
+def _message_of(body: object) -> str:
+    if isinstance(body, dict):
+        message = body.get("message")
+        if isinstance(message, str):
+            return message
+        inner = body.get("error")
+        if isinstance(inner, dict):
+            return _message_of(inner)
+        if isinstance(inner, str):
+            return inner
+    if isinstance(body, str):
+        return body[:300]
+    return ""
+
+
+def redact(value: object, secret: str | None) -> object:
+    """Return `value` (a JSON-like body or a string) with `secret` replaced everywhere."""
+    if not secret or len(secret) < 4:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, "[redacted]")
+    if isinstance(value, dict):
+        return {k: redact(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secret) for v in value]
+    return value

@@ -1,0 +1,206 @@
+"""Streaming from servers that stream imperfectly: opening a stream, and reading it to its end.
+
+Private to `agent_flow.llm`. `StreamSupport` opens streams for one client and remembers what
+the server refused: a server that rejects ``stream_options`` gets the stream requested again
+without it (once; remembered), and a model the server cannot stream for while tools are
+offered is asked without streaming (remembered per model). `read_stream` reads an opened
+stream: a server that ignored ``stream`` is read as one JSON answer, a connection lost after
+the finish reason costs only the usage, and a corrupt chunk is an error, never a silently
+shorter answer. Each workaround has a stable code and one sentence (`WARNINGS`) for the
+`StreamWarning` that reports it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import cast
+
+import openai
+from openai import AsyncStream
+
+from agent_flow._types import JsonObject
+from agent_flow.errors import MalformedChunkError
+from agent_flow.llm._openai_wire import Assembler
+from agent_flow.llm.base import StreamEvent, StreamWarning
+
+__all__ = [
+    "CONNECTION_LOST_AFTER_ANSWER",
+    "STREAM_OPTIONS_REJECTED",
+    "STREAM_WITH_TOOLS_UNSUPPORTED",
+    "WARNINGS",
+    "StreamSupport",
+    "read_stream",
+]
+
+STREAM_OPTIONS_REJECTED = "stream_options_rejected"
+STREAM_WITH_TOOLS_UNSUPPORTED = "stream_with_tools_unsupported"
+CONNECTION_LOST_AFTER_ANSWER = "connection_lost_after_answer"
+
+#: The sentence reported for each workaround, by its code.
+WARNINGS = {
+    STREAM_OPTIONS_REJECTED: (
+        "the server rejected stream_options, so the stream was requested again without it; "
+        "token usage may be missing from streamed answers"
+    ),
+    STREAM_WITH_TOOLS_UNSUPPORTED: (
+        "the server cannot stream an answer when tools are offered, so this answer was "
+        "requested without streaming"
+    ),
+    CONNECTION_LOST_AFTER_ANSWER: (
+        "the connection closed after the answer was complete but before the stream ended; "
+        "token usage may be missing"
+    ),
+}
+
+
+def _error_text(err: openai.APIStatusError) -> str:
+    try:
+        body = json.dumps(err.body, default=str)
+    except (TypeError, ValueError):
+        body = str(err.body)
+    return f"{err.message} {body}".lower()
+
+
+def _rejects_stream_options(err: openai.APIStatusError) -> bool:
+    text = _error_text(err)
+    return err.status_code in (400, 422) and ("stream_options" in text or "include_usage" in text)
+
+
+def _rejects_stream_with_tools(err: openai.APIStatusError) -> bool:
+    text = _error_text(err)
+    return (
+        err.status_code in (400, 422, 500, 501)
+        and "stream" in text
+        and ("tool" in text or "function" in text)
+    )
+
+
+class _StreamWithToolsRejected(Exception):
+    """Internal: the server refused ``stream`` together with ``tools``."""
+
+
+class StreamSupport:
+    """What one server accepts when asked to stream, learned from its refusals.
+
+    Attributes:
+        options_accepted: Whether to send ``stream_options`` (until the server rejects it).
+    """
+
+    def __init__(self) -> None:
+        self.options_accepted = True
+        self._no_stream_with_tools: set[str] = set()
+
+    async def open(
+        self,
+        post: Callable[[JsonObject], Awaitable[AsyncStream[object]]],
+        fields: JsonObject,
+        codes: list[str],
+    ) -> AsyncStream[object] | None:
+        """Post `fields` for a stream, working around what the server refuses.
+
+        Args:
+            post: Posts a body's fields and returns the opened stream.
+            fields: The body's fields (``stream_options`` is removed if the server rejects it).
+            codes: Receives the code of each workaround applied.
+
+        Returns:
+            The stream, or ``None`` when the server cannot stream this model's answer while
+            tools are offered: the caller asks without streaming.
+
+        Raises:
+            openai.OpenAIError: As the SDK raised it (the client translates it).
+        """
+        if "tools" in fields and fields["model"] in self._no_stream_with_tools:
+            codes.append(STREAM_WITH_TOOLS_UNSUPPORTED)
+            return None
+        try:
+            return await self._open(post, fields, codes)
+        except _StreamWithToolsRejected:
+            self._no_stream_with_tools.add(cast(str, fields["model"]))
+            codes.append(STREAM_WITH_TOOLS_UNSUPPORTED)
+            return None
+
+    async def _open(
+        self,
+        post: Callable[[JsonObject], Awaitable[AsyncStream[object]]],
+        fields: JsonObject,
+        codes: list[str],
+    ) -> AsyncStream[object]:
+        try:
+            return await post(fields)
+        except openai.APIStatusError as err:
+            if "stream_options" in fields and _rejects_stream_options(err):
+                pass
+            elif "tools" in fields and _rejects_stream_with_tools(err):
+                raise _StreamWithToolsRejected from err
+            else:
+                raise
+        # Once per client: every later stream is sent without the option.
+        self.options_accepted = False
+        del fields["stream_options"]
+        codes.append(STREAM_OPTIONS_REJECTED)
+        try:
+            return await post(fields)
+        except openai.APIStatusError as err:
+            if "tools" in fields and _rejects_stream_with_tools(err):
+                raise _StreamWithToolsRejected from err
+            raise
+
+
+async def read_stream(
+    sdk_stream: AsyncStream[object], assembler: Assembler, notes: list[str], *, where: str
+) -> AsyncGenerator[StreamEvent, None]:
+    """Yield the chunks of an opened stream, then its `Completion`; close the stream.
+
+    Args:
+        sdk_stream: The stream the server answered with.
+        assembler: Assembles the answer (and knows the prompt's tool-call ids).
+        notes: Warnings for the completion; a connection lost after the answer adds one.
+        where: The server's base URL, named in errors.
+
+    Raises:
+        openai.OpenAIError: As the SDK raised it (the client translates it).
+        MalformedChunkError: A chunk is not valid JSON.
+        IncompleteStreamError: The stream ended without a finish reason.
+    """
+    try:
+        content_type = sdk_stream.response.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
+            # The server ignored "stream": read its whole answer instead.
+            data = json.loads(await sdk_stream.response.aread())
+            for event in assembler.feed_response(data):
+                yield event
+            events, completion = assembler.finish(warnings=notes, require_finish_reason=False)
+        else:
+            try:
+                async for chunk in sdk_stream:
+                    for event in assembler.feed(chunk):
+                        yield event
+            except openai.APIConnectionError:
+                if not assembler.finished:
+                    raise
+                # The answer was complete (it had its finish reason); only the stream's
+                # tail (usage, [DONE]) was lost, as with proxies that cut the connection.
+                notes.append(WARNINGS[CONNECTION_LOST_AFTER_ANSWER])
+                yield StreamWarning(
+                    code=CONNECTION_LOST_AFTER_ANSWER,
+                    message=WARNINGS[CONNECTION_LOST_AFTER_ANSWER],
+                )
+            events, completion = assembler.finish(warnings=notes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise MalformedChunkError(
+            f"chunk {assembler.chunks + 1} of the stream from {where} is not valid "
+            f"JSON ({_excerpt(err)}); the answer cannot be trusted"
+        ) from err
+    finally:
+        await sdk_stream.close()
+    for event in events:
+        yield event
+    yield completion
+
+
+def _excerpt(err: json.JSONDecodeError | UnicodeDecodeError) -> str:
+    if isinstance(err, json.JSONDecodeError):
+        return f"{err.msg}: {err.doc[:120]!r}"
+    return str(err)
