@@ -59,12 +59,12 @@ from agent_flow.history import (
     SummarizeOldest,
     Summarizer,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
 )
 from agent_flow.llm import Completion, LLMClient, LLMConfig, LLMOverrides, LLMRequest
-from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
 
 if _TYPE_CHECKING:
@@ -138,10 +138,10 @@ __all__ = [
     "TiktokenCounter",
     "TokenCounter",
     "ToolCall",
-    "ToolCallRequest",
+    "ToolCallEntry",
     "ToolDefinition",
     "ToolError",
-    "ToolResult",
+    "ToolResultEntry",
     "ToolUse",
     "UserError",
     "UserMessage",

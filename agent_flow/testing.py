@@ -40,10 +40,10 @@ from agent_flow.llm.base import (
     LLMRequest,
     StreamEvent,
     TextChunk,
-    ToolCallPart,
     Usage,
     completion_events,
 )
+from agent_flow.messages import ToolCall
 from agent_flow.tokens import ApproxCounter, TokenCounter
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class _Double:
             answer = ScriptedReply(text=answer)
         self._responses += 1
         taken = {c.id for message in request.messages for c in message.tool_calls}
-        parts: list[ToolCallPart] = []
+        parts: list[ToolCall] = []
         for scripted in answer.tool_calls:
             call_id = scripted.id
             if call_id is None:
@@ -217,7 +217,7 @@ class _Double:
                     self._calls += 1
                     call_id = f"call_{self._calls}"
             taken.add(call_id)
-            parts.append(ToolCallPart.from_raw(call_id, scripted.name, scripted.arguments))
+            parts.append(ToolCall.from_raw(call_id, scripted.name, scripted.arguments))
         finish: FinishReason = answer.finish_reason or ("tool_calls" if parts else "stop")
         usage = answer.usage or self._estimate(request, answer)
         return Completion(

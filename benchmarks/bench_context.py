@@ -19,20 +19,22 @@ import time
 
 from agent_flow.context import ContextManager
 from agent_flow.environment import Environment
-from agent_flow.history import AgentMessage, History, ToolCall, ToolResult, UserMessage
-from agent_flow.messages import ChatMessage
+from agent_flow.history import AgentMessage, History, ToolCallEntry, ToolResultEntry, UserMessage
+from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import TiktokenCounter
 
 BUDGET = 100_000
 RESULT = "def parse(line):\n    return line.split(',')  # field separator\n" * 3
 
 
-def entries_for_step(i: int) -> list[AgentMessage | ToolCall | ToolResult]:
+def entries_for_step(i: int) -> list[AgentMessage | ToolCallEntry | ToolResultEntry]:
     call_id = f"call_{i}"
     return [
         AgentMessage(content=f"Step {i}: reading the next file to trace the parser bug."),
-        ToolCall(call_id=call_id, name="read_file", arguments=f'{{"path": "src/mod_{i}.py"}}'),
-        ToolResult(call_id=call_id, tool_name="read_file", content=RESULT),
+        ToolCallEntry(
+            call=ToolCall(id=call_id, name="read_file", arguments=f'{{"path": "src/mod_{i}.py"}}')
+        ),
+        ToolResultEntry(call_id=call_id, tool_name="read_file", content=RESULT),
     ]
 
 

@@ -21,7 +21,7 @@ import asyncio
 import os
 from typing import Any
 
-from agent_flow import AgentConfig, AgentExecutor, ContextConfig, Environment, ToolCallRequest
+from agent_flow import AgentConfig, AgentExecutor, ContextConfig, Environment, ToolCall
 from agent_flow.errors import ToolError
 from agent_flow.events import EnvironmentUpdated
 from agent_flow.llm import LLMClient, LLMRequest, OpenAIClient
@@ -65,7 +65,7 @@ class WeatherTool(BaseTool):
         )
 
 
-def weather_handler(env: Environment, call: ToolCallRequest, result: ToolResult) -> None:
+def weather_handler(env: Environment, call: ToolCall, result: ToolResult) -> None:
     """Keep each reading in the environment, keyed by location."""
     data = result.data
     assert isinstance(data, dict)

@@ -33,7 +33,7 @@ from agent_flow import (
     Environment,
     SystemState,
     TaskState,
-    ToolCallRequest,
+    ToolCall,
 )
 from agent_flow.llm import LLMClient, LLMRequest, OpenAIClient
 from agent_flow.testing import Reply, ScriptedLLM, ScriptStep, call, reply
@@ -111,7 +111,7 @@ def analyze_data(dataset: str) -> ToolResult:
     return ToolResult(content=json.dumps(data), data=data)
 
 
-def dataset_loaded(env: Environment, call: ToolCallRequest, result: ToolResult) -> None:
+def dataset_loaded(env: Environment, call: ToolCall, result: ToolResult) -> None:
     """read_csv: register the dataset in the typed extension."""
     data = result.data
     assert isinstance(data, dict)
@@ -123,7 +123,7 @@ def dataset_loaded(env: Environment, call: ToolCallRequest, result: ToolResult) 
     env.set_extension("datasets", {key: value.model_dump() for key, value in datasets.items()})
 
 
-def stats_computed(env: Environment, call: ToolCallRequest, result: ToolResult) -> None:
+def stats_computed(env: Environment, call: ToolCall, result: ToolResult) -> None:
     """analyze_data: store the statistics with their dataset."""
     data = result.data
     assert isinstance(data, dict)

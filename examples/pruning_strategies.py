@@ -45,7 +45,7 @@ from agent_flow import (
     SummarizeOldest,
     Summary,
     TiktokenCounter,
-    ToolResult,
+    ToolResultEntry,
 )
 from agent_flow.events import AgentEvent, ContextBuilt, HistoryPruned
 from agent_flow.llm import LLMClient, LLMRequest, OpenAIClient
@@ -130,7 +130,7 @@ async def run_with(strategy: PruningStrategy | SummarizeOldest, logs: Path) -> N
 
     entries = agent.history.entries
     kinds = Counter(entry.kind for entry in entries)
-    results = [entry for entry in entries if isinstance(entry, ToolResult)]
+    results = [entry for entry in entries if isinstance(entry, ToolResultEntry)]
     full = [result for result in results if "ERROR" in result.content]
     elided = [result for result in results if result.content.startswith("[elided")]
     summaries = [entry for entry in entries if isinstance(entry, Summary)]

@@ -25,10 +25,11 @@ from agent_flow.history import (
     SlidingWindow,
     SummarizeOldest,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
 )
+from agent_flow.messages import ToolCall
 from agent_flow.tokens import ApproxCounter, TokenCounter
 
 __all__ = [
@@ -87,9 +88,13 @@ def history_entries() -> st.SearchStrategy[HistoryEntry]:
         st.builds(UserMessage, content=text, **common),
         st.builds(AgentMessage, content=text, **common),
         st.builds(AgentThinking, content=text, **common),
-        st.builds(ToolCall, call_id=_ID, name=_NAME, arguments=text, **common),
         st.builds(
-            ToolResult,
+            ToolCallEntry,
+            call=st.builds(ToolCall, id=_ID, name=_NAME, arguments=text),
+            **common,
+        ),
+        st.builds(
+            ToolResultEntry,
             call_id=_ID,
             tool_name=_NAME,
             content=text,
@@ -147,18 +152,18 @@ def entry_lists(
                 turn_entries.append(AgentThinking(id=next_id(), content=draw(prose())))
             if shape & 2:
                 turn_entries.append(AgentMessage(id=next_id(), content=draw(prose())))
-            calls: list[ToolCall] = []
+            calls: list[ToolCallEntry] = []
             for index in range(shape >> 2):
                 call_id = (
                     f"call_{index}" if reuse_call_ids and not open_turn else f"call_{turn}_{index}"
                 )
                 look = draw(st.integers(0, 11))
                 calls.append(
-                    ToolCall(
+                    ToolCallEntry(
                         id=next_id(),
-                        call_id=call_id,
-                        name=_TOOLS[look % 3],
-                        arguments=_ARGUMENTS[look // 3],
+                        call=ToolCall(
+                            id=call_id, name=_TOOLS[look % 3], arguments=_ARGUMENTS[look // 3]
+                        ),
                     )
                 )
             turn_entries.extend(calls)
@@ -169,10 +174,10 @@ def entry_lists(
                 outcome = draw(st.integers(0, 19))
                 elided = outcome == 0
                 turn_entries.append(
-                    ToolResult(
+                    ToolResultEntry(
                         id=next_id(),
                         call_id=call.call_id,
-                        tool_name=call.name,
+                        tool_name=call.call.name,
                         content="[elided]" if elided else draw(_body()),
                         is_error=outcome >= 17,
                         elided_tokens=100 if elided else None,

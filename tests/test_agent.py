@@ -15,7 +15,7 @@ from agent_flow.errors import (
     OutputValidationError,
 )
 from agent_flow.events import AgentEvent, event_from_json, event_to_json
-from agent_flow.history import ToolCall, ToolResult
+from agent_flow.history import ToolCallEntry, ToolResultEntry
 from agent_flow.llm import OpenAIClient
 from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.testing import FunctionLLM, ScriptedLLM, call, fail, reply
@@ -90,8 +90,8 @@ async def run_collecting(agent: AgentExecutor, task: str) -> tuple[Any, list[Age
 
 
 def assert_history_consistent(agent: AgentExecutor) -> None:
-    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCall)}
-    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResult)}
+    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)}
+    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)}
     assert calls == results
 
 

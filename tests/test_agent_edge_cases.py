@@ -28,7 +28,7 @@ from agent_flow.errors import (
     UserError,
 )
 from agent_flow.events import AgentEvent, EventBus, WarningRaised
-from agent_flow.history import History, ToolCall, ToolResult, UserMessage
+from agent_flow.history import History, ToolCallEntry, ToolResultEntry, UserMessage
 from agent_flow.llm.base import LLMRequest
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, fail, reply
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
@@ -55,8 +55,8 @@ def make_agent(llm: Any, **config: Any) -> AgentExecutor:
 
 
 def assert_history_consistent(agent: AgentExecutor) -> None:
-    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCall)}
-    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResult)}
+    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)}
+    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)}
     assert calls == results
 
 
@@ -238,8 +238,8 @@ async def test_nan_in_tool_arguments_is_reported_to_the_model_not_a_crash() -> N
 
 
 async def test_a_tool_call_without_a_name_is_reported_to_the_model_and_the_run_recovers() -> None:
-    """agent/_steps.py `_record_turn`: `ToolCallPart` allows an empty name (marked with a
-    ``parse_error`` for the loop to report), but ``history.ToolCall`` requires a name, so the
+    """agent/_steps.py `_record_turn`: `ToolCall` allows an empty name (marked with a
+    ``parse_error`` for the loop to report), but ``history.ToolCallEntry`` requires a name, so the
     pydantic ValidationError escapes `run` and the agent stays "already running".
     """
     agent = make_agent(ScriptedLLM([reply(tool_calls=[call("", a=1)]), "recovered"]))

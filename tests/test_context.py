@@ -17,11 +17,11 @@ from agent_flow.history import (
     History,
     SummarizeOldest,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
 )
-from agent_flow.messages import ToolDefinition
+from agent_flow.messages import ToolCall, ToolDefinition
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
 from tests.strategies import environments, histories, tool_definitions
 
@@ -131,8 +131,12 @@ def long_history(turns: int, counter: ApproxCounter | TiktokenCounter) -> Histor
     history.add(UserMessage(content="Find the bug in the parser."))
     for i in range(turns):
         history.add(AgentMessage(content=f"Reading file {i}."))
-        history.add(ToolCall(call_id=f"c{i}", name="read_file", arguments=f'{{"path": "f{i}.py"}}'))
-        history.add(ToolResult(call_id=f"c{i}", tool_name="read_file", content="line\n" * 50))
+        history.add(
+            ToolCallEntry(
+                call=ToolCall(id=f"c{i}", name="read_file", arguments=f'{{"path": "f{i}.py"}}')
+            )
+        )
+        history.add(ToolResultEntry(call_id=f"c{i}", tool_name="read_file", content="line\n" * 50))
     return history
 
 

@@ -26,8 +26,8 @@ from agent_flow.history import (
     PruningStrategy,
     SummarizeOldest,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     Unit,
     UserMessage,
     build_units,
@@ -36,7 +36,7 @@ from agent_flow.history import (
     truncate_to_tokens,
 )
 from agent_flow.history.entries import _Entry
-from agent_flow.messages import ChatMessage
+from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
 from tests._history_strategies import (
     entry_lists,
@@ -84,8 +84,8 @@ def turn(
     history: History, call_id: str, body: str = "contents", *, name: str = "read_file"
 ) -> None:
     history.add(AgentMessage(content=f"Calling {name}."))
-    history.add(ToolCall(call_id=call_id, name=name, arguments='{"path": "a.py"}'))
-    history.add(ToolResult(call_id=call_id, tool_name=name, content=body))
+    history.add(ToolCallEntry(call=ToolCall(id=call_id, name=name, arguments='{"path": "a.py"}')))
+    history.add(ToolResultEntry(call_id=call_id, tool_name=name, content=body))
 
 
 # -- entries and JSON ----------------------------------------------------------------------
@@ -146,11 +146,15 @@ def test_a_turn_with_its_calls_and_results_forms_one_unit_in_call_order() -> Non
     history.add(UserMessage(content="Compare a.py and b.py."))
     history.add(AgentThinking(content="I should read both."))
     history.add(AgentMessage(content="Reading both files."))
-    history.add(ToolCall(call_id="a", name="read_file", arguments='{"path": "a.py"}'))
-    history.add(ToolCall(call_id="b", name="read_file", arguments='{"path": "b.py"}'))
+    history.add(
+        ToolCallEntry(call=ToolCall(id="a", name="read_file", arguments='{"path": "a.py"}'))
+    )
+    history.add(
+        ToolCallEntry(call=ToolCall(id="b", name="read_file", arguments='{"path": "b.py"}'))
+    )
     # Results arrive out of order; messages keep the order of the calls.
-    history.add(ToolResult(call_id="b", tool_name="read_file", content="B"))
-    history.add(ToolResult(call_id="a", tool_name="read_file", content="A"))
+    history.add(ToolResultEntry(call_id="b", tool_name="read_file", content="B"))
+    history.add(ToolResultEntry(call_id="a", tool_name="read_file", content="A"))
     history.add(AgentMessage(content="They differ."))
 
     units = history.units()
@@ -179,20 +183,22 @@ def test_thinking_is_kept_but_costs_no_prompt_tokens() -> None:
 def test_pending_calls_are_left_out_of_the_messages_until_answered() -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Run both."))
-    history.add(ToolCall(call_id="1", name="run_tests"))
-    history.add(ToolCall(call_id="2", name="run_tests"))
+    history.add(ToolCallEntry(call=ToolCall(id="1", name="run_tests")))
+    history.add(ToolCallEntry(call=ToolCall(id="2", name="run_tests")))
     assert [c.call_id for c in history.pending_calls()] == ["1", "2"]
     assert [m.role for m in history.to_messages()] == ["user"]
     assert_consistent(history)
 
-    history.add(ToolResult(call_id="2", tool_name="run_tests", content="passed"))
+    history.add(ToolResultEntry(call_id="2", tool_name="run_tests", content="passed"))
     assert [c.call_id for c in history.pending_calls()] == ["1"]
     messages = history.to_messages()
     assert [m.role for m in messages] == ["user", "assistant", "tool"]
     assert [c.id for c in messages[1].tool_calls] == ["2"]
     assert_consistent(history)
 
-    history.add(ToolResult(call_id="1", tool_name="run_tests", content="failed", is_error=True))
+    history.add(
+        ToolResultEntry(call_id="1", tool_name="run_tests", content="failed", is_error=True)
+    )
     assert history.pending_calls() == []
     assert len(history.to_messages()) == 4
     assert_consistent(history)
@@ -202,27 +208,27 @@ def test_calls_left_unanswered_before_a_new_unit_are_never_sent() -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Go."))
     history.add(AgentMessage(content="Trying."))
-    history.add(ToolCall(call_id="lost", name="search"))
+    history.add(ToolCallEntry(call=ToolCall(id="lost", name="search")))
     history.add(UserMessage(content="Never mind."))
     assert history.pending_calls() == []
     assert all(not m.tool_calls for m in history.to_messages())
     with pytest.raises(UserError, match="'lost'"):
-        history.add(ToolResult(call_id="lost", tool_name="search", content="late"))
+        history.add(ToolResultEntry(call_id="lost", tool_name="search", content="late"))
     assert_consistent(history)
 
 
 def test_a_result_for_an_unknown_call_raises_and_changes_nothing() -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Go."))
-    history.add(ToolCall(call_id="known", name="search"))
+    history.add(ToolCallEntry(call=ToolCall(id="known", name="search")))
     version, count = history.version, history.token_count()
     with pytest.raises(UserError, match="'ghost'"):
-        history.add(ToolResult(call_id="ghost", tool_name="search", content="?"))
+        history.add(ToolResultEntry(call_id="ghost", tool_name="search", content="?"))
     assert history.version == version
     assert history.token_count() == count
     assert len(history) == 2
     with pytest.raises(UserError, match="not a call of the current assistant turn"):
-        History([ToolResult(call_id="x", tool_name="t", content="")], counter=COUNTER)
+        History([ToolResultEntry(call_id="x", tool_name="t", content="")], counter=COUNTER)
 
 
 def test_a_result_for_a_call_of_an_earlier_turn_raises() -> None:
@@ -231,14 +237,14 @@ def test_a_result_for_a_call_of_an_earlier_turn_raises() -> None:
     turn(history, "first")
     history.add(AgentMessage(content="Next."))
     with pytest.raises(UserError, match="'first'"):
-        history.add(ToolResult(call_id="first", tool_name="read_file", content="again"))
+        history.add(ToolResultEntry(call_id="first", tool_name="read_file", content="again"))
 
 
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        (ToolResult(call_id="c", tool_name="search", content="twice"), "already has a result"),
-        (ToolResult(call_id="d", tool_name="grep", content="?"), "names tool 'grep'"),
+        (ToolResultEntry(call_id="c", tool_name="search", content="twice"), "already has a result"),
+        (ToolResultEntry(call_id="d", tool_name="grep", content="?"), "names tool 'grep'"),
         (UserMessage(id="same", content="?"), "id 'same' is already"),
     ],
 )
@@ -247,9 +253,9 @@ def test_entries_breaking_the_unit_rules_raise_user_errors(
 ) -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(id="same", content="Go."))
-    history.add(ToolCall(call_id="c", name="search"))
-    history.add(ToolCall(call_id="d", name="search"))
-    history.add(ToolResult(call_id="c", tool_name="search", content="once"))
+    history.add(ToolCallEntry(call=ToolCall(id="c", name="search")))
+    history.add(ToolCallEntry(call=ToolCall(id="d", name="search")))
+    history.add(ToolResultEntry(call_id="c", tool_name="search", content="once"))
     with pytest.raises(UserError, match=message):
         history.add(entry)
     assert_consistent(history)
@@ -259,10 +265,11 @@ def test_entries_breaking_the_unit_rules_raise_user_errors(
 
 def test_a_call_id_repeated_within_one_turn_raises() -> None:
     history = History(
-        [UserMessage(content="Go."), ToolCall(call_id="d", name="a")], counter=COUNTER
+        [UserMessage(content="Go."), ToolCallEntry(call=ToolCall(id="d", name="a"))],
+        counter=COUNTER,
     )
     with pytest.raises(UserError, match="reuses call id 'd'"):
-        history.add(ToolCall(call_id="d", name="b"))
+        history.add(ToolCallEntry(call=ToolCall(id="d", name="b")))
 
 
 def test_call_ids_may_repeat_across_turns() -> None:
@@ -304,9 +311,15 @@ def test_token_counts_match_tiktoken_on_a_realistic_turn() -> None:
     history = History(counter=counter)
     history.add(UserMessage(content="Find why test_parser fails on Windows line endings."))
     history.add(AgentMessage(content="I'll look at the tokenizer first."))
-    history.add(ToolCall(call_id="c1", name="read_file", arguments='{"path": "src/tok.py"}'))
-    history.add(ToolResult(call_id="c1", tool_name="read_file", content="def split(s):\n  ..."))
-    history.add(ToolCall(call_id="c2", name="grep", arguments='{"pattern": "\\\\r\\\\n"}'))
+    history.add(
+        ToolCallEntry(call=ToolCall(id="c1", name="read_file", arguments='{"path": "src/tok.py"}'))
+    )
+    history.add(
+        ToolResultEntry(call_id="c1", tool_name="read_file", content="def split(s):\n  ...")
+    )
+    history.add(
+        ToolCallEntry(call=ToolCall(id="c2", name="grep", arguments='{"pattern": "\\\\r\\\\n"}'))
+    )
     assert history.token_count() + REPLY_PRIMING_TOKENS == counter.count_messages(
         history.to_messages()
     )
@@ -424,12 +437,12 @@ def test_results_can_still_be_added_after_pruning_when_their_turn_is_kept() -> N
     history.add(UserMessage(content="Task."))
     turn(history, "old", "body " * 200)
     history.add(AgentMessage(content="Two more."))
-    history.add(ToolCall(call_id="x", name="search"))
-    history.add(ToolCall(call_id="y", name="search"))
-    history.add(ToolResult(call_id="x", tool_name="search", content="found"))
+    history.add(ToolCallEntry(call=ToolCall(id="x", name="search")))
+    history.add(ToolCallEntry(call=ToolCall(id="y", name="search")))
+    history.add(ToolResultEntry(call_id="x", tool_name="search", content="found"))
     history.prune(DropOldest(), 60)
     assert [c.call_id for c in history.pending_calls()] == ["y"]
-    history.add(ToolResult(call_id="y", tool_name="search", content="found too"))
+    history.add(ToolResultEntry(call_id="y", tool_name="search", content="found too"))
     assert history.pending_calls() == []
     assert_consistent(history)
 
@@ -465,9 +478,9 @@ def test_units_that_a_custom_strategy_makes_adjacent_are_merged_as_grouping_woul
 
 def test_units_that_cannot_merge_make_prune_raise_and_change_nothing() -> None:
     history = History(counter=COUNTER)
-    history.add(ToolCall(call_id="call_0", name="search"))
+    history.add(ToolCallEntry(call=ToolCall(id="call_0", name="search")))
     history.add(UserMessage(content="Hi."))
-    history.add(ToolCall(call_id="call_0", name="search"))
+    history.add(ToolCallEntry(call=ToolCall(id="call_0", name="search")))
     before = list(history.entries)
     with pytest.raises(UserError, match="call_0"):
         history.prune(DropSecondUnit(), 0)
@@ -574,9 +587,9 @@ async def test_summarize_cuts_the_summary_to_max_tokens() -> None:
 async def test_summarize_refuses_bad_spans(start: int, end: int, message: str) -> None:
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Task."))
-    history.add(ToolCall(call_id="p", name="search"))
-    history.add(ToolCall(call_id="q", name="search"))
-    history.add(ToolResult(call_id="q", tool_name="search", content="."))
+    history.add(ToolCallEntry(call=ToolCall(id="p", name="search")))
+    history.add(ToolCallEntry(call=ToolCall(id="q", name="search")))
+    history.add(ToolResultEntry(call_id="q", tool_name="search", content="."))
     with pytest.raises(UserError, match=message):
         await history.summarize(start, end, ExtractiveSummarizer(counter=COUNTER))
 
@@ -612,3 +625,23 @@ def test_units_are_frozen() -> None:
     assert isinstance(unit, Unit)
     with pytest.raises(AttributeError):
         unit.tokens = 0  # type: ignore[misc]
+
+
+def test_a_tool_call_entry_holds_the_models_call_and_reads_the_flat_form_of_older_sessions() -> (
+    None
+):
+    call = ToolCall(id="c1", name="read_file", arguments='{"path": "a"}')
+    entry = ToolCallEntry(call=call)
+    older = HISTORY_ENTRY_ADAPTER.validate_json(
+        '{"kind": "tool_call", "id": "e1", "timestamp": "2026-01-01T00:00:00Z", '
+        '"call_id": "c1", "name": "read_file", "arguments": "{\\"path\\": \\"a\\"}"}'
+    )
+
+    assert entry.call is call and entry.call_id == "c1"
+    assert isinstance(older, ToolCallEntry) and older.call == call
+    assert HISTORY_ENTRY_ADAPTER.validate_json(HISTORY_ENTRY_ADAPTER.dump_json(entry)) == entry
+
+
+def test_a_recorded_tool_call_needs_a_name() -> None:
+    with pytest.raises(ValidationError, match="non-empty id and tool name"):
+        ToolCallEntry(call=ToolCall(id="c1", name=""))

@@ -22,14 +22,12 @@ from agent_flow.llm import (
     ThinkingChunk,
     ToolCallArgumentsChunk,
     ToolCallChunk,
-    ToolCallPart,
     Usage,
     completion_events,
     final_completion,
     normalize_finish_reason,
-    parse_tool_arguments,
 )
-from agent_flow.messages import ChatMessage, ToolCallRequest
+from agent_flow.messages import ChatMessage, ToolCall, parse_tool_arguments
 from agent_flow.testing import FunctionLLM, ScriptedLLM
 
 
@@ -45,7 +43,11 @@ from agent_flow.testing import FunctionLLM, ScriptedLLM
         ("3", None, "the arguments must be a JSON object, not a JSON number"),
         ("null", None, "the arguments must be a JSON object, not a JSON null"),
         ("true", None, "the arguments must be a JSON object, not a JSON boolean"),
-        ('{"path": ', None, "the arguments are not valid JSON (Expecting value at character 8)"),
+        (
+            '{"path": ',
+            None,
+            "the arguments are not valid JSON (Expecting value at character 8); send a JSON object",
+        ),
     ],
 )
 def test_tool_arguments_parse_to_an_object_or_a_one_sentence_problem(
@@ -62,10 +64,10 @@ def test_deeply_nested_arguments_are_a_problem_not_a_crash() -> None:
 
 
 def test_a_tool_call_keeps_its_raw_text_and_says_whether_it_is_valid() -> None:
-    good = ToolCallPart.from_raw("c1", "read_file", ' {"path": "a"} ')
-    broken = ToolCallPart.from_raw("c2", "read_file", "{")
-    nameless = ToolCallPart.from_raw("c3", "", "{}")
-    empty = ToolCallPart.from_raw("c4", "ls", "")
+    good = ToolCall.from_raw("c1", "read_file", ' {"path": "a"} ')
+    broken = ToolCall.from_raw("c2", "read_file", "{")
+    nameless = ToolCall.from_raw("c3", "", "{}")
+    empty = ToolCall.from_raw("c4", "ls", "")
 
     assert (good.arguments, good.parsed_arguments, good.is_valid) == (
         '{"path": "a"}',
@@ -75,22 +77,31 @@ def test_a_tool_call_keeps_its_raw_text_and_says_whether_it_is_valid() -> None:
     assert (broken.arguments, broken.parsed_arguments, broken.is_valid) == ("{", None, False)
     assert nameless.parse_error == "the tool call has no tool name"
     assert (empty.arguments, empty.parsed_arguments) == ("{}", {})
-    assert good.to_request() == ToolCallRequest(
-        id="c1", name="read_file", arguments='{"path": "a"}'
-    )
+    assert good == ToolCall(id="c1", name="read_file", arguments='{"path": "a"}')
+
+
+def test_a_double_encoded_object_is_decoded_once_more_by_the_one_parser() -> None:
+    assert parse_tool_arguments('"{\\"path\\": \\"a\\"}"') == ({"path": "a"}, None)
+
+
+def test_a_problem_the_reader_found_is_the_calls_verdict_and_is_not_persisted() -> None:
+    call = ToolCall.from_raw("c1", "read_file", '{"path": "a"}', problem="the XML block is cut")
+
+    assert (call.parsed_arguments, call.parse_error) == (None, "the XML block is cut")
+    assert "problem" not in call.model_dump()
 
 
 def test_a_completion_becomes_the_assistant_message_of_the_next_prompt() -> None:
     completion = Completion(
         text="Reading.",
-        tool_calls=(ToolCallPart.from_raw("c1", "read_file", "{bad"),),
+        tool_calls=(ToolCall.from_raw("c1", "read_file", "{bad"),),
         finish_reason="tool_calls",
     )
 
     assert completion.to_message() == ChatMessage(
         role="assistant",
         content="Reading.",
-        tool_calls=(ToolCallRequest(id="c1", name="read_file", arguments="{bad"),),
+        tool_calls=(ToolCall(id="c1", name="read_file", arguments="{bad"),),
     )
 
 
@@ -130,7 +141,7 @@ EXAMPLES: list[StreamEvent] = [
     StreamWarning(code="stream_options_rejected", message="no usage"),
     Completion(
         text="done",
-        tool_calls=(ToolCallPart.from_raw("c1", "ls", '{"a": [1, {"b": null}]}'),),
+        tool_calls=(ToolCall.from_raw("c1", "ls", '{"a": [1, {"b": null}]}'),),
         finish_reason="tool_calls",
         usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3, cached_tokens=0),
         warnings=("w",),
@@ -151,7 +162,7 @@ completions = st.builds(
     thinking=st.text(max_size=30),
     tool_calls=st.lists(
         st.builds(
-            ToolCallPart.from_raw,
+            ToolCall.from_raw,
             id=st.uuids().map(str),
             name=st.sampled_from(["ls", "read_file"]),
             arguments=st.text(max_size=40),

@@ -33,7 +33,7 @@ from agent_flow.llm import (
     ToolCallChunk,
     final_completion,
 )
-from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 from tests.openai_server import (
     OpenAIServer,
     RecordedRequest,
@@ -214,9 +214,7 @@ async def test_tool_calls_without_ids_or_with_reused_ids_get_fresh_unique_ids(
     history = LLMRequest(
         messages=[
             ChatMessage(role="user", content="go"),
-            ChatMessage(
-                role="assistant", tool_calls=(ToolCallRequest(id="call_0", name="read_file"),)
-            ),
+            ChatMessage(role="assistant", tool_calls=(ToolCall(id="call_0", name="read_file"),)),
             ChatMessage(role="tool", content="...", tool_call_id="call_0"),
         ],
         tools=[READ_FILE],
@@ -685,9 +683,7 @@ async def test_neutral_messages_and_settings_are_converted_to_the_wire_format(
             ChatMessage(role="user", content="Read a.py", name="ana"),
             ChatMessage(
                 role="assistant",
-                tool_calls=(
-                    ToolCallRequest(id="c1", name="read_file", arguments='{"path":"a.py"}'),
-                ),
+                tool_calls=(ToolCall(id="c1", name="read_file", arguments='{"path":"a.py"}'),),
             ),
             ChatMessage(role="tool", content="print(1)", tool_call_id="c1", name="read_file"),
         ],

@@ -17,11 +17,12 @@ from agent_flow.history import (
     SummarizeOldest,
     Summarizer,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
 )
 from agent_flow.llm import LLMRequest, LLMSummarizer
+from agent_flow.messages import ToolCall
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
 from agent_flow.tools import tool
@@ -31,10 +32,10 @@ ENTRIES = [
     UserMessage(content="Find why the build fails."),
     AgentThinking(content="SECRET-THOUGHT: check the CI log first."),
     AgentMessage(content="Reading the log."),
-    ToolCall(call_id="c1", name="read_file", arguments='{"path": "ci.log"}'),
-    ToolResult(call_id="c1", tool_name="read_file", content="error: missing dependency foo"),
-    ToolCall(call_id="c2", name="run", arguments='{"cmd": "pip install foo"}'),
-    ToolResult(call_id="c2", tool_name="run", content="permission denied", is_error=True),
+    ToolCallEntry(call=ToolCall(id="c1", name="read_file", arguments='{"path": "ci.log"}')),
+    ToolResultEntry(call_id="c1", tool_name="read_file", content="error: missing dependency foo"),
+    ToolCallEntry(call=ToolCall(id="c2", name="run", arguments='{"cmd": "pip install foo"}')),
+    ToolResultEntry(call_id="c2", tool_name="run", content="permission denied", is_error=True),
 ]
 
 
@@ -114,8 +115,8 @@ async def test_a_span_too_long_for_one_request_is_summarized_in_parts_then_combi
 
 async def test_one_huge_tool_result_is_cut_in_the_transcript() -> None:
     llm = ScriptedLLM(["short"])
-    huge = ToolResult(call_id="c1", tool_name="cat", content="y" * 100_000)
-    entries = [ToolCall(call_id="c1", name="cat"), huge]
+    huge = ToolResultEntry(call_id="c1", tool_name="cat", content="y" * 100_000)
+    entries = [ToolCallEntry(call=ToolCall(id="c1", name="cat")), huge]
 
     await LLMSummarizer(llm, counter=COUNTER, max_entry_tokens=50).summarize(entries, max_tokens=20)
 
@@ -138,8 +139,12 @@ async def test_pruning_with_the_llm_summarizer_folds_old_turns_into_the_models_s
     history = History(counter=COUNTER)
     history.add(UserMessage(content="Refactor the parser."))
     for i in range(12):
-        history.add(ToolCall(call_id=f"c{i}", name="read_file", arguments=f'{{"path": "f{i}.py"}}'))
-        history.add(ToolResult(call_id=f"c{i}", tool_name="read_file", content="code " * 60))
+        history.add(
+            ToolCallEntry(
+                call=ToolCall(id=f"c{i}", name="read_file", arguments=f'{{"path": "f{i}.py"}}')
+            )
+        )
+        history.add(ToolResultEntry(call_id=f"c{i}", tool_name="read_file", content="code " * 60))
     llm = ScriptedLLM(["- Read f0.py to f9.py; all use the old parser API."])
     summarizer = LLMSummarizer(llm, counter=COUNTER)
     assert isinstance(summarizer, Summarizer)

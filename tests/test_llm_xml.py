@@ -27,7 +27,7 @@ from agent_flow.llm.xml_tools import (
     render_tools_prompt,
     to_xml_messages,
 )
-from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 from tests.openai_server import OpenAIServer, completion_body, json_reply, sse_reply, text_chunks
 
 READ_FILE = ToolDefinition(
@@ -208,8 +208,8 @@ def test_a_prompt_is_rewritten_for_a_model_without_tool_calling() -> None:
             role="assistant",
             content="Reading both.",
             tool_calls=(
-                ToolCallRequest(id="c1", name="read_file", arguments='{"path": "a.py"}'),
-                ToolCallRequest(id="c2", name="read_file", arguments='{"path": "b.py"'),
+                ToolCall(id="c1", name="read_file", arguments='{"path": "a.py"}'),
+                ToolCall(id="c2", name="read_file", arguments='{"path": "b.py"'),
             ),
         ),
         ChatMessage(role="tool", content="A", tool_call_id="c1"),
@@ -365,9 +365,7 @@ async def test_earlier_calls_and_results_are_sent_back_as_text_the_model_can_rea
             *REQUEST.messages,
             ChatMessage(
                 role="assistant",
-                tool_calls=(
-                    ToolCallRequest(id="c1", name="read_file", arguments='{"path":"a.py"}'),
-                ),
+                tool_calls=(ToolCall(id="c1", name="read_file", arguments='{"path":"a.py"}'),),
             ),
             ChatMessage(role="tool", content="print(1)", tool_call_id="c1"),
         ],

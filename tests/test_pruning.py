@@ -24,13 +24,13 @@ from agent_flow.history import (
     SummarizeOldest,
     Summarizer,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     Unit,
     UserMessage,
     build_units,
 )
-from agent_flow.messages import ChatMessage
+from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
 from tests._history_strategies import (
     entry_lists,
@@ -133,7 +133,7 @@ def test_any_strategy_keeps_units_whole_pinned_and_in_order(
     for entry_id in report.elided:
         if entry_id in after_entries:
             elided = after_entries[entry_id]
-            assert isinstance(elided, ToolResult)
+            assert isinstance(elided, ToolResultEntry)
             assert elided.elided_tokens is not None
     assert list(result.units) == build_units(result.entries, COUNTER)
     # Fits whenever the pinned units fit, for strategies that end by dropping.
@@ -207,14 +207,14 @@ def test_elision_never_drops_and_spares_the_last_results(
     assert ids(result.units) == ids(units)
     before = [e for u in units for e in u.entries]
     after = [e for u in result.units for e in u.entries]
-    results = [i for i, e in enumerate(before) if isinstance(e, ToolResult)]
+    results = [i for i, e in enumerate(before) if isinstance(e, ToolResultEntry)]
     spared = set(results[len(results) - keep_last :]) if keep_last else set()
     changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
     assert [after[i].id for i in changed] == list(result.report.elided)
     for i in changed:
         old, new = before[i], after[i]
-        assert isinstance(old, ToolResult)
-        assert isinstance(new, ToolResult)
+        assert isinstance(old, ToolResultEntry)
+        assert isinstance(new, ToolResultEntry)
         assert i not in spared
         assert old.elided_tokens is None
         assert new.elided_tokens == COUNTER.count(old.content)
@@ -226,15 +226,15 @@ def test_elision_never_drops_and_spares_the_last_results(
         )
     if changed and result.report.fits:
         last_old, last_new = before[changed[-1]], after[changed[-1]]
-        assert isinstance(last_old, ToolResult)
-        assert isinstance(last_new, ToolResult)
+        assert isinstance(last_old, ToolResultEntry)
+        assert isinstance(last_new, ToolResultEntry)
         saved = COUNTER.count_message(tool_message(last_old)) - COUNTER.count_message(
             tool_message(last_new)
         )
         assert result.report.tokens_after + saved > budget, "elided more than needed"
 
 
-def tool_message(result: ToolResult) -> ChatMessage:
+def tool_message(result: ToolResultEntry) -> ChatMessage:
     return ChatMessage(
         role="tool", content=result.content, tool_call_id=result.call_id, name=result.tool_name
     )
@@ -332,9 +332,9 @@ def test_elision_happens_before_dropping_in_a_chain() -> None:
     assert report.dropped == ()
     assert [s.strategy for s in report.steps] == ["elide_tool_results"]
     assert report.strategy == "chain(elide_tool_results, drop_oldest)"
-    results = [e for e in history.entries if isinstance(e, ToolResult)]
+    results = [e for e in history.entries if isinstance(e, ToolResultEntry)]
     assert [r.elided_tokens is not None for r in results] == [True, True, True, False]
-    assert len([e for e in history.entries if isinstance(e, ToolCall)]) == 4
+    assert len([e for e in history.entries if isinstance(e, ToolCallEntry)]) == 4
 
 
 def test_a_chain_drops_after_eliding_when_eliding_is_not_enough() -> None:
@@ -358,7 +358,7 @@ def test_elision_markers_count_real_tokens_with_tiktoken() -> None:
     turn(history, "b", body)
     report = history.prune(ElideToolResults(keep_last=1), history.token_count() - 100)
     assert report.fits
-    (elided,) = [e for e in history.entries if isinstance(e, ToolResult) and e.elided_tokens]
+    (elided,) = [e for e in history.entries if isinstance(e, ToolResultEntry) and e.elided_tokens]
     assert elided.elided_tokens == counter.count(body)
     assert elided.content == f"[elided {counter.count(body):,} tokens of read_file output]"
     assert "," in elided.content  # thousands separator: the body is over 1,000 tokens
@@ -468,13 +468,17 @@ def test_extractive_summary_lines_say_who_said_and_did_what() -> None:
         UserMessage(content="Fix the failing test. It is in tests/test_io.py."),
         AgentThinking(content="secret reasoning"),
         AgentMessage(content="Let me run it!  Then I will read the file."),
-        ToolCall(call_id="1", name="run_tests", arguments='{"path": "tests/test_io.py", "k": 3}'),
-        ToolCall(call_id="2", name="read_file", arguments="not json"),
-        ToolCall(call_id="3", name="grep", arguments="{}"),
-        ToolResult(
+        ToolCallEntry(
+            call=ToolCall(
+                id="1", name="run_tests", arguments='{"path": "tests/test_io.py", "k": 3}'
+            )
+        ),
+        ToolCallEntry(call=ToolCall(id="2", name="read_file", arguments="not json")),
+        ToolCallEntry(call=ToolCall(id="3", name="grep", arguments="{}")),
+        ToolResultEntry(
             call_id="1", tool_name="run_tests", content="1 failed. Details...", is_error=True
         ),
-        ToolResult(call_id="2", tool_name="read_file", content="x" * 1234),
+        ToolResultEntry(call_id="2", tool_name="read_file", content="x" * 1234),
         Summary(content="- User: Earlier.\nplain line", replaced_ids=()),
     ]
     lines = ExtractiveSummarizer(counter=COUNTER).lines(entries)

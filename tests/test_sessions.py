@@ -31,8 +31,8 @@ from agent_flow.history import (
     History,
     HistoryEntry,
     PruningStrategy,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
     build_units,
 )
@@ -92,8 +92,8 @@ def count(statements: list[str], prefix: str) -> int:
 def assert_consistent(entries: typing.Sequence[HistoryEntry]) -> History:
     history = History(entries, counter=COUNTER)
     assert history.pending_calls() == []
-    calls = {e.call_id for e in entries if isinstance(e, ToolCall)}
-    results = {e.call_id for e in entries if isinstance(e, ToolResult)}
+    calls = {e.call_id for e in entries if isinstance(e, ToolCallEntry)}
+    results = {e.call_id for e in entries if isinstance(e, ToolResultEntry)}
     assert calls == results
     return history
 

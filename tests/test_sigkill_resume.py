@@ -19,7 +19,7 @@ import pytest
 
 from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.history import ToolCall, ToolResult
+from agent_flow.history import ToolCallEntry, ToolResultEntry
 from agent_flow.llm.base import LLMRequest
 from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import Reply, ScriptedLLM, call, reply
@@ -123,8 +123,8 @@ async def test_a_run_killed_mid_step_keeps_every_completed_step_and_resumes(
             "tool_call",
             "tool_result",
         ]
-        calls = {e.call_id for e in state.entries if isinstance(e, ToolCall)}
-        results = {e.call_id for e in state.entries if isinstance(e, ToolResult)}
+        calls = {e.call_id for e in state.entries if isinstance(e, ToolCallEntry)}
+        results = {e.call_id for e in state.entries if isinstance(e, ToolResultEntry)}
         assert calls == results
         environment = state.environment
         assert environment is not None

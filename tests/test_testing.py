@@ -22,7 +22,7 @@ from agent_flow.llm import (
     Usage,
     final_completion,
 )
-from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 from agent_flow.testing import (
     FunctionLLM,
     Reply,
@@ -116,7 +116,7 @@ async def test_scripted_tool_calls_can_be_invalid_and_ids_never_collide_with_the
     request = LLMRequest(
         messages=[
             ChatMessage(role="user", content="go"),
-            ChatMessage(role="assistant", tool_calls=(ToolCallRequest(id="call_1", name="ls"),)),
+            ChatMessage(role="assistant", tool_calls=(ToolCall(id="call_1", name="ls"),)),
             ChatMessage(role="tool", content="[]", tool_call_id="call_1"),
         ]
     )

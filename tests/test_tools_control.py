@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from agent_flow.environment import Environment, PlanStep, TaskStatus
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     CONTROL_SIGNAL_ADAPTER,
     CONTROL_TOOL_NAMES,
@@ -21,8 +21,8 @@ from agent_flow.tools import (
 )
 
 
-def call(name: str, arguments: object, call_id: str = "1") -> ToolCallRequest:
-    return ToolCallRequest(id=call_id, name=name, arguments=json.dumps(arguments))
+def call(name: str, arguments: object, call_id: str = "1") -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agent_flow.environment import Environment
 from agent_flow.errors import DuplicateToolError, ToolDefinitionError, ToolError, UserError
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tokens import ApproxCounter, default_counter
 from agent_flow.tools import (
     MAX_TOOL_NAME_LENGTH,
@@ -33,8 +33,8 @@ from agent_flow.tools import (
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-def call(name: str, arguments: str = "{}", call_id: str = "c1") -> ToolCallRequest:
-    return ToolCallRequest(id=call_id, name=name, arguments=arguments)
+def call(name: str, arguments: str = "{}", call_id: str = "c1") -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 @tool
@@ -197,7 +197,7 @@ async def test_unknown_tools_get_an_error_naming_close_matches_and_the_available
     ("arguments", "expected"),
     [
         ("{not json", "the arguments are not valid JSON (Expecting property name"),
-        ("[1, 2]", "the arguments must be a JSON object, got list"),
+        ("[1, 2]", "the arguments must be a JSON object, not a JSON array"),
     ],
 )
 async def test_invalid_json_arguments_become_error_results(arguments: str, expected: str) -> None:
@@ -404,21 +404,21 @@ class RecordingHooks(ToolHooks):
     def __init__(self) -> None:
         self.events: list[tuple[str, ...]] = []
 
-    async def call_started(self, call: ToolCallRequest) -> None:
+    async def call_started(self, call: ToolCall) -> None:
         self.events.append(("started", call.id))
 
     async def progress(
-        self, call: ToolCallRequest, progress: float, total: float | None, message: str | None
+        self, call: ToolCall, progress: float, total: float | None, message: str | None
     ) -> None:
         self.events.append(("progress", call.id, f"{progress}/{total}", message or ""))
 
-    async def approval_required(self, call: ToolCallRequest, request: ApprovalRequest) -> None:
+    async def approval_required(self, call: ToolCall, request: ApprovalRequest) -> None:
         self.events.append(("approval_required", call.id, request.reason))
 
-    async def approval_resolved(self, call: ToolCallRequest, response: ApprovalResponse) -> None:
+    async def approval_resolved(self, call: ToolCall, response: ApprovalResponse) -> None:
         self.events.append(("approval_resolved", call.id, str(response.approved)))
 
-    async def call_finished(self, call: ToolCallRequest, result: ToolResult) -> None:
+    async def call_finished(self, call: ToolCall, result: ToolResult) -> None:
         self.events.append(("finished", call.id, result.error_kind or "ok"))
 
 
@@ -446,7 +446,7 @@ async def test_hooks_see_start_progress_and_finish_of_every_call() -> None:
 
 async def test_a_hook_that_raises_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     class BrokenHooks(ToolHooks):
-        async def call_started(self, call: ToolCallRequest) -> None:
+        async def call_started(self, call: ToolCall) -> None:
             raise RuntimeError("hook bug")
 
     outcome = await ToolExecutor([search], hooks=BrokenHooks()).execute_one(
@@ -570,7 +570,7 @@ async def test_a_large_result_is_truncated_with_a_marker_and_handlers_see_all_of
 
     seen: list[str] = []
 
-    def capture(env: Environment, c: ToolCallRequest, result: ToolResult) -> None:
+    def capture(env: Environment, c: ToolCall, result: ToolResult) -> None:
         seen.append(result.content)
 
     handlers = HandlerRegistry()
@@ -626,7 +626,7 @@ def test_truncation_works_with_any_counter() -> None:
 
 
 async def test_a_handler_that_raises_keeps_the_result_and_reports_the_error() -> None:
-    def broken(env: Environment, c: ToolCallRequest, result: ToolResult) -> None:
+    def broken(env: Environment, c: ToolCall, result: ToolResult) -> None:
         env.set("/extensions/partial", 1)
         raise ValueError("bad handler")
 
@@ -699,3 +699,12 @@ async def test_a_failure_inside_the_executor_itself_becomes_an_error_result() ->
     assert outcome.result.content == "the call to 'search' failed before it could run: rule bug"
     assert other.result.error_kind == "unknown_tool"
     assert ("finished", "1", "exception") in hooks.events
+
+
+async def test_a_problem_the_llm_layer_found_reaches_the_model_as_an_invalid_call() -> None:
+    bad = ToolCall.from_raw("c1", "search", '{"query": "x"}', problem="the XML block is cut")
+
+    outcome = await ToolExecutor([search]).execute_one(bad)
+
+    assert outcome.result.error_kind == "invalid_json"
+    assert outcome.result.content == "the XML block is cut"

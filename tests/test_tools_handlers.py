@@ -5,7 +5,7 @@ from pathlib import Path
 
 from agent_flow._types import JsonValue
 from agent_flow.environment import Environment, FileInfo
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     TOOL_RESULTS_EXTENSION,
     HandlerRegistry,
@@ -20,7 +20,7 @@ from agent_flow.tools import (
     workspace_tools,
 )
 
-CALL = ToolCallRequest(id="c1", name="directory_tree")
+CALL = ToolCall(id="c1", name="directory_tree")
 
 
 def result(data: JsonValue, name: str = "directory_tree", content: str = "") -> ToolResult:
@@ -93,7 +93,7 @@ async def test_the_directory_tree_tool_feeds_the_workspace_handler(tmp_path: Pat
     executor = ToolExecutor(workspace_tools(Workspace(tmp_path)))
     env = Environment()
     outcome = await executor.execute_one(
-        ToolCallRequest(id="1", name="directory_tree", arguments="{}"), environment=env
+        ToolCall(id="1", name="directory_tree", arguments="{}"), environment=env
     )
     assert outcome.handler_errors == ()
     assert env.workspace.files == {
@@ -160,7 +160,7 @@ def test_search_results_become_facts_and_sources() -> None:
             {"nothing": "useful"},
         ]
     }
-    search_results_handler(env, ToolCallRequest(id="s", name="search"), result(data, "search"))
+    search_results_handler(env, ToolCall(id="s", name="search"), result(data, "search"))
     knowledge = env.knowledge
     assert knowledge.discovered_facts == [
         "Python is a language",
@@ -177,7 +177,7 @@ def test_search_results_become_facts_and_sources() -> None:
 
 def test_the_search_handler_keeps_only_the_newest_facts_within_its_cap() -> None:
     env = Environment()
-    call = ToolCallRequest(id="s", name="search")
+    call = ToolCall(id="s", name="search")
     for batch in range(3):
         items: JsonValue = [f"fact {batch}-{i}" for i in range(4)]
         search_results_handler(env, call, result(items, "search"), max_facts=5)
@@ -192,7 +192,7 @@ def test_the_search_handler_keeps_only_the_newest_facts_within_its_cap() -> None
 
 def test_repeating_the_same_search_changes_nothing() -> None:
     env = Environment()
-    call = ToolCallRequest(id="s", name="search")
+    call = ToolCall(id="s", name="search")
     data: JsonValue = [{"title": "t", "url": "https://x", "snippet": "s"}]
     search_results_handler(env, call, result(data, "search"))
     version = env.version
@@ -202,7 +202,7 @@ def test_repeating_the_same_search_changes_nothing() -> None:
 
 def test_the_default_handler_records_the_latest_result_with_its_size_bounded() -> None:
     env = Environment()
-    call = ToolCallRequest(id="c9", name="fetch")
+    call = ToolCall(id="c9", name="fetch")
     big = {"rows": list(range(2000))}
     record_latest_result(env, call, result(big, "fetch", content="x" * 50), max_chars=100)
     assert env.get(f"/extensions/{TOOL_RESULTS_EXTENSION}/fetch") == {
@@ -230,7 +230,7 @@ def test_handlers_match_by_exact_name_or_glob_in_registration_order() -> None:
     registry.register("github_search", lambda env, call, res: calls.append("exact"))
     env = Environment()
     for name in ("github_search", "github_issues", "local"):
-        registry.apply(env, ToolCallRequest(id="1", name=name), result(None, name))
+        registry.apply(env, ToolCall(id="1", name=name), result(None, name))
     assert calls == ["glob", "exact", "glob", "default"]
 
 
@@ -258,7 +258,7 @@ async def test_a_search_tool_updates_knowledge_through_the_executor() -> None:
     env = Environment()
     executor = ToolExecutor([web_search], policy=PolicyEngine())
     outcome = await executor.execute_one(
-        ToolCallRequest(id="1", name="web_search", arguments='{"query": "mcp"}'), environment=env
+        ToolCall(id="1", name="web_search", arguments='{"query": "mcp"}'), environment=env
     )
     assert outcome.handler_errors == ()
     assert env.knowledge.discovered_facts == ["About mcp: Found."]
@@ -270,16 +270,16 @@ async def test_a_search_tool_updates_knowledge_through_the_executor() -> None:
 
 
 def test_a_raising_handler_is_reported_and_later_handlers_still_run() -> None:
-    def broken(env: Environment, call: ToolCallRequest, res: ToolResult) -> None:
+    def broken(env: Environment, call: ToolCall, res: ToolResult) -> None:
         raise KeyError("missing")
 
-    def works(env: Environment, call: ToolCallRequest, res: ToolResult) -> None:
+    def works(env: Environment, call: ToolCall, res: ToolResult) -> None:
         env.set("/extensions/ok", True)
 
     registry = HandlerRegistry()
     registry.register("t", broken)
     registry.register("t", works)
-    report = registry.apply(Environment(), ToolCallRequest(id="1", name="t"), result(1, "t"))
+    report = registry.apply(Environment(), ToolCall(id="1", name="t"), result(1, "t"))
     assert [(e.error_type, e.message, e.handler) for e in report.errors] == [
         (
             "KeyError",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     MCP_SERVER_CONFIG_ADAPTER,
     MCPServerHTTP,
@@ -57,8 +57,8 @@ async def executor(servers: MCPServers) -> ToolExecutor:
     return executor
 
 
-def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCallRequest:
-    return ToolCallRequest(id=call_id, name=name, arguments=arguments)
+def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 async def test_tools_of_every_server_are_registered_under_their_namespace(
@@ -113,7 +113,7 @@ async def test_progress_notifications_reach_the_hooks(servers: MCPServers) -> No
 
     class Hooks(ToolHooks):
         async def progress(
-            self, call: ToolCallRequest, progress: float, total: float | None, message: str | None
+            self, call: ToolCall, progress: float, total: float | None, message: str | None
         ) -> None:
             reports.append((progress, total, message))
 

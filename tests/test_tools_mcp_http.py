@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import MCPServerHTTP, MCPServers, ToolExecutor
 
 SERVERS = Path(__file__).parent / "mcp_servers"
 
 
-def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCallRequest:
-    return ToolCallRequest(id=call_id, name=name, arguments=arguments)
+def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 @pytest_asyncio.fixture

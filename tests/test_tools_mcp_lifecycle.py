@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_flow.errors import MCPServerError, ToolDefinitionError
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import MCPConnection, MCPServers, MCPServerStdio, ToolExecutor, ToolHooks
 
 SERVERS = Path(__file__).parent / "mcp_servers"
@@ -24,8 +24,8 @@ def stdio(name: str, script: str, **options: object) -> MCPServerStdio:
     )
 
 
-def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCallRequest:
-    return ToolCallRequest(id=call_id, name=name, arguments=arguments)
+def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_use() -> None:
@@ -70,7 +70,7 @@ async def test_a_hanging_call_times_out_and_a_frozen_server_is_restarted(tmp_pat
 
     class Hooks(ToolHooks):
         async def progress(
-            self, call: ToolCallRequest, progress: float, total: float | None, message: str | None
+            self, call: ToolCall, progress: float, total: float | None, message: str | None
         ) -> None:
             in_flight.set()  # the server received the call
 

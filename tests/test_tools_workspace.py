@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_flow.errors import ToolError, UserError
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     PolicyEngine,
     RiskLevel,
@@ -204,7 +204,7 @@ async def test_escapes_through_the_executor_are_error_results_the_model_can_read
 ) -> None:
     executor = ToolExecutor(workspace_tools(workspace))
     outcome = await executor.execute_one(
-        ToolCallRequest(id="1", name="read_file", arguments='{"path": "../outside/secret.txt"}')
+        ToolCall(id="1", name="read_file", arguments='{"path": "../outside/secret.txt"}')
     )
     assert outcome.result.error_kind == "tool_error"
     assert outcome.result.content == (
@@ -536,7 +536,7 @@ async def test_cancelling_a_command_kills_it(workspace: Workspace, root: Path) -
     executor = ToolExecutor(workspace_tools(workspace), policy=PolicyEngine(auto_approve=True))
     os.mkfifo(root / "ready")
     command = "echo $$ > shell.pid; sleep 60 & echo $! > child.pid; echo go > ready; wait"
-    call = ToolCallRequest(id="1", name="run_command", arguments=json.dumps({"command": command}))
+    call = ToolCall(id="1", name="run_command", arguments=json.dumps({"command": command}))
     task = asyncio.create_task(executor.execute([call]))
     # Reading the FIFO returns once the command has written its pids and signalled.
     assert await asyncio.to_thread((root / "ready").read_text) == "go\n"

@@ -13,7 +13,7 @@ from agent_flow.events import (
     ToolCallFailed,
     ToolCallStarted,
 )
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolHooks, ToolResult
 
 
@@ -29,10 +29,10 @@ class _EventHooks(ToolHooks):
     def __init__(self, emit: _Emit) -> None:
         self._emit = emit
 
-    async def call_started(self, call: ToolCallRequest) -> None:
+    async def call_started(self, call: ToolCall) -> None:
         await self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)
 
-    async def approval_required(self, call: ToolCallRequest, request: ApprovalRequest) -> None:
+    async def approval_required(self, call: ToolCall, request: ApprovalRequest) -> None:
         await self._emit(
             ApprovalRequired,
             call_id=call.id,
@@ -41,7 +41,7 @@ class _EventHooks(ToolHooks):
             reason=request.reason,
         )
 
-    async def approval_resolved(self, call: ToolCallRequest, response: ApprovalResponse) -> None:
+    async def approval_resolved(self, call: ToolCall, response: ApprovalResponse) -> None:
         await self._emit(
             ApprovalResolved,
             call_id=call.id,
@@ -50,7 +50,7 @@ class _EventHooks(ToolHooks):
             reason=response.reason,
         )
 
-    async def call_finished(self, call: ToolCallRequest, result: ToolResult) -> None:
+    async def call_finished(self, call: ToolCall, result: ToolResult) -> None:
         duration_ms = result.duration_seconds * 1000
         if result.failed:
             await self._emit(

@@ -45,8 +45,7 @@ from agent_flow.events import (
     RunStarted,
     WarningRaised,
 )
-from agent_flow.history import ToolResult as ToolResultEntry
-from agent_flow.history import UserMessage
+from agent_flow.history import ToolResultEntry, UserMessage
 from agent_flow.llm.base import (
     LLMClient,
     Usage,
@@ -207,7 +206,7 @@ class _Run:
             self.agent.history.add(
                 ToolResultEntry(
                     call_id=call.call_id,
-                    tool_name=call.name,
+                    tool_name=call.call.name,
                     content=f"error: {reason}",
                     is_error=True,
                 )

@@ -42,8 +42,13 @@ from agent_flow.events import (
     ToolCallFailed,
     WarningRaised,
 )
-from agent_flow.history import AgentMessage, AgentThinking, ToolCall, UserMessage
-from agent_flow.history import ToolResult as ToolResultEntry
+from agent_flow.history import (
+    AgentMessage,
+    AgentThinking,
+    ToolCallEntry,
+    ToolResultEntry,
+    UserMessage,
+)
 from agent_flow.llm.base import (
     Completion,
     LLMRequest,
@@ -55,7 +60,7 @@ from agent_flow.llm.base import (
     ToolCallChunk,
     Usage,
 )
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     ControlSignal,
     ConverseMessage,
@@ -161,7 +166,9 @@ def _record_turn(run: _Run, completion: Completion) -> None:
         run.agent.history.add(AgentMessage(content=completion.text))
     for call in completion.tool_calls:
         run.agent.history.add(
-            ToolCall(call_id=call.id, name=_call_name(call.name), arguments=call.arguments)
+            ToolCallEntry(
+                call=call if call.name else call.model_copy(update={"name": _call_name(call.name)})
+            )
         )
 
 
@@ -206,7 +213,7 @@ async def _text_answer(run: _Run, text: str) -> Step:
 
 async def _tool_step(run: _Run, step: RunTools) -> Step:
     """Steps 6-8: execute the calls, apply handlers, record results, honour control."""
-    requests = [call.to_request() for call in step.calls]
+    requests = step.calls
     # Unknown names go to the executor, which tells the model what exists; registered
     # tools the agent may not use now (deny list, skill) are refused here.
     gate = run.agent._tool_filter()
@@ -295,7 +302,7 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     return await _check_stuck(run, requests, outcomes)
 
 
-def _refusal(run: _Run, request: ToolCallRequest) -> ToolResult:
+def _refusal(run: _Run, request: ToolCall) -> ToolResult:
     where = (
         f"while skill {run.agent.skill.name!r} is active" if run.agent.skill else "to this agent"
     )
@@ -321,7 +328,7 @@ async def _control(run: _Run, control: ControlSignal) -> Finish:
 
 
 async def _check_stuck(
-    run: _Run, requests: Sequence[ToolCallRequest], outcomes: dict[str, ToolOutcome]
+    run: _Run, requests: Sequence[ToolCall], outcomes: dict[str, ToolOutcome]
 ) -> Step:
     signature = tuple(
         (r.name, r.arguments, outcomes[r.id].result.content if r.id in outcomes else "")

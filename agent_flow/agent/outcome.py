@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent_flow._types import JsonValue
 from agent_flow.errors import OutputValidationError
-from agent_flow.llm.base import ToolCallPart, Usage
+from agent_flow.llm.base import Usage
+from agent_flow.messages import ToolCall
 
 __all__ = [
     "Continue",
@@ -72,7 +73,7 @@ class Continue:
 class RunTools:
     """The model asked for tool calls; execute them."""
 
-    calls: tuple[ToolCallPart, ...]
+    calls: tuple[ToolCall, ...]
 
 
 @dataclass(frozen=True, slots=True)

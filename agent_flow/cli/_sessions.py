@@ -104,7 +104,9 @@ async def _sessions_show(args: argparse.Namespace, streams: _Streams) -> int:
 def _entry_line(data: dict[str, object]) -> str:
     kind = str(data.get("kind", "?"))
     if kind == "tool_call":
-        return f"{kind:12} {data.get('name')} {_one_line(str(data.get('arguments', '')), 80)}"
+        call = data.get("call")
+        call = call if isinstance(call, dict) else {}
+        return f"{kind:12} {call.get('name')} {_one_line(str(call.get('arguments', '')), 80)}"
     if kind == "tool_result":
         flag = " (error)" if data.get("is_error") else ""
         body = _one_line(str(data.get("content", "")), 80)

@@ -1,7 +1,7 @@
 """The conversation history: entries, units, the token-cached `History`, pruning, summarizing.
 
-- `entries`: the entry models (`UserMessage`, `AgentMessage`, `AgentThinking`, `ToolCall`,
-  `ToolResult`, `Summary`), their `HistoryEntry` union and its JSON form;
+- `entries`: the entry models (`UserMessage`, `AgentMessage`, `AgentThinking`, `ToolCallEntry`,
+  `ToolResultEntry`, `Summary`), their `HistoryEntry` union and its JSON form;
 - `units`: the runs of entries that pruning keeps or removes whole (`Unit`, `build_units`);
 - `history`: `History`, the transcript with cached token counts;
 - `pruning`: the synchronous `PruningStrategy` protocol and strategies (`DropOldest`,
@@ -22,8 +22,8 @@ from agent_flow.history.entries import (
     AgentThinking,
     HistoryEntry,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
     dump_entries,
     load_entries,
@@ -68,8 +68,8 @@ __all__ = [
     "SummarizeOldest",
     "Summarizer",
     "Summary",
-    "ToolCall",
-    "ToolResult",
+    "ToolCallEntry",
+    "ToolResultEntry",
     "Unit",
     "UnitKind",
     "UserMessage",

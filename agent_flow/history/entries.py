@@ -1,7 +1,7 @@
 """The history entry models: the six kinds of entry, their tagged union and its JSON form.
 
-A history is a list of entries (`UserMessage`, `AgentMessage`, `AgentThinking`, `ToolCall`,
-`ToolResult`, `Summary`), each a frozen pydantic model with an ``id`` and a ``timestamp``,
+A history is a list of entries (`UserMessage`, `AgentMessage`, `AgentThinking`, `ToolCallEntry`,
+`ToolResultEntry`, `Summary`), each a frozen pydantic model with an ``id`` and a ``timestamp``,
 tagged by ``kind``. `HistoryEntry` is their discriminated union; `HISTORY_ENTRY_ADAPTER` and
 `HISTORY_ENTRIES_ADAPTER` validate and serialize it, and `dump_entries` / `load_entries` are the
 persisted form of a history. How entries group into units and render to messages is
@@ -15,7 +15,17 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal, TypeAlias
 from uuid import uuid4
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+
+from agent_flow.messages import ToolCall
 
 __all__ = [
     "HISTORY_ENTRIES_ADAPTER",
@@ -24,8 +34,8 @@ __all__ = [
     "AgentThinking",
     "HistoryEntry",
     "Summary",
-    "ToolCall",
-    "ToolResult",
+    "ToolCallEntry",
+    "ToolResultEntry",
     "UserMessage",
     "dump_entries",
     "load_entries",
@@ -75,22 +85,48 @@ class AgentThinking(_Entry):
     content: str
 
 
-class ToolCall(_Entry):
-    """A tool call the model made.
+class ToolCallEntry(_Entry):
+    """A tool call the model made, as the history records it.
+
+    The entry holds the very `ToolCall` the model layer produced (the one call type of
+    agent_flow), so its arguments are parsed once however often the call is read.
 
     Attributes:
-        call_id: The provider's id tying the call to its result (unique within a unit).
-        name: The tool name.
-        arguments: The arguments exactly as the model wrote them (JSON text, perhaps invalid).
+        call: The call: its id ties it to its result (unique within a unit), its name is
+            the tool's (never empty in a history), its arguments are the model's raw text.
     """
 
     kind: Literal["tool_call"] = "tool_call"
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    arguments: str = "{}"
+    call: ToolCall
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_flat_form(cls, data: object) -> object:
+        # Sessions and exports written before the call was nested store it flat.
+        if isinstance(data, dict) and "call" not in data and "call_id" in data:
+            flat = dict(data)
+            flat["call"] = {
+                "id": flat.pop("call_id"),
+                "name": flat.pop("name", ""),
+                "arguments": flat.pop("arguments", "{}"),
+            }
+            return flat
+        return data
+
+    @field_validator("call")
+    @classmethod
+    def _named(cls, call: ToolCall) -> ToolCall:
+        if not call.id or not call.name:
+            raise ValueError("a recorded tool call needs a non-empty id and tool name")
+        return call
+
+    @property
+    def call_id(self) -> str:
+        """The call's id (the key its `ToolResultEntry` answers)."""
+        return self.call.id
 
 
-class ToolResult(_Entry):
+class ToolResultEntry(_Entry):
     """The result of a tool call.
 
     Attributes:
@@ -123,7 +159,7 @@ class Summary(_Entry):
 
 
 HistoryEntry: TypeAlias = Annotated[
-    UserMessage | AgentMessage | AgentThinking | ToolCall | ToolResult | Summary,
+    UserMessage | AgentMessage | AgentThinking | ToolCallEntry | ToolResultEntry | Summary,
     Field(discriminator="kind"),
 ]
 

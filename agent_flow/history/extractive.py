@@ -16,8 +16,8 @@ from agent_flow.history.entries import (
     AgentThinking,
     HistoryEntry,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
 )
 from agent_flow.history.summarize import truncate_to_tokens
@@ -58,7 +58,7 @@ def _short_arguments(arguments: str) -> str:
     return _shorten(json.dumps(parsed, ensure_ascii=False), _ARGS_CHARS)
 
 
-def _outcome(result: ToolResult) -> str:
+def _outcome(result: ToolResultEntry) -> str:
     if result.elided_tokens is not None:
         status = "error" if result.is_error else "ok"
         return f"{status}, {result.elided_tokens:,} tokens (elided)"
@@ -92,12 +92,13 @@ class ExtractiveSummarizer:
                 lines.append(f"- User: {_first_sentence(entry.content)}")
             elif isinstance(entry, AgentMessage):
                 lines.append(f"- Agent: {_first_sentence(entry.content)}")
-            elif isinstance(entry, ToolCall):
+            elif isinstance(entry, ToolCallEntry):
                 calls[entry.call_id] = len(lines)
+                call = entry.call
                 lines.append(
-                    f"- Agent called {entry.name}({_short_arguments(entry.arguments)}) → no result"
+                    f"- Agent called {call.name}({_short_arguments(call.arguments)}) → no result"
                 )
-            elif isinstance(entry, ToolResult):
+            elif isinstance(entry, ToolResultEntry):
                 index = calls.pop(entry.call_id, None)
                 if index is None:
                     lines.append(f"- {entry.tool_name} returned {_outcome(entry)}")

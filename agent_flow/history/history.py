@@ -28,8 +28,8 @@ from agent_flow.errors import UserError
 from agent_flow.history.entries import (
     HistoryEntry,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
     dump_entries,
     load_entries,
@@ -164,7 +164,7 @@ class History:
         """Return the messages the history sends, as a new list (a copy of a cached one)."""
         return list(self._messages)
 
-    def pending_calls(self) -> list[ToolCall]:
+    def pending_calls(self) -> list[ToolCallEntry]:
         """Return the calls of the last unit still waiting for their result, in call order.
 
         Calls left without a result in earlier units can no longer be answered (a result must
@@ -178,9 +178,9 @@ class History:
         """Append `entry`, recounting only the messages of the last unit that it changes.
 
         Raises:
-            UserError: The entry's id is already used; a `ToolResult` answers no call of the
+            UserError: The entry's id is already used; a `ToolResultEntry` answers no call of the
                 last unit, or a call that has its result, or names another tool than its
-                call; a `ToolCall` reuses a call id of its unit. The history is unchanged.
+                call; a `ToolCallEntry` reuses a call id of its unit. The history is unchanged.
         """
         if entry.id in self._ids:
             raise _duplicate_id(entry)
@@ -193,7 +193,7 @@ class History:
             self._total += new.tokens - old.tokens
             del self._messages[self._tail_start :]
             self._messages.extend(new.messages)
-        elif isinstance(entry, ToolResult):
+        elif isinstance(entry, ToolResultEntry):
             raise _unknown_call(entry)
         else:
             builder = _open_unit(entry, self._counter, has_first_user=self._has_first_user)

@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from agent_flow.errors import UserError
-from agent_flow.history.entries import HistoryEntry, ToolResult
+from agent_flow.history.entries import HistoryEntry, ToolResultEntry
 from agent_flow.history.units import Unit, _replace_results, _tool_message
 from agent_flow.tokens import TokenCounter
 
@@ -273,12 +273,12 @@ class ElideToolResults:
                 break
             entries = units[ui].entries
             for ei in range(len(entries) - 1, -1, -1):
-                if isinstance(entries[ei], ToolResult):
+                if isinstance(entries[ei], ToolResultEntry):
                     spared += 1
                     stop_unit, stop_entry = ui, ei
                     if spared >= self.keep_last:
                         break
-        replaced: dict[int, dict[int, tuple[ToolResult, int]]] = {}
+        replaced: dict[int, dict[int, tuple[ToolResultEntry, int]]] = {}
         elided: list[str] = []
         for ui in range(min(stop_unit + 1, len(units))):
             if total <= max_tokens:
@@ -290,7 +290,7 @@ class ElideToolResults:
             sent: dict[str | None, int] | None = None
             for ei in range(limit):
                 result = unit.entries[ei]
-                if not isinstance(result, ToolResult) or result.elided_tokens is not None:
+                if not isinstance(result, ToolResultEntry) or result.elided_tokens is not None:
                     continue
                 if total <= max_tokens:
                     break

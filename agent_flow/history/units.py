@@ -4,7 +4,7 @@ Entries group into **units**, the atoms that pruning keeps or removes whole:
 
 - a `UserMessage` is a unit of its own, and so is a `Summary`;
 - an assistant unit is one turn of the model: its thinking, its text and its tool calls, plus
-  the results of those calls. A `ToolResult` must answer a call of the current (last) unit;
+  the results of those calls. A `ToolResultEntry` must answer a call of the current (last) unit;
   anything else raises `UserError`. An assistant entry arriving after a result starts a new
   unit, since the model only speaks again once it has seen the results.
 
@@ -34,11 +34,11 @@ from agent_flow.history.entries import (
     AgentThinking,
     HistoryEntry,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
 )
-from agent_flow.messages import ChatMessage, ToolCallRequest
+from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import TokenCounter
 
 __all__ = ["SUMMARY_PREFIX", "Unit", "UnitKind", "build_units"]
@@ -69,7 +69,7 @@ class Unit:
     pinned: bool
     kind: UnitKind
     message_tokens: tuple[int, ...]
-    pending: tuple[ToolCall, ...]
+    pending: tuple[ToolCallEntry, ...]
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -81,7 +81,7 @@ def _summary_message(content: str) -> ChatMessage:
     return ChatMessage(role="user", content=f"{SUMMARY_PREFIX}\n{content}")
 
 
-def _tool_message(result: ToolResult) -> ChatMessage:
+def _tool_message(result: ToolResultEntry) -> ChatMessage:
     return ChatMessage(
         role="tool", content=result.content, tool_call_id=result.call_id, name=result.tool_name
     )
@@ -118,9 +118,9 @@ class _UnitBuilder:
         self.pinned = pinned
         self.entries: list[HistoryEntry] = []
         self.texts: list[str] = []
-        self.calls: dict[str, ToolCall] = {}
-        self.requests: dict[str, ToolCallRequest] = {}
-        self.results: dict[str, ToolResult] = {}
+        self.calls: dict[str, ToolCallEntry] = {}
+        self.requests: dict[str, ToolCall] = {}
+        self.results: dict[str, ToolResultEntry] = {}
         # The unit's first message: the user/summary message, or the assistant message.
         self.head: ChatMessage | None = None
         self.head_tokens = 0
@@ -134,10 +134,10 @@ class _UnitBuilder:
         for entry in unit.entries:
             if isinstance(entry, AgentMessage) and entry.content:
                 builder.texts.append(entry.content)
-            elif isinstance(entry, ToolCall):
+            elif isinstance(entry, ToolCallEntry):
                 builder.calls[entry.call_id] = entry
                 builder.requests[entry.call_id] = _request(entry)
-            elif isinstance(entry, ToolResult):
+            elif isinstance(entry, ToolResultEntry):
                 builder.results[entry.call_id] = entry
         for message, tokens in zip(unit.messages, unit.message_tokens, strict=True):
             if message.role == "tool" and message.tool_call_id is not None:
@@ -150,18 +150,18 @@ class _UnitBuilder:
         """Whether `entry` belongs to this unit rather than starting the next one."""
         if self.kind != "assistant":
             return False
-        if isinstance(entry, ToolResult):
+        if isinstance(entry, ToolResultEntry):
             return True
-        return isinstance(entry, AgentMessage | AgentThinking | ToolCall) and not self.results
+        return isinstance(entry, AgentMessage | AgentThinking | ToolCallEntry) and not self.results
 
     def check(self, entry: HistoryEntry) -> None:
         """Raise `UserError` if `entry` may not join this unit; change nothing."""
-        if isinstance(entry, ToolCall) and entry.call_id in self.calls:
+        if isinstance(entry, ToolCallEntry) and entry.call_id in self.calls:
             raise UserError(
                 f"tool call {entry.id!r} reuses call id {entry.call_id!r} within one assistant "
                 "turn; give every call of a turn its own call id"
             )
-        if isinstance(entry, ToolResult):
+        if isinstance(entry, ToolResultEntry):
             call = self.calls.get(entry.call_id)
             if call is None:
                 raise _unknown_call(entry)
@@ -170,10 +170,11 @@ class _UnitBuilder:
                     f"tool result {entry.id!r} answers call {entry.call_id!r}, which already has "
                     "a result; add exactly one result per call"
                 )
-            if call.name != entry.tool_name:
+            if call.call.name != entry.tool_name:
                 raise UserError(
                     f"tool result {entry.id!r} names tool {entry.tool_name!r} but its call "
-                    f"{entry.call_id!r} is to {call.name!r}; give the result the call's tool name"
+                    f"{entry.call_id!r} is to {call.call.name!r}; give the result the call's tool "
+                    "name"
                 )
 
     def add(self, entry: HistoryEntry) -> None:
@@ -187,10 +188,10 @@ class _UnitBuilder:
             if entry.content:
                 self.texts.append(entry.content)
                 self._refresh_assistant()
-        elif isinstance(entry, ToolCall):
+        elif isinstance(entry, ToolCallEntry):
             self.calls[entry.call_id] = entry
             self.requests[entry.call_id] = _request(entry)
-        elif isinstance(entry, ToolResult):
+        elif isinstance(entry, ToolResultEntry):
             self.results[entry.call_id] = entry
             message = _tool_message(entry)
             self.tool_messages[entry.call_id] = (message, self.counter.count_message(message))
@@ -215,7 +216,7 @@ class _UnitBuilder:
         if self.head is not None:
             messages.append(self.head)
             counts.append(self.head_tokens)
-        pending: list[ToolCall] = []
+        pending: list[ToolCallEntry] = []
         for call_id, call in self.calls.items():
             answer = self.tool_messages.get(call_id)
             if answer is None:
@@ -234,15 +235,15 @@ class _UnitBuilder:
         )
 
 
-def _request(call: ToolCall) -> ToolCallRequest:
-    return ToolCallRequest(id=call.call_id, name=call.name, arguments=call.arguments)
+def _request(call: ToolCallEntry) -> ToolCall:
+    return call.call
 
 
-def _unknown_call(result: ToolResult) -> UserError:
+def _unknown_call(result: ToolResultEntry) -> UserError:
     return UserError(
         f"tool result {result.id!r} answers call {result.call_id!r}, which is not a call of the "
-        "current assistant turn; add the ToolCall (and nothing else in between but other calls "
-        "and results of that turn) before its result"
+        "current assistant turn; add its ToolCallEntry (and nothing else in between but other "
+        "calls and results of that turn) before its result"
     )
 
 
@@ -276,7 +277,7 @@ def build_units(entries: Iterable[HistoryEntry], counter: TokenCounter) -> list[
         if builder is not None and builder.accepts(entry):
             builder.check(entry)
             builder.add(entry)
-        elif isinstance(entry, ToolResult):
+        elif isinstance(entry, ToolResultEntry):
             raise _unknown_call(entry)
         else:
             if builder is not None:
@@ -290,7 +291,7 @@ def build_units(entries: Iterable[HistoryEntry], counter: TokenCounter) -> list[
 
 
 def _replace_results(
-    unit: Unit, results: dict[int, tuple[ToolResult, int]], counter: TokenCounter
+    unit: Unit, results: dict[int, tuple[ToolResultEntry, int]], counter: TokenCounter
 ) -> Unit:
     """Return `unit` with the entries at the given indices replaced by other results.
 
@@ -304,7 +305,7 @@ def _replace_results(
     where = {m.tool_call_id: i for i, m in enumerate(messages) if m.role == "tool"}
     for index, (result, tokens) in results.items():
         old = entries[index]
-        if not isinstance(old, ToolResult) or (old.call_id, old.tool_name) != (
+        if not isinstance(old, ToolResultEntry) or (old.call_id, old.tool_name) != (
             result.call_id,
             result.tool_name,
         ):
@@ -329,5 +330,5 @@ def _would_merge(previous: Unit, following: Unit) -> bool:
     return (
         previous.kind == "assistant"
         and following.kind == "assistant"
-        and not any(isinstance(e, ToolResult) for e in previous.entries)
+        and not any(isinstance(e, ToolResultEntry) for e in previous.entries)
     )

@@ -26,13 +26,11 @@ from agent_flow.llm.base import (
     ThinkingChunk,
     ToolCallArgumentsChunk,
     ToolCallChunk,
-    ToolCallPart,
     ToolMode,
     Usage,
     completion_events,
     final_completion,
     normalize_finish_reason,
-    parse_tool_arguments,
 )
 from agent_flow.llm.config import (
     PROVIDER_DEFAULTS,
@@ -74,12 +72,10 @@ __all__ = [
     "ThinkingChunk",
     "ToolCallArgumentsChunk",
     "ToolCallChunk",
-    "ToolCallPart",
     "ToolMode",
     "Usage",
     "completion_events",
     "final_completion",
     "normalize_finish_reason",
-    "parse_tool_arguments",
     "resolve_llm_config",
 ]

@@ -25,12 +25,11 @@ from agent_flow.llm.base import (
     ThinkingChunk,
     ToolCallArgumentsChunk,
     ToolCallChunk,
-    ToolCallPart,
     Usage,
     normalize_finish_reason,
 )
 from agent_flow.llm.xml_tools import XmlPiece, XmlToolParser, parse_tool_block
-from agent_flow.messages import ChatMessage, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
 __all__ = [
     "Assembler",
@@ -463,17 +462,14 @@ class Assembler:
                 f"({sum(map(len, self._text))} characters and {len(self._calls)} tool call(s) "
                 "so far): the answer is truncated; retry the request"
             )
-        calls: list[ToolCallPart] = []
+        calls: list[ToolCall] = []
         for call in sorted(self._calls.values(), key=lambda c: c.index):
             if not call.started:  # never named: still a call, marked invalid
                 self._start(call)
         for call in sorted(self._calls.values(), key=lambda c: c.position):
-            part = ToolCallPart.from_raw(call.id, call.name, "".join(call.arguments))
-            if call.problem is not None:
-                part = part.model_copy(
-                    update={"parsed_arguments": None, "parse_error": call.problem}
-                )
-            calls.append(part)
+            calls.append(
+                ToolCall.from_raw(call.id, call.name, "".join(call.arguments), problem=call.problem)
+            )
         finish = normalize_finish_reason(self._finish_reason)
         notes = list(warnings)
         if calls and finish in ("stop", "other"):

@@ -18,17 +18,15 @@ their raw argument text is kept and parsed (`parsed_arguments`) or marked invali
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Literal, Protocol, TypeAlias, cast, runtime_checkable
+from typing import Annotated, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent_flow._types import JsonObject
-from agent_flow._utils import loads_json
 from agent_flow.errors import ModelResponseError
-from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
 __all__ = [
     "STREAM_EVENT_ADAPTER",
@@ -42,13 +40,11 @@ __all__ = [
     "ThinkingChunk",
     "ToolCallArgumentsChunk",
     "ToolCallChunk",
-    "ToolCallPart",
     "ToolMode",
     "Usage",
     "completion_events",
     "final_completion",
     "normalize_finish_reason",
-    "parse_tool_arguments",
 ]
 
 #: Why the model stopped: ``"stop"`` (it finished), ``"length"`` (it hit ``max_tokens`` or the
@@ -94,46 +90,6 @@ def normalize_finish_reason(raw: str | None) -> FinishReason:
     return _FINISH_REASONS.get(raw.strip().lower(), "other")
 
 
-def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
-    """Parse a tool call's raw argument text.
-
-    Empty text means "no arguments" (``{}``), as many servers send for parameterless tools.
-
-    Args:
-        raw: The arguments exactly as the model wrote them.
-
-    Returns:
-        ``(arguments, None)`` when the text is a JSON object, else ``(None, problem)`` where
-        the problem is one sentence the tool executor can hand back to the model.
-    """
-    text = raw.strip()
-    if not text:
-        return {}, None
-    try:
-        value = loads_json(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        detail = (
-            f"{err.msg} at character {err.pos}" if isinstance(err, json.JSONDecodeError) else ""
-        )
-        return None, f"the arguments are not valid JSON ({detail or 'nested too deeply'})"
-    except ValueError as err:
-        return None, f"the arguments are not valid JSON ({err})"
-    if not isinstance(value, dict):
-        kind = _JSON_KIND.get(type(value), type(value).__name__)
-        return None, f"the arguments must be a JSON object, not a JSON {kind}"
-    return cast(JsonObject, value), None
-
-
-_JSON_KIND: dict[type, str] = {
-    list: "array",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    type(None): "null",
-}
-
-
 class Usage(BaseModel):
     """Token usage the server reported for one call.
 
@@ -167,52 +123,6 @@ def _add_optional(a: int | None, b: int | None) -> int | None:
     if a is None and b is None:
         return None
     return (a or 0) + (b or 0)
-
-
-class ToolCallPart(BaseModel):
-    """One tool call of a completion.
-
-    Attributes:
-        id: A call id unique within the conversation (generated when the server sent none
-            or reused one).
-        name: The tool name as the model wrote it (empty if the model sent none).
-        arguments: The argument text exactly as the model wrote it (trimmed; ``"{}"`` when
-            it sent nothing).
-        parsed_arguments: The arguments as a JSON object, or ``None`` when they are invalid.
-        parse_error: Why the arguments (or the whole call) are invalid, or ``None``.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    name: str
-    arguments: str = "{}"
-    parsed_arguments: JsonObject | None = None
-    parse_error: str | None = None
-
-    @classmethod
-    def from_raw(cls, id: str, name: str, arguments: str) -> ToolCallPart:
-        """Build a call from raw argument text, parsing it (invalid text is kept and marked).
-
-        Args:
-            id: The call id.
-            name: The tool name.
-            arguments: The raw argument text.
-        """
-        raw = arguments.strip() or "{}"
-        parsed, problem = parse_tool_arguments(raw)
-        if not name and problem is None:
-            problem = "the tool call has no tool name"
-        return cls(id=id, name=name, arguments=raw, parsed_arguments=parsed, parse_error=problem)
-
-    @property
-    def is_valid(self) -> bool:
-        """Whether the call has a name and its arguments parsed to a JSON object."""
-        return self.parse_error is None
-
-    def to_request(self) -> ToolCallRequest:
-        """Return the call as the neutral `ToolCallRequest` stored in history."""
-        return ToolCallRequest(id=self.id, name=self.name, arguments=self.arguments)
 
 
 class TextChunk(BaseModel):
@@ -309,7 +219,7 @@ class Completion(BaseModel):
     kind: Literal["completion"] = "completion"
     text: str = ""
     thinking: str = ""
-    tool_calls: tuple[ToolCallPart, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: FinishReason = "stop"
     raw_finish_reason: str | None = None
     usage: Usage | None = None
@@ -322,7 +232,7 @@ class Completion(BaseModel):
         return ChatMessage(
             role="assistant",
             content=self.text,
-            tool_calls=tuple(call.to_request() for call in self.tool_calls),
+            tool_calls=self.tool_calls,
         )
 
 

@@ -19,8 +19,8 @@ from agent_flow.history import (
     AgentMessage,
     AgentThinking,
     Summary,
-    ToolCall,
-    ToolResult,
+    ToolCallEntry,
+    ToolResultEntry,
     UserMessage,
     truncate_to_tokens,
 )
@@ -92,9 +92,10 @@ class LLMSummarizer:
                 line = f"User: {entry.content}"
             elif isinstance(entry, AgentMessage):
                 line = f"Assistant: {entry.content}"
-            elif isinstance(entry, ToolCall):
-                line = f"Assistant called tool {entry.name} with arguments {entry.arguments}"
-            elif isinstance(entry, ToolResult):
+            elif isinstance(entry, ToolCallEntry):
+                call = entry.call
+                line = f"Assistant called tool {call.name} with arguments {call.arguments}"
+            elif isinstance(entry, ToolResultEntry):
                 if entry.elided_tokens is not None:
                     line = f"Tool {entry.tool_name} returned {entry.elided_tokens} tokens (elided)"
                 else:

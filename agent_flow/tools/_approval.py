@@ -16,7 +16,7 @@ from agent_flow.tools.policy import ApprovalRequest, ApprovalResponse
 
 if TYPE_CHECKING:
     from agent_flow._types import JsonObject
-    from agent_flow.messages import ToolCallRequest
+    from agent_flow.messages import ToolCall
     from agent_flow.tools._hooks import ToolHooks
     from agent_flow.tools._registry import RegisteredTool
     from agent_flow.tools.policy import ApprovalCallback, PolicyDecision
@@ -26,7 +26,7 @@ logger = logging.getLogger("agent_flow.tools.executor")
 
 
 async def _ask_approval(
-    call: ToolCallRequest,
+    call: ToolCall,
     registered: RegisteredTool,
     arguments: JsonObject,
     decision: PolicyDecision,

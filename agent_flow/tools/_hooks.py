@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable
 
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools.policy import ApprovalRequest, ApprovalResponse
 from agent_flow.tools.results import ToolResult
 
@@ -24,21 +24,21 @@ class ToolHooks:
     changes a result. Every method is a no-op by default.
     """
 
-    async def call_started(self, call: ToolCallRequest) -> None:
+    async def call_started(self, call: ToolCall) -> None:
         """A call began (every call gets exactly one `call_finished` afterwards)."""
 
     async def progress(
-        self, call: ToolCallRequest, progress: float, total: float | None, message: str | None
+        self, call: ToolCall, progress: float, total: float | None, message: str | None
     ) -> None:
         """A running tool reported progress."""
 
-    async def approval_required(self, call: ToolCallRequest, request: ApprovalRequest) -> None:
+    async def approval_required(self, call: ToolCall, request: ApprovalRequest) -> None:
         """A call waits for approval."""
 
-    async def approval_resolved(self, call: ToolCallRequest, response: ApprovalResponse) -> None:
+    async def approval_resolved(self, call: ToolCall, response: ApprovalResponse) -> None:
         """An approval request was answered."""
 
-    async def call_finished(self, call: ToolCallRequest, result: ToolResult) -> None:
+    async def call_finished(self, call: ToolCall, result: ToolResult) -> None:
         """A call produced its result (``result.failed`` when it could not run to completion)."""
 
 

@@ -15,7 +15,6 @@ import jsonschema.protocols
 import jsonschema.validators
 
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow._utils import loads_json
 from agent_flow.errors import ToolDefinitionError
 
 if TYPE_CHECKING:
@@ -52,27 +51,6 @@ def _validator(exposed: str, parameters: JsonObject) -> jsonschema.protocols.Val
     validator = validator_class(parameters)
     _validators[key] = validator
     return validator
-
-
-def _parse_arguments(text: str) -> JsonObject | str:
-    """Parse a call's arguments; return the object, or a message saying what is wrong."""
-    if not text.strip():
-        return {}
-    try:
-        value = loads_json(text)
-        if isinstance(value, str) and value.strip().startswith("{"):
-            # some models encode the object twice
-            value = loads_json(value)
-    except json.JSONDecodeError as err:
-        return (
-            f"the arguments are not valid JSON ({err.msg} at line {err.lineno} column "
-            f"{err.colno}); send a JSON object"
-        )
-    except ValueError as err:
-        return f"the arguments are not valid JSON ({err}); send a JSON object"
-    if not isinstance(value, dict):
-        return f"the arguments must be a JSON object, got {type(value).__name__}"
-    return cast(JsonObject, value)
 
 
 def _schema_problems(registered: RegisteredTool, arguments: JsonObject) -> str:

@@ -1,7 +1,7 @@
 """`ToolExecutor`: the registry of tools and the safe execution of one turn's tool calls.
 
 The executor is where a model's tool calls meet the world, and nothing a tool does may crash
-the agent loop. For each `ToolCallRequest` it:
+the agent loop. For each `ToolCall` it:
 
 1. parses the arguments (invalid JSON → an error result),
 2. finds the tool (an unknown name → an error result listing close matches and the tools
@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 from agent_flow._types import JsonObject
 from agent_flow.environment import EnvironmentChange
 from agent_flow.errors import ToolError, UserError
-from agent_flow.messages import ChatMessage, ToolCallRequest
+from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import TokenCounter, default_counter
 from agent_flow.tools._approval import _ask_approval
 from agent_flow.tools._hooks import ToolHooks, _hook
@@ -53,7 +53,7 @@ from agent_flow.tools._registry import (
     provider_tool_name,
 )
 from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, truncate_to_tokens
-from agent_flow.tools._validation import _parse_arguments, _schema_problems
+from agent_flow.tools._validation import _schema_problems
 from agent_flow.tools.base import Tool, ToolArgumentsError, ToolContext, to_tool_result
 from agent_flow.tools.handlers import HandlerError, HandlerRegistry
 from agent_flow.tools.policy import (
@@ -99,7 +99,7 @@ class ToolOutcome(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    call: ToolCallRequest
+    call: ToolCall
     result: ToolResult
     full_result: ToolResult
     decision: PolicyDecision | None = None
@@ -194,7 +194,7 @@ class ToolExecutor(ToolRegistry):
 
     async def execute(
         self,
-        calls: Sequence[ToolCallRequest],
+        calls: Sequence[ToolCall],
         *,
         run_id: str = "",
         environment: Environment | None = None,
@@ -215,7 +215,7 @@ class ToolExecutor(ToolRegistry):
         """
         ran: list[_Ran | None] = [None] * len(calls)
 
-        async def run(index: int, call: ToolCallRequest) -> None:
+        async def run(index: int, call: ToolCall) -> None:
             ran[index] = await self._run_call(call, run_id, environment)
 
         # The tasks below copy the current context, so they see these calls' hooks.
@@ -235,7 +235,7 @@ class ToolExecutor(ToolRegistry):
 
     async def execute_one(
         self,
-        call: ToolCallRequest,
+        call: ToolCall,
         *,
         run_id: str = "",
         environment: Environment | None = None,
@@ -245,7 +245,7 @@ class ToolExecutor(ToolRegistry):
         return outcome
 
     def _finish(
-        self, call: ToolCallRequest, record: _Ran | None, environment: Environment | None
+        self, call: ToolCall, record: _Ran | None, environment: Environment | None
     ) -> ToolOutcome:
         if record is None:  # the task was cancelled by something other than our caller
             record = _Ran(
@@ -281,9 +281,7 @@ class ToolExecutor(ToolRegistry):
             update={"content": content, "truncated": True, "original_tokens": original}
         )
 
-    async def _run_call(
-        self, call: ToolCallRequest, run_id: str, environment: Environment | None
-    ) -> _Ran:
+    async def _run_call(self, call: ToolCall, run_id: str, environment: Environment | None) -> _Ran:
         await _hook(self._hooks().call_started(call))
         try:
             record = await self._attempt(call, run_id, environment)
@@ -295,14 +293,13 @@ class ToolExecutor(ToolRegistry):
         await _hook(self._hooks().call_finished(call, record.shown))
         return record
 
-    async def _attempt(
-        self, call: ToolCallRequest, run_id: str, environment: Environment | None
-    ) -> _Ran:
-        arguments = _parse_arguments(call.arguments)
-        if isinstance(arguments, str):
-            return _Ran(self._error(call, arguments, "invalid_json"))
+    async def _attempt(self, call: ToolCall, run_id: str, environment: Environment | None) -> _Ran:
+        # Parsed once, by the call itself: the same verdict the LLM layer reached.
+        arguments = call.parsed_arguments
+        if arguments is None and call.name:
+            return _Ran(self._error(call, str(call.parse_error), "invalid_json"))
         registered = self._tools.get(call.name)
-        if registered is None:
+        if registered is None or arguments is None:
             return _Ran(self._error(call, self._unknown_tool_message(call.name), "unknown_tool"))
         problems = _schema_problems(registered, arguments)
         if problems:
@@ -345,7 +342,7 @@ class ToolExecutor(ToolRegistry):
 
     async def _invoke(
         self,
-        call: ToolCallRequest,
+        call: ToolCall,
         registered: RegisteredTool,
         arguments: JsonObject,
         context: ToolContext,
@@ -388,7 +385,7 @@ class ToolExecutor(ToolRegistry):
         )
 
     def _exception_result(
-        self, call: ToolCallRequest, registered: RegisteredTool, err: BaseException
+        self, call: ToolCall, registered: RegisteredTool, err: BaseException
     ) -> ToolResult:
         logger.warning("tool %r raised %s", registered.name, type(err).__name__, exc_info=err)
         detail = f": {err}" if str(err) else ""
@@ -397,14 +394,14 @@ class ToolExecutor(ToolRegistry):
         )
 
     def _progress_reporter(
-        self, call: ToolCallRequest
+        self, call: ToolCall
     ) -> Callable[[float, float | None, str | None], Awaitable[None]]:
         async def report(progress: float, total: float | None, message: str | None) -> None:
             await _hook(self._hooks().progress(call, progress, total, message))
 
         return report
 
-    def _error(self, call: ToolCallRequest, message: str, kind: ErrorKind) -> ToolResult:
+    def _error(self, call: ToolCall, message: str, kind: ErrorKind) -> ToolResult:
         return ToolResult(
             content=message,
             is_error=True,

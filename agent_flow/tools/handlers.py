@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.environment import EnvironmentChange, FileInfo
-from agent_flow.messages import ToolCallRequest
+from agent_flow.messages import ToolCall
 from agent_flow.tools.results import ToolResult
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ __all__ = [
 TOOL_RESULTS_EXTENSION = "tool_results"
 
 #: A result handler: writes what the result teaches into the environment.
-ResultHandler: TypeAlias = Callable[["Environment", ToolCallRequest, ToolResult], None]
+ResultHandler: TypeAlias = Callable[["Environment", ToolCall, ToolResult], None]
 
 
 class HandlerError(BaseModel):
@@ -117,10 +117,10 @@ class HandlerRegistry:
             max_chars: The content limit of the default handler's records.
         """
 
-        def search(env: Environment, call: ToolCallRequest, result: ToolResult) -> None:
+        def search(env: Environment, call: ToolCall, result: ToolResult) -> None:
             search_results_handler(env, call, result, max_facts=max_facts)
 
-        def record(env: Environment, call: ToolCallRequest, result: ToolResult) -> None:
+        def record(env: Environment, call: ToolCall, result: ToolResult) -> None:
             record_latest_result(env, call, result, max_chars=max_chars)
 
         registry = cls(default=record)
@@ -145,9 +145,7 @@ class HandlerRegistry:
             matched = [("*", self.default)]
         return matched
 
-    def apply(
-        self, environment: Environment, call: ToolCallRequest, result: ToolResult
-    ) -> HandlerReport:
+    def apply(self, environment: Environment, call: ToolCall, result: ToolResult) -> HandlerReport:
         """Apply every matching handler to `result`; never raises for a handler's failure."""
         report = HandlerReport()
         tool_name = result.tool_name or call.name
@@ -175,7 +173,7 @@ class HandlerRegistry:
 
 def record_latest_result(
     environment: Environment,
-    call: ToolCallRequest,
+    call: ToolCall,
     result: ToolResult,
     *,
     max_chars: int = 4000,
@@ -285,9 +283,7 @@ def _tree_entries(data: JsonValue) -> tuple[str, list[tuple[str, FileInfo]], boo
     return None
 
 
-def directory_tree_handler(
-    environment: Environment, call: ToolCallRequest, result: ToolResult
-) -> None:
+def directory_tree_handler(environment: Environment, call: ToolCall, result: ToolResult) -> None:
     """Fill ``/workspace/files`` from a directory-tree result (see the module docstring).
 
     Results that are not trees are left alone.
@@ -349,7 +345,7 @@ def _search_items(data: JsonValue) -> Iterator[Mapping[str, JsonValue]]:
 
 def search_results_handler(
     environment: Environment,
-    call: ToolCallRequest,
+    call: ToolCall,
     result: ToolResult,
     *,
     max_facts: int = 200,

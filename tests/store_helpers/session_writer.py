@@ -20,7 +20,15 @@ import threading
 
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, TextDelta, ToolCallCompleted
-from agent_flow.history import AgentMessage, DropOldest, History, ToolCall, ToolResult, UserMessage
+from agent_flow.history import (
+    AgentMessage,
+    DropOldest,
+    History,
+    ToolCallEntry,
+    ToolResultEntry,
+    UserMessage,
+)
+from agent_flow.messages import ToolCall
 from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.tokens import ApproxCounter
 
@@ -33,8 +41,10 @@ def add_step(history: History, environment: Environment, step: int) -> list[Agen
     call_id = f"call-{step}"
     history.add(UserMessage(content=f"step {step}"))
     history.add(AgentMessage(content=f"working on step {step}"))
-    history.add(ToolCall(call_id=call_id, name="probe", arguments=json.dumps({"step": step})))
-    history.add(ToolResult(call_id=call_id, tool_name="probe", content=f"probed {step} " * 20))
+    history.add(
+        ToolCallEntry(call=ToolCall(id=call_id, name="probe", arguments=json.dumps({"step": step})))
+    )
+    history.add(ToolResultEntry(call_id=call_id, tool_name="probe", content=f"probed {step} " * 20))
     environment.set("/extensions/progress", {"step": step})
     environment.set("/knowledge/discovered_facts/-", f"fact {step}")
     run_id = f"run-{step}"
