@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from agent_flow._text import truncate_to_tokens
 from agent_flow.errors import UserError
 from agent_flow.history import (
     HISTORY_ENTRY_ADAPTER,
@@ -33,7 +34,6 @@ from agent_flow.history import (
     build_units,
     dump_entries,
     load_entries,
-    truncate_to_tokens,
 )
 from agent_flow.history.entries import _Entry
 from agent_flow.messages import ChatMessage, ToolCall
@@ -607,7 +607,7 @@ async def test_summarize_with_no_room_for_the_header_raises() -> None:
     max_tokens=st.integers(0, 80),
 )
 def test_truncate_to_tokens_keeps_a_long_fitting_prefix(text: str, max_tokens: int) -> None:
-    cut = truncate_to_tokens(text, max_tokens, COUNTER.count)
+    cut, _ = truncate_to_tokens(text, max_tokens, COUNTER.count)
     assert COUNTER.count(cut) <= max_tokens
     if COUNTER.count(text) <= max_tokens:
         assert cut == text

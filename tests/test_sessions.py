@@ -602,7 +602,7 @@ async def test_a_store_file_with_a_newer_schema_is_refused_with_a_clear_error(
     with pytest.raises(StoreError, match="schema version"):
         async with SQLiteSessionStore(path):
             pass
-    await newer.close()
+    await newer.aclose()
 
 
 async def test_a_file_that_is_not_a_session_store_is_refused(tmp_path: Path) -> None:
@@ -613,13 +613,13 @@ async def test_a_file_that_is_not_a_session_store_is_refused(tmp_path: Path) -> 
     store = SQLiteSessionStore(other)
     with pytest.raises(StoreError, match="not an agent_flow session store"):
         await store.list()
-    await store.close()
+    await store.aclose()
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database at all" * 100)
     store = SQLiteSessionStore(garbage)
     with pytest.raises(StoreError, match=r"garbage\.db"):
         await store.list()
-    await store.close()
+    await store.aclose()
 
 
 async def test_opening_an_older_schema_runs_the_missing_migrations(
@@ -847,8 +847,8 @@ async def test_bad_ids_statuses_and_duplicates_are_refused(store: SessionStore) 
 
 async def test_a_closed_store_refuses_further_calls(store: SessionStore) -> None:
     await store.create(session_id="s")
-    await store.close()
-    await store.close()
+    await store.aclose()
+    await store.aclose()
     with pytest.raises(StoreError, match="closed"):
         await store.list()
 

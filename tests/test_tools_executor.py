@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent_flow._text import truncate_to_tokens
 from agent_flow.environment import Environment
 from agent_flow.errors import DuplicateToolError, ToolDefinitionError, ToolError, UserError
 from agent_flow.messages import ToolCall
@@ -27,8 +28,8 @@ from agent_flow.tools import (
     ToolResult,
     provider_tool_name,
     tool,
-    truncate_to_tokens,
 )
+from agent_flow.tools._truncation import cut_marker
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -604,7 +605,9 @@ async def test_a_per_tool_output_limit_overrides_the_default() -> None:
 )
 def test_truncation_never_exceeds_the_limit_and_keeps_a_prefix(text: str, limit: int) -> None:
     counter = default_counter()
-    result, original = truncate_to_tokens(text, limit, counter)
+    result, original = truncate_to_tokens(
+        text, limit, counter.count, marker=cut_marker, at_line_break=True
+    )
     assert original == counter.count(text)
     assert counter.count(result) <= limit
     if original <= limit:
@@ -617,7 +620,7 @@ def test_truncation_never_exceeds_the_limit_and_keeps_a_prefix(text: str, limit:
 
 def test_truncation_works_with_any_counter() -> None:
     text = "x" * 10_000
-    result, original = truncate_to_tokens(text, 50, ApproxCounter())
+    result, original = truncate_to_tokens(text, 50, ApproxCounter().count, marker=cut_marker)
     assert original == 2500
     assert ApproxCounter().count(result) <= 50
 

@@ -44,7 +44,6 @@ from agent_flow.history.summarize import (
     DEFAULT_SUMMARY_TOKENS,
     SummarizeOldest,
     Summarizer,
-    truncate_to_tokens,
 )
 from agent_flow.history.units import SUMMARY_PREFIX, Unit, UnitKind, build_units
 
@@ -77,5 +76,4 @@ __all__ = [
     "dump_entries",
     "elision_marker",
     "load_entries",
-    "truncate_to_tokens",
 ]

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from agent_flow._text import truncate_to_tokens
 from agent_flow.history.entries import (
     AgentMessage,
     AgentThinking,
@@ -20,7 +21,6 @@ from agent_flow.history.entries import (
     ToolResultEntry,
     UserMessage,
 )
-from agent_flow.history.summarize import truncate_to_tokens
 from agent_flow.history.units import SUMMARY_PREFIX
 from agent_flow.tokens import TokenCounter, default_counter
 
@@ -155,7 +155,7 @@ class ExtractiveSummarizer:
                 return text
             if not head and not tail:
                 # Not even the marker fits: keep what fits of the oldest lines instead.
-                return truncate_to_tokens("\n".join(lines), max_tokens, count)
+                return truncate_to_tokens("\n".join(lines), max_tokens, count)[0]
             if len(head) > len(tail):
                 head.pop()
             else:

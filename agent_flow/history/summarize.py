@@ -18,9 +18,10 @@ cap: text from the summarizer that runs over is cut with `truncate_to_tokens`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from agent_flow._text import truncate_to_tokens
 from agent_flow.errors import UserError
 from agent_flow.history.entries import HistoryEntry, Summary
 from agent_flow.history.pruning import (
@@ -40,7 +41,6 @@ __all__ = [
     "DEFAULT_SUMMARY_TOKENS",
     "SummarizeOldest",
     "Summarizer",
-    "truncate_to_tokens",
 ]
 
 #: The default cap, in prompt tokens, of a summary made by `History.summarize`.
@@ -226,25 +226,6 @@ class SummarizeOldest:
 # -- folding, shared by SummarizeOldest and History.summarize -----------------------------
 
 
-def truncate_to_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
-    """Return `text`, or its longest prefix plus "…" whose `count` is at most `max_tokens`.
-
-    Returns the empty string when not even "…" fits. Costs O(log len(text)) counts.
-    """
-    if count(text) <= max_tokens:
-        return text
-    low, high = 0, len(text)  # the longest fitting prefix length lies in [low, high)
-    if count("…") > max_tokens:
-        return ""
-    while high - low > 1:
-        middle = (low + high) // 2
-        if count(text[:middle].rstrip() + "…") <= max_tokens:
-            low = middle
-        else:
-            high = middle
-    return text[:low].rstrip() + "…"
-
-
 def _span_to_fold(units: Sequence[Unit], entry_count: int, start: int, end: int) -> list[int]:
     """Return the indices of the units `History.summarize(start, end)` folds.
 
@@ -309,7 +290,7 @@ async def _fold_units(
     def cost(content: str) -> int:
         return counter.count_message(_summary_message(content))
 
-    content = truncate_to_tokens(text, max_message_tokens, cost)
+    content, _ = truncate_to_tokens(text, max_message_tokens, cost)
     summary = Summary(content=content, replaced_ids=tuple(e.id for e in entries))
     (summary_unit,) = build_units([summary], counter)
     folded = set(fold)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from agent_flow._text import truncate_to_tokens
 from agent_flow.errors import ModelResponseError, UserError
 from agent_flow.history import (
     AgentMessage,
@@ -22,7 +23,6 @@ from agent_flow.history import (
     ToolCallEntry,
     ToolResultEntry,
     UserMessage,
-    truncate_to_tokens,
 )
 from agent_flow.llm.base import LLMClient, LLMRequest
 from agent_flow.messages import ChatMessage
@@ -106,7 +106,7 @@ class LLMSummarizer:
             else:
                 assert isinstance(entry, AgentThinking)
                 continue
-            lines.append(truncate_to_tokens(line, self.max_entry_tokens, self.counter.count))
+            lines.append(truncate_to_tokens(line, self.max_entry_tokens, self.counter.count)[0])
         return lines
 
     async def summarize(self, entries: Sequence[HistoryEntry], *, max_tokens: int) -> str:
@@ -171,4 +171,4 @@ class LLMSummarizer:
                 f"(finish reason {completion.finish_reason!r}); try another model or a larger cap"
             )
         # Models and servers do not always honour max_tokens: the counter has the last word.
-        return truncate_to_tokens(text, max_tokens, self.counter.count)
+        return truncate_to_tokens(text, max_tokens, self.counter.count)[0]

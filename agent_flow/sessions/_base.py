@@ -328,7 +328,7 @@ class _StoreBase:
 
     # -- lifetime ----------------------------------------------------------------------------
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Release the store; later calls raise `StoreError`. Closing twice is harmless."""
         if self._closed:
             return
@@ -348,4 +348,4 @@ class _StoreBase:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self.aclose()

@@ -147,7 +147,7 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Release the store; later calls raise `StoreError`. Closing twice is harmless."""
         ...
 

@@ -481,10 +481,10 @@ class SQLiteSessionStore(_StoreBase):
             )
             raise StoreError(f"the session store {self._where} failed ({err}); {hint}") from err
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close the database connection and stop the worker thread."""
         try:
-            await super().close()
+            await super().aclose()
         finally:
             self._executor.shutdown(wait=False)
 

@@ -54,7 +54,6 @@ from agent_flow.tools.executor import (
     ToolHooks,
     ToolOutcome,
     provider_tool_name,
-    truncate_to_tokens,
 )
 from agent_flow.tools.handlers import (
     TOOL_RESULTS_EXTENSION,
@@ -178,7 +177,6 @@ __all__ = [
     "task_completion",
     "to_tool_result",
     "tool",
-    "truncate_to_tokens",
     "update_plan",
     "workspace_tools",
 ]

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
 from agent_flow.environment import EnvironmentChange
 from agent_flow.errors import ToolError, UserError
@@ -52,7 +53,7 @@ from agent_flow.tools._registry import (
     ToolRegistry,
     provider_tool_name,
 )
-from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, truncate_to_tokens
+from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, cut_marker
 from agent_flow.tools._validation import _schema_problems
 from agent_flow.tools.base import Tool, ToolArgumentsError, ToolContext, to_tool_result
 from agent_flow.tools.handlers import HandlerError, HandlerRegistry
@@ -75,7 +76,6 @@ __all__ = [
     "ToolHooks",
     "ToolOutcome",
     "provider_tool_name",
-    "truncate_to_tokens",
 ]
 
 logger = logging.getLogger(__name__)
@@ -274,7 +274,9 @@ class ToolExecutor(ToolRegistry):
             limit = registered.max_output_tokens
         if limit is None:
             return result
-        content, original = truncate_to_tokens(result.content, limit, self.counter)
+        content, original = truncate_to_tokens(
+            result.content, limit, self.counter.count, marker=cut_marker, at_line_break=True
+        )
         if content == result.content:
             return result.model_copy(update={"original_tokens": original})
         return result.model_copy(
