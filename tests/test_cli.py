@@ -31,7 +31,6 @@ from agent_flow.testing import ScriptedLLM, call, reply
 from tests.openai_server import (
     OpenAIServer,
     Reply,
-    openai_server_fixture,  # noqa: F401  (the `openai_server` fixture)
     sse_reply,
     text_chunks,
     tool_call_chunks,

@@ -23,21 +23,10 @@ from agent_flow.history import (
 )
 from agent_flow.messages import ToolDefinition
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
+from tests.helpers import assert_tool_pairs_intact
 from tests.strategies import environments, histories, tool_definitions
 
 COUNTER = ApproxCounter()
-
-
-def assert_tool_pairs_intact(messages: tuple) -> None:
-    pending: set[str] = set()
-    for message in messages:
-        if message.role == "tool":
-            assert message.tool_call_id in pending
-            pending.discard(message.tool_call_id)
-        else:
-            assert not pending, "an assistant tool call was not followed by its result"
-            pending = {call.id for call in message.tool_calls}
-    assert not pending
 
 
 @settings(max_examples=150)
