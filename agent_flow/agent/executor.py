@@ -23,7 +23,7 @@ from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
-from agent_flow.context import DEFAULT_SYSTEM_PROMPT_TEMPLATE, ContextManager
+from agent_flow.context import ContextManager
 from agent_flow.environment import Environment, TaskStatus
 from agent_flow.errors import UserError
 from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscription
@@ -108,7 +108,7 @@ class AgentExecutor:
                 history if history is not None else History(counter=counter),
                 self.config.context.max_tokens,
                 environment_allocation=self.config.context.environment_allocation,
-                system_prompt_template=self.config.system_prompt or DEFAULT_SYSTEM_PROMPT_TEMPLATE,
+                system_prompt_template=self.config.resolved_system_prompt(),
                 counter=counter,
                 reserve_output_tokens=self.config.context.reserve_output_tokens,
                 strategy=_strategy(self.config, self.llm, counter),

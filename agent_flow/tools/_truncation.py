@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from agent_flow._defaults import MIN_OUTPUT_TOKENS
 from agent_flow.errors import UserError
 from agent_flow.tokens import TokenCounter
 
-#: The smallest output limit accepted: room for the truncation marker and some content.
-MIN_OUTPUT_TOKENS = 32
+__all__ = ["MIN_OUTPUT_TOKENS", "truncate_to_tokens"]
 
 
 def _marker(cut: int, total: int) -> str:
