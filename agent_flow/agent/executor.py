@@ -224,7 +224,7 @@ class AgentExecutor:
     def _tool_filter(self) -> ToolFilter:
         return ToolFilter(
             allow=self.config.allow_tools,
-            deny=self.config.deny_tools,
+            deny=(*self.config.deny_tools, *self.tools.policy.denied_tools),
             always=LOOP_TOOL_NAMES if self.config.control_tools else frozenset(),
             skill=self.skill.allowed_tools if self.skill is not None else None,
         )
