@@ -66,9 +66,7 @@ async def invoke_async(argv: list[str], *, stdin: io.StringIO | None = None) -> 
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith(("OPENAI_", "AGENT_FLOW_")):
-            monkeypatch.delenv(name)
+    # conftest.py has removed OPENAI_* and AGENT_FLOW_* variables for the whole session.
     monkeypatch.setenv("AGENT_FLOW_HOME", str(tmp_path / "home"))
     # Fail fast against endpoints that do not answer: no SDK or agent retries.
     monkeypatch.setenv("AGENT_FLOW_MODEL_RETRIES", "0")
