@@ -1,10 +1,9 @@
 """The library's defaults, in one place: every config field and constructor reads them here.
 
 `AgentConfig` / `ContextConfig` and the classes they configure (`ContextManager`,
-`ToolExecutor`, `SummarizeOldest`, MCP server configs) each used to carry their own literal
-default, and some disagreed (the output reserve was 1,024 tokens in one place and 2,048 in
-the other). Each default now lives here once, so a part built directly and the same part
-built from a config behave alike. The module imports nothing from the library.
+`ToolExecutor`, `SummarizeOldest`, MCP server configs) take their defaults from here, so a
+part built directly and the same part built from a config behave alike. The module imports
+nothing from the library.
 """
 
 from __future__ import annotations
