@@ -42,6 +42,18 @@ from pydantic import (
     model_validator,
 )
 
+from agent_flow._defaults import (
+    DEFAULT_ENVIRONMENT_ALLOCATION,
+    DEFAULT_MAX_ITERATIONS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MAX_TOOL_OUTPUT_TOKENS,
+    DEFAULT_PRUNE_TARGET,
+    DEFAULT_SYSTEM_PROMPT_TEMPLATE,
+    DEFAULT_TOOL_TIMEOUT,
+    DEFAULT_WINDOW_TURNS,
+    MIN_OUTPUT_TOKENS,
+    default_reserve_output_tokens,
+)
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
 from agent_flow.llm.config import LLMConfig, LLMOverrides, resolve_llm_config
@@ -67,7 +79,9 @@ class ContextConfig(BaseModel):
     Attributes:
         max_tokens: The hard budget of every prompt (the model's context window, or less).
         environment_allocation: The environment's share of what fixed costs leave.
-        reserve_output_tokens: Tokens kept free for the answer.
+        reserve_output_tokens: Tokens kept free for the answer. Unset: 2,048, or a quarter of
+            `max_tokens` when that is less (so a small budget works without it); when set, it
+            must be smaller than `max_tokens`.
         strategy: How history is pruned: elide old tool results then drop the oldest units,
             drop oldest only, a sliding window of turns, or summarize old units with the model.
         window_turns: Turns kept by ``sliding_window``.
@@ -77,12 +91,15 @@ class ContextConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_tokens: int = Field(default=32_000, gt=0)
-    environment_allocation: float = Field(default=0.3, ge=0.0, le=1.0)
-    reserve_output_tokens: int = Field(default=2048, ge=0)
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, gt=0)
+    environment_allocation: float = Field(default=DEFAULT_ENVIRONMENT_ALLOCATION, ge=0.0, le=1.0)
+    # Declared after max_tokens: the default is computed from its validated value.
+    reserve_output_tokens: int = Field(
+        default_factory=lambda data: default_reserve_output_tokens(data["max_tokens"]), ge=0
+    )
     strategy: StrategyName = "elide_then_drop"
-    window_turns: int = Field(default=8, ge=1)
-    prune_target: float = Field(default=0.8, gt=0.0, le=1.0)
+    window_turns: int = Field(default=DEFAULT_WINDOW_TURNS, ge=1)
+    prune_target: float = Field(default=DEFAULT_PRUNE_TARGET, gt=0.0, le=1.0)
     counter: Literal["tiktoken", "approx"] = "tiktoken"
 
     @model_validator(mode="after")
@@ -90,7 +107,8 @@ class ContextConfig(BaseModel):
         if self.reserve_output_tokens >= self.max_tokens:
             raise ValueError(
                 f"reserve_output_tokens ({self.reserve_output_tokens}) must be smaller than "
-                f"max_tokens ({self.max_tokens})"
+                f"max_tokens ({self.max_tokens}); lower it, or leave it unset for "
+                f"{default_reserve_output_tokens(self.max_tokens)}"
             )
         return self
 
@@ -156,14 +174,23 @@ class AgentConfig(BaseModel):
     Attributes:
         name: The agent's name (in events and sessions).
         system_prompt: The system prompt template (``{environment}`` marks where the
-            environment goes; ``{task}`` the current task line). Default: the library's.
+            environment goes, appended when absent; ``{task}`` a "Current task: ..." line
+            naming the task's objective). The first set of: this, the resolved LLM config's
+            ``system_prompt`` (its ``llm_overrides`` included), the library's default
+            (`resolved_system_prompt`).
         llm: An inline LLM config, or the name of one in `llms` / the config file.
         llm_overrides: The agent's own LLM settings, overriding the named config's.
         llms: Named LLM configs `llm` may refer to.
         context: The prompt budget.
         allow_tools: Only these tools (globs) are offered; ``None`` offers all.
-        deny_tools: These tools (globs) are never offered.
-        mcp_servers: MCP servers whose tools the agent gets.
+        deny_tools: Denied tools (``fnmatch`` globs on the registered name, e.g. ``fs_*``
+            for an MCP server's): never offered to the model, and refused if it calls one
+            anyway, even a loop-control tool. The tool executor built from this config
+            refuses them in its `PolicyEngine` (``denied_tools``), and the agent hides the
+            tools its executor's policy denies as well: one list, both effects.
+        mcp_servers: MCP servers whose tools the agent gets: ``async with AgentExecutor(...)``
+            starts them and registers their tools as ``<server>_<tool>``, and leaving the
+            block stops them.
         control_tools: Offer ``task_completion``, ``ask_question``, ``converse`` and
             ``update_plan``.
         max_iterations: Model calls per run before it stops.
@@ -180,7 +207,8 @@ class AgentConfig(BaseModel):
         model_retries: Extra attempts after a retryable model failure the SDK could not
             retry (a stream cut mid-answer).
         tool_timeout: Seconds a tool call may run by default.
-        max_tool_output_tokens: Token limit of one tool result shown to the model.
+        max_tool_output_tokens: Token limit of one tool result shown to the model (at least
+            `agent_flow.tools.MIN_OUTPUT_TOKENS`, 32; ``None``: no limit).
         skills: Named modes; see `Skill`.
         policy: Tool policy settings.
         workspace: A directory the built-in file tools work in (``None``: no file tools).
@@ -198,7 +226,7 @@ class AgentConfig(BaseModel):
     deny_tools: tuple[str, ...] = ()
     mcp_servers: tuple[MCPServerEntry, ...] = ()
     control_tools: bool = True
-    max_iterations: int = Field(default=25, ge=1)
+    max_iterations: int = Field(default=DEFAULT_MAX_ITERATIONS, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost_usd: float | None = Field(default=None, gt=0)
     pricing: Pricing | None = None
@@ -208,8 +236,10 @@ class AgentConfig(BaseModel):
     max_reprompts: int = Field(default=2, ge=0)
     stuck_threshold: int = Field(default=3, ge=2)
     model_retries: int = Field(default=1, ge=0)
-    tool_timeout: float | None = Field(default=60.0, gt=0)
-    max_tool_output_tokens: int | None = Field(default=4000, ge=16)
+    tool_timeout: float | None = Field(default=DEFAULT_TOOL_TIMEOUT, gt=0)
+    max_tool_output_tokens: int | None = Field(
+        default=DEFAULT_MAX_TOOL_OUTPUT_TOKENS, ge=MIN_OUTPUT_TOKENS
+    )
     skills: tuple[Skill, ...] = ()
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     workspace: str | None = None
@@ -248,6 +278,25 @@ class AgentConfig(BaseModel):
         if isinstance(self.llm, LLMConfig):
             return self.llm.with_overrides(self.llm_overrides)
         return resolve_llm_config(named=self.llms, ref=self.llm, overrides=self.llm_overrides)
+
+    def resolved_system_prompt(self) -> str:
+        """The system prompt template this agent starts from.
+
+        The precedence: the agent's own `system_prompt`; else the ``system_prompt`` of its
+        LLM config (after ``llm_overrides``, which may set one even without a model); else
+        the library's `DEFAULT_SYSTEM_PROMPT_TEMPLATE`. An empty prompt counts as unset.
+        """
+        if self.system_prompt:
+            return self.system_prompt
+        from_llm: str | None = None
+        if self.llm is not None:
+            try:
+                from_llm = self.resolved_llm().system_prompt
+            except ConfigError:
+                from_llm = None
+        if not from_llm and self.llm_overrides is not None:
+            from_llm = self.llm_overrides.system_prompt
+        return from_llm or DEFAULT_SYSTEM_PROMPT_TEMPLATE
 
     def skill(self, name: str) -> Skill:
         """Return the skill called `name`.
@@ -306,6 +355,9 @@ def _apply_env_overrides(data: dict[str, JsonValue], environ: Mapping[str, str])
 def _describe(err: ValidationError, source: str) -> str:
     problems = []
     for item in err.errors():
+        if item["type"] == "default_factory_not_called":
+            # A default computed from a field that failed: that field's error says it all.
+            continue
         where = ".".join(str(p) for p in item["loc"]) or "(top level)"
         problems.append(f"{where}: {item['msg']}")
     return f"invalid agent config in {source}: " + "; ".join(problems)

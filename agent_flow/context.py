@@ -13,6 +13,12 @@ Every prompt agent_flow sends is built here. The budget is spent in this order:
    units (the first user message and summaries) plus the newest units that fit — never a
    tool call without its result.
 
+The system prompt template's ``{task}`` becomes a "Current task: ..." line: the objective
+of the environment's task unless the caller names another (``current_task``), so the task
+stays in view even when the environment has to degrade. Every budget method takes the same
+``current_task`` and tools, so pruning and prompt building agree on the fixed costs
+(`fixed_tokens`).
+
 The invariant, property-tested: ``counter.count_messages(prompt.messages) +
 counter.count_tools(prompt.tools) == prompt.total_tokens <= max_tokens -
 reserve_output_tokens``. `build_prompt` never changes the history; `prune_if_needed`
@@ -29,6 +35,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_flow._defaults import (
+    DEFAULT_ENVIRONMENT_ALLOCATION,
+    DEFAULT_PRUNE_TARGET,
+    DEFAULT_SYSTEM_PROMPT_TEMPLATE,
+    default_reserve_output_tokens,
+)
 from agent_flow.environment import Environment
 from agent_flow.errors import ContextBudgetError, UserError
 from agent_flow.history import (
@@ -51,13 +63,8 @@ __all__ = [
     "PromptBreakdown",
 ]
 
-DEFAULT_SYSTEM_PROMPT_TEMPLATE = (
-    "You are a capable assistant that completes tasks by calling tools when they help.\n"
-    "{task}\n"
-    "The environment below is your working memory: the current state of the task, what is "
-    "known, and the workspace. Trust it over older messages.\n\n"
-    "{environment}"
-)
+# The longest task line taken from the environment's objective (see `ContextManager._task`).
+_TASK_LINE_CHARS = 300
 
 # Large enough that the environment never degrades when only its full size is wanted.
 _UNBOUNDED = 1 << 40
@@ -126,11 +133,13 @@ class ContextManager:
         max_tokens: The model's context window, or any smaller hard budget.
         environment_allocation: The share (0..1) of the usable budget the environment may take.
         system_prompt_template: The system message. ``{environment}`` marks where the rendered
-            environment goes (appended when absent); ``{task}`` is replaced by the current
-            task line given to `build_prompt` (or nothing).
+            environment goes (appended when absent); ``{task}`` is replaced by a
+            "Current task: ..." line (see `build_prompt`).
         counter: Token counter; must be the history's own (the default), since the
             history's cached counts were made with it.
-        reserve_output_tokens: Tokens kept free for the answer.
+        reserve_output_tokens: Tokens kept free for the answer. ``None``: 2,048, or a quarter
+            of a budget too small for that (`default_reserve_output_tokens`); an explicit
+            value must be smaller than `max_tokens`.
         strategy: How `prune_if_needed` shrinks the history: a synchronous `PruningStrategy`,
             or a `SummarizeOldest` step when old units should be summarized (by a model, say)
             rather than only elided or dropped. Defaults to eliding old tool results, then
@@ -145,15 +154,17 @@ class ContextManager:
         history: History,
         max_tokens: int,
         *,
-        environment_allocation: float = 0.3,
+        environment_allocation: float = DEFAULT_ENVIRONMENT_ALLOCATION,
         system_prompt_template: str = DEFAULT_SYSTEM_PROMPT_TEMPLATE,
         counter: TokenCounter | None = None,
-        reserve_output_tokens: int = 1024,
+        reserve_output_tokens: int | None = None,
         strategy: PruningStrategy | SummarizeOldest | None = None,
-        prune_target: float = 0.8,
+        prune_target: float = DEFAULT_PRUNE_TARGET,
     ) -> None:
         if max_tokens <= 0:
             raise UserError(f"max_tokens must be positive, got {max_tokens}")
+        if reserve_output_tokens is None:
+            reserve_output_tokens = default_reserve_output_tokens(max_tokens)
         if not 0.0 <= environment_allocation <= 1.0:
             raise UserError(
                 f"environment_allocation must be between 0 and 1, got {environment_allocation}"
@@ -182,7 +193,7 @@ class ContextManager:
         )
         self.prune_target = prune_target
         self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
-        self._template_cache: dict[tuple[str, str | None], tuple[str, str, int]] = {}
+        self._template_cache: dict[tuple[str, str], tuple[str, str, int]] = {}
         self._env_full: tuple[int, str, int] | None = None
         self._env_shrunk: dict[tuple[int, int], str] = {}
 
@@ -202,8 +213,23 @@ class ContextManager:
         self._tools_cache = (tools, count)
         return count
 
+    def _task(self, current_task: str | None) -> str:
+        """The task named in the system prompt: `current_task`, else the environment's.
+
+        The environment's objective is the user's whole task message, which the prompt
+        already carries (in the history and the environment): its line is one line of at
+        most `_TASK_LINE_CHARS` characters.
+        """
+        if current_task is not None:
+            return current_task
+        objective = " ".join(self.environment.task.objective.split())
+        if len(objective) > _TASK_LINE_CHARS:
+            objective = objective[: _TASK_LINE_CHARS - 2].rstrip() + " …"
+        return objective
+
     def _template(self, current_task: str | None) -> tuple[str, str, int]:
         """Return the system text before and after the environment, and their fixed cost."""
+        current_task = self._task(current_task)
         key = (self.system_prompt_template, current_task)
         cached = self._template_cache.get(key)
         if cached is not None:
@@ -223,7 +249,16 @@ class ContextManager:
     def fixed_tokens(
         self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
     ) -> int:
-        """Return the tokens paid before environment and history: template, tools, priming."""
+        """Return the tokens every prompt pays before environment and history.
+
+        The system prompt template (with its task line), the tool schemas and the reply
+        priming. The budget left for environment and history is ``max_tokens -
+        reserve_output_tokens - fixed_tokens(...)``.
+
+        Args:
+            current_task: As in `build_prompt`.
+            tools: The tool schemas offered.
+        """
         return (
             self._template(current_task)[2]
             + self._tools_tokens(tuple(tools))
@@ -232,10 +267,10 @@ class ContextManager:
 
     def _usable(self, current_task: str | None, tools: tuple[ToolDefinition, ...]) -> int:
         available = self.max_tokens - self.reserve_output_tokens
-        template_tokens = self._template(current_task)[2]
-        tools_tokens = self._tools_tokens(tools)
-        usable = available - template_tokens - tools_tokens - REPLY_PRIMING_TOKENS
+        usable = available - self.fixed_tokens(current_task=current_task, tools=tools)
         if usable < 0:
+            template_tokens = self._template(current_task)[2]
+            tools_tokens = self._tools_tokens(tools)
             part, size = (
                 ("tools", tools_tokens)
                 if tools_tokens >= template_tokens
@@ -293,7 +328,9 @@ class ContextManager:
         """Assemble the prompt: system message with the environment, then the history.
 
         Args:
-            current_task: A line of task text put into the system message (``{task}``).
+            current_task: The task the system message names (``{task}`` becomes
+                "Current task: ..."); ``None``: the environment's task objective; ``""``: no
+                task line.
             tools: The tool schemas offered with this prompt (their cost is a fixed cost).
 
         Returns:

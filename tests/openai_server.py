@@ -30,11 +30,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
-
-import pytest_asyncio
 
 __all__ = [
     "OpenAIServer",
@@ -43,7 +41,6 @@ __all__ = [
     "completion_body",
     "error_reply",
     "json_reply",
-    "openai_server_fixture",
     "sse_reply",
     "text_chunks",
     "tool_call_chunks",
@@ -483,14 +480,3 @@ class OpenAIServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
-
-
-@pytest_asyncio.fixture(name="openai_server")
-async def openai_server_fixture() -> AsyncIterator[OpenAIServer]:
-    """The fixture ``openai_server``: a started server, stopped after the test.
-
-    Import it into a test module with
-    ``from tests.openai_server import openai_server_fixture  # noqa: F401``.
-    """
-    async with OpenAIServer() as server:
-        yield server

@@ -15,11 +15,12 @@ from agent_flow.errors import (
     OutputValidationError,
 )
 from agent_flow.events import AgentEvent, event_from_json, event_to_json
-from agent_flow.history import ToolCallEntry, ToolResultEntry
 from agent_flow.llm import OpenAIClient
 from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.testing import FunctionLLM, ScriptedLLM, call, fail, reply
 from agent_flow.tools import ToolContext, tool
+from tests import helpers
+from tests.helpers import add, assert_history_consistent
 from tests.openai_server import (
     OpenAIServer,
     completion_body,
@@ -29,17 +30,6 @@ from tests.openai_server import (
     text_chunks,
     tool_call_chunks,
 )
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
 
 
 @tool
@@ -69,13 +59,7 @@ async def slow(seconds: float) -> str:
 
 
 def make_agent(llm: Any, **config: Any) -> AgentExecutor:
-    agent = AgentExecutor(
-        llm,
-        config=AgentConfig(context=ContextConfig(max_tokens=8000, counter="approx"), **config),
-    )
-    for extra in (add, note_fact, slow):
-        agent.tools.register(extra)
-    return agent
+    return helpers.make_agent(llm, note_fact, slow, **config)
 
 
 async def run_collecting(agent: AgentExecutor, task: str) -> tuple[Any, list[AgentEvent]]:
@@ -87,12 +71,6 @@ async def run_collecting(agent: AgentExecutor, task: str) -> tuple[Any, list[Age
     reader = asyncio.create_task(collect())
     outcome = await agent.run(task)
     return outcome, await reader
-
-
-def assert_history_consistent(agent: AgentExecutor) -> None:
-    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)}
-    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)}
-    assert calls == results
 
 
 async def test_multi_step_tool_use_updates_the_environment_and_ends_with_completion() -> None:

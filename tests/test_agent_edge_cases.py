@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,36 +27,13 @@ from agent_flow.errors import (
     UserError,
 )
 from agent_flow.events import AgentEvent, EventBus, WarningRaised
-from agent_flow.history import History, ToolCallEntry, ToolResultEntry, UserMessage
+from agent_flow.history import History, UserMessage
 from agent_flow.llm.base import LLMRequest
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, fail, reply
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
 from agent_flow.tools import ToolExecutor, tool
+from tests.helpers import add, assert_history_consistent, make_agent
 from tests.strategies import environments, histories
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
-
-def make_agent(llm: Any, **config: Any) -> AgentExecutor:
-    context = config.pop("context", ContextConfig(max_tokens=8000, counter="approx"))
-    agent = AgentExecutor(llm, config=AgentConfig(context=context, **config))
-    agent.tools.register(add)
-    return agent
-
-
-def assert_history_consistent(agent: AgentExecutor) -> None:
-    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)}
-    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)}
-    assert calls == results
 
 
 def warning(seq: int) -> WarningRaised:

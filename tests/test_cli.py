@@ -7,6 +7,7 @@ on the test's loop.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import json
@@ -22,6 +23,7 @@ import pytest
 
 from agent_flow.agent import AgentExecutor
 from agent_flow.cli import main
+from agent_flow.cli._build import _agent_config
 from agent_flow.cli.render import EventRenderer, make_console
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.context import PromptBreakdown
@@ -31,7 +33,6 @@ from agent_flow.testing import ScriptedLLM, call, reply
 from tests.openai_server import (
     OpenAIServer,
     Reply,
-    openai_server_fixture,  # noqa: F401  (the `openai_server` fixture)
     sse_reply,
     text_chunks,
     tool_call_chunks,
@@ -65,9 +66,7 @@ async def invoke_async(argv: list[str], *, stdin: io.StringIO | None = None) -> 
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith(("OPENAI_", "AGENT_FLOW_")):
-            monkeypatch.delenv(name)
+    # conftest.py has removed OPENAI_* and AGENT_FLOW_* variables for the whole session.
     monkeypatch.setenv("AGENT_FLOW_HOME", str(tmp_path / "home"))
     # Fail fast against endpoints that do not answer: no SDK or agent retries.
     monkeypatch.setenv("AGENT_FLOW_MODEL_RETRIES", "0")
@@ -468,6 +467,44 @@ def test_tools_without_anything_lists_the_control_tools() -> None:
     result = invoke(["tools"])
     assert result.code == 0
     assert result.out.splitlines()[-1].startswith("4 tools;")
+
+
+def test_tools_says_what_every_prompt_spends_before_environment_and_history() -> None:
+    result = invoke(["tools"])
+    agent = AgentExecutor(ScriptedLLM([]), config=AgentConfig())
+    fixed = agent.context.fixed_tokens(tools=agent.offered_tools())
+    assert result.out.splitlines()[-1].endswith(
+        f"every prompt spends {fixed:,} of its 29,952 tokens before the environment and history"
+    )
+
+
+def test_tools_starts_the_mcp_servers_of_the_config_file(tmp_path: Path) -> None:
+    server = REPO / "tests" / "mcp_servers" / "basic_server.py"
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f"[[agent.mcp_servers]]\nkind = 'stdio'\nname = 'basic'\n"
+        f"command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(server))}]\n"
+    )
+    result = invoke(["tools", "--config", str(config)])
+    assert result.code == 0, result.err
+    rows = {line.split()[0]: line.split() for line in result.out.splitlines()[1:-1]}
+    assert rows["basic_echo"][1] == "mcp:basic"
+
+
+def test_the_budget_flag_scales_an_unset_reserve_and_refuses_a_set_one_too_big(
+    tmp_path: Path,
+) -> None:
+    flags = argparse.Namespace(config=None, max_iterations=None, budget=1000)
+    assert _agent_config(flags).context.reserve_output_tokens == 250
+    config = tmp_path / "agent.toml"
+    config.write_text("[agent.context]\nreserve_output_tokens = 2048\n")
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    result = invoke(
+        ["run", "t", "--config", str(config), "--budget", "1000", "--model", "m", "--base-url", url]
+    )
+    assert result.code == 2
+    assert "--budget 1000 gives an invalid context" in result.err
+    assert "reserve_output_tokens (2048) must be smaller than max_tokens (1000)" in result.err
 
 
 # -- the installed script, and Ctrl-C ------------------------------------------------------

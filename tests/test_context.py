@@ -22,22 +22,12 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.messages import ToolCall, ToolDefinition
+from agent_flow.testing import ScriptedLLM
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
+from tests.helpers import assert_tool_pairs_intact, make_agent
 from tests.strategies import environments, histories, tool_definitions
 
 COUNTER = ApproxCounter()
-
-
-def assert_tool_pairs_intact(messages: tuple) -> None:
-    pending: set[str] = set()
-    for message in messages:
-        if message.role == "tool":
-            assert message.tool_call_id in pending
-            pending.discard(message.tool_call_id)
-        else:
-            assert not pending, "an assistant tool call was not followed by its result"
-            pending = {call.id for call in message.tool_calls}
-    assert not pending
 
 
 @settings(max_examples=150)
@@ -263,3 +253,52 @@ async def test_prune_if_needed_awaits_a_summarizing_step_and_reports_its_summary
     assert summary.id == report.summary_id
     assert history.token_count() <= int(manager.history_budget() * manager.prune_target)
     assert await manager.prune_if_needed() is None
+
+
+# -- the task line and the fixed costs --------------------------------------------------------
+
+
+def _with_objective(objective: str) -> ContextManager:
+    env = Environment()
+    env.update_section("task", objective=objective)
+    return ContextManager(env, History(counter=COUNTER), 8000, counter=COUNTER)
+
+
+def test_the_task_line_names_the_environments_objective_unless_the_caller_names_another() -> None:
+    manager = _with_objective("Fix the CSV parser")
+    system = manager.build_prompt().messages[0].content
+    assert system.splitlines()[1] == "Current task: Fix the CSV parser"
+    other = manager.build_prompt("Write the tests").messages[0].content
+    assert other.splitlines()[1] == "Current task: Write the tests"
+    assert "Current task" not in manager.build_prompt("").messages[0].content
+    assert "Current task" not in _with_objective("").build_prompt().messages[0].content
+
+
+def test_a_long_objective_becomes_one_shortened_task_line() -> None:
+    manager = _with_objective("Fix\n\nthe   parser:\n" + "traceback line\n" * 200)
+    line = manager.build_prompt().messages[0].content.splitlines()[1]
+    assert line.startswith("Current task: Fix the parser: traceback line traceback line")
+    assert line.endswith(" …")
+    assert len(line) <= len("Current task: ") + 300
+
+
+@given(objective=st.text(max_size=600), tools=st.lists(tool_definitions(), max_size=3))
+def test_fixed_tokens_are_what_every_prompt_pays_before_environment_and_history(
+    objective: str, tools: list[ToolDefinition]
+) -> None:
+    manager = _with_objective(objective)
+    manager.history.add(UserMessage(content="hello"))
+    try:
+        prompt = manager.build_prompt(tools=tools)
+    except ContextBudgetError:
+        return
+    parts = prompt.breakdown
+    assert manager.fixed_tokens(tools=tools) == parts.system_template + parts.tools + parts.priming
+    assert parts.total == manager.fixed_tokens(tools=tools) + parts.environment + parts.history
+
+
+async def test_the_agent_names_its_task_in_the_system_prompt_it_sends() -> None:
+    llm = ScriptedLLM(["Done."])
+    agent = make_agent(llm)
+    await agent.run("Fix the CSV parser")
+    assert "\nCurrent task: Fix the CSV parser\n" in llm.requests[0].messages[0].content

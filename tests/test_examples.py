@@ -126,4 +126,6 @@ def test_the_pruning_strategies_keep_different_things(outputs: dict[str, str]) -
     for section in (drop, elide, summarize):
         total = re.search(r"last prompt: ([\d,]+)/3,000 tokens", section)
         assert total is not None and int(total.group(1).replace(",", "")) <= 3000 - 300
-        assert "error lines remain for days 07, 08, 09, 10." in section
+        # How many full results fit depends on the fixed costs (the system prompt names the
+        # task); every strategy keeps the newest ones.
+        assert re.search(r"error lines remain for days (\d\d, )*08, 09, 10\.", section)

@@ -44,23 +44,9 @@ from tests._history_strategies import (
     pruning_strategies,
     summarize_steps,
 )
+from tests.helpers import assert_tool_pairs_intact
 
 COUNTER = ApproxCounter()
-
-
-def assert_tool_pairs_intact(messages: Sequence[ChatMessage]) -> None:
-    """Every call is answered right after its assistant message, and every result has a call."""
-    expected: set[str] = set()
-    for message in messages:
-        if message.role == "tool":
-            assert message.tool_call_id in expected, "a tool result without its call"
-            expected.discard(message.tool_call_id)
-        else:
-            assert not expected, "an assistant tool call without its result"
-            expected = {call.id for call in message.tool_calls}
-            assert len(expected) == len(message.tool_calls), "a call id repeated in one message"
-            assert message.role == "assistant" or not expected
-    assert not expected, "an assistant tool call without its result"
 
 
 def assert_consistent(history: History) -> None:

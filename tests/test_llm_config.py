@@ -5,6 +5,9 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from agent_flow.agent import AgentExecutor
+from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.context import DEFAULT_SYSTEM_PROMPT_TEMPLATE
 from agent_flow.errors import ConfigError
 from agent_flow.llm import (
     LLMConfig,
@@ -14,6 +17,7 @@ from agent_flow.llm import (
     resolve_llm_config,
 )
 from agent_flow.messages import ChatMessage, ToolDefinition
+from agent_flow.testing import ScriptedLLM
 from tests.openai_server import OpenAIServer, completion_body, json_reply
 
 FAST = LLMConfig(
@@ -156,3 +160,32 @@ async def test_a_config_in_xml_tool_mode_builds_an_xml_client() -> None:
     assert "tools" not in body
     assert "stream_options" not in body
     assert "<available_tools>" in body["messages"][0]["content"]
+
+
+# -- the system prompt of an LLM config ------------------------------------------------------
+
+TERSE = LLMConfig(model="m", system_prompt="You are terse.\n{task}\n{environment}")
+
+
+def test_the_system_prompt_is_the_agents_then_its_llm_configs_then_the_default() -> None:
+    assert AgentConfig(llm=TERSE).resolved_system_prompt() == TERSE.system_prompt
+    assert AgentConfig(llms={"t": TERSE}, llm="t").resolved_system_prompt() == TERSE.system_prompt
+    assert AgentConfig(llm=TERSE, system_prompt="Mine.").resolved_system_prompt() == "Mine."
+    overridden = AgentConfig(llm=TERSE, llm_overrides=LLMOverrides(system_prompt="Override."))
+    assert overridden.resolved_system_prompt() == "Override."
+    without_model = AgentConfig(llm_overrides=LLMOverrides(system_prompt="No model yet."))
+    assert without_model.resolved_system_prompt() == "No model yet."
+    assert AgentConfig().resolved_system_prompt() == DEFAULT_SYSTEM_PROMPT_TEMPLATE
+    assert AgentConfig(system_prompt="").resolved_system_prompt() == DEFAULT_SYSTEM_PROMPT_TEMPLATE
+
+
+async def test_an_agent_sends_the_system_prompt_of_its_llm_config() -> None:
+    llm = ScriptedLLM(["Done."])
+    config = AgentConfig(llm=TERSE, context=ContextConfig(counter="approx"))
+    agent = AgentExecutor(llm, config=config)
+    await agent.run("Say hi")
+    system = llm.requests[0].messages[0].content
+    assert system.startswith("You are terse.\nCurrent task: Say hi\n")
+    # Leaving a skill goes back to it.
+    agent.activate_skill(None)
+    assert agent.context.system_prompt_template == TERSE.system_prompt

@@ -34,6 +34,7 @@ from agent_flow.llm import (
     final_completion,
 )
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
+from tests.helpers import drain_into
 from tests.openai_server import (
     OpenAIServer,
     RecordedRequest,
@@ -57,15 +58,9 @@ WITH_TOOLS = LLMRequest(messages=[ChatMessage(role="user", content="read a.py")]
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[OpenAIServer]:
-    async with OpenAIServer() as started:
-        yield started
-
-
-@pytest.fixture
-async def client(server: OpenAIServer) -> AsyncIterator[OpenAIClient]:
+async def client(openai_server: OpenAIServer) -> AsyncIterator[OpenAIClient]:
     llm = OpenAIClient(
-        "test-model", base_url=server.base_url, api_key=SECRET, max_retries=2, timeout=5
+        "test-model", base_url=openai_server.base_url, api_key=SECRET, max_retries=2, timeout=5
     )
     yield llm
     await llm.aclose()
@@ -73,11 +68,6 @@ async def client(server: OpenAIServer) -> AsyncIterator[OpenAIClient]:
 
 async def collect(events: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
     return [event async for event in events]
-
-
-async def drain_into(events: AsyncIterator[StreamEvent], seen: list[StreamEvent]) -> None:
-    async for event in events:
-        seen.append(event)
 
 
 def texts(events: list[StreamEvent]) -> str:
@@ -88,10 +78,10 @@ def texts(events: list[StreamEvent]) -> str:
 
 
 async def test_a_text_stream_in_many_small_chunks_arrives_as_text_chunks_and_one_completion(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     answer = "The quick brown fox jumps over the lazy dog, twice.  \n"
-    server.script(sse_reply(text_chunks(answer, chunk_size=2), split_bytes=5))
+    openai_server.script(sse_reply(text_chunks(answer, chunk_size=2), split_bytes=5))
 
     events = await collect(client.stream(HELLO))
 
@@ -105,15 +95,15 @@ async def test_a_text_stream_in_many_small_chunks_arrives_as_text_chunks_and_one
     assert completion.finish_reason == "stop"
     assert completion.model == "test-model"
     assert completion.response_id == "chatcmpl-test"
-    body = server.requests[0].body
+    body = openai_server.requests[0].body
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert body["messages"] == [{"role": "user", "content": "hi"}]
-    assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert openai_server.requests[0].headers["authorization"] == f"Bearer {SECRET}"
 
 
 async def test_usage_in_the_last_chunk_is_reported_with_cached_and_reasoning_tokens(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     chunks = text_chunks("ok", usage=None)
     chunks.append(
@@ -130,7 +120,7 @@ async def test_usage_in_the_last_chunk_is_reported_with_cached_and_reasoning_tok
             },
         }
     )
-    server.script(sse_reply(chunks))
+    openai_server.script(sse_reply(chunks))
 
     completion = await final_completion(client.stream(HELLO))
 
@@ -145,14 +135,14 @@ async def test_usage_in_the_last_chunk_is_reported_with_cached_and_reasoning_tok
 
 
 async def test_several_parallel_tool_calls_are_assembled_by_index_from_interleaved_fragments(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     calls = [
         ("call_a", "read_file", '{"path": "src/a.py"}'),
         ("call_b", "read_file", '{"path": "src/bb.py", "limit": 10}'),
         ("call_c", "list_dir", "{}"),
     ]
-    server.script(sse_reply(tool_call_chunks(calls, chunk_size=3, interleave=True)))
+    openai_server.script(sse_reply(tool_call_chunks(calls, chunk_size=3, interleave=True)))
 
     events = await collect(client.stream(WITH_TOOLS))
 
@@ -174,7 +164,7 @@ async def test_several_parallel_tool_calls_are_assembled_by_index_from_interleav
     assert [c.id for c in completion.tool_calls] == ["call_a", "call_b", "call_c"]
     assert completion.tool_calls[1].parsed_arguments == {"path": "src/bb.py", "limit": 10}
     assert all(c.is_valid for c in completion.tool_calls)
-    assert server.requests[0].body["tools"] == [
+    assert openai_server.requests[0].body["tools"] == [
         {
             "type": "function",
             "function": {
@@ -187,14 +177,14 @@ async def test_several_parallel_tool_calls_are_assembled_by_index_from_interleav
 
 
 async def test_tool_call_arguments_that_are_not_valid_json_are_kept_raw_and_marked_invalid(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     calls = [
         ("c1", "read_file", '{"path": "a.py"'),
         ("c2", "read_file", "[1, 2]"),
         ("c3", "read_file", '{"path": "ok.py"}'),
     ]
-    server.script(sse_reply(tool_call_chunks(calls)))
+    openai_server.script(sse_reply(tool_call_chunks(calls)))
 
     completion = await final_completion(client.stream(WITH_TOOLS))
 
@@ -209,7 +199,7 @@ async def test_tool_call_arguments_that_are_not_valid_json_are_kept_raw_and_mark
 
 
 async def test_tool_calls_without_ids_or_with_reused_ids_get_fresh_unique_ids(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     history = LLMRequest(
         messages=[
@@ -225,7 +215,7 @@ async def test_tool_calls_without_ids_or_with_reused_ids_get_fresh_unique_ids(
         ("dup", "read_file", '{"path": "c"}'),
         ("dup", "read_file", '{"path": "d"}'),  # reused within the answer
     ]
-    server.script(sse_reply(tool_call_chunks(calls)))
+    openai_server.script(sse_reply(tool_call_chunks(calls)))
 
     events = await collect(client.stream(history))
 
@@ -241,10 +231,10 @@ async def test_tool_calls_without_ids_or_with_reused_ids_get_fresh_unique_ids(
 
 
 async def test_tool_call_fragments_without_index_are_joined_by_id(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     calls = [("x1", "read_file", '{"path": "a.py"}'), ("x2", "read_file", '{"path": "b.py"}')]
-    server.script(sse_reply(tool_call_chunks(calls, chunk_size=5, with_index=False)))
+    openai_server.script(sse_reply(tool_call_chunks(calls, chunk_size=5, with_index=False)))
 
     completion = await final_completion(client.stream(WITH_TOOLS))
 
@@ -255,10 +245,10 @@ async def test_tool_call_fragments_without_index_are_joined_by_id(
 
 
 async def test_finish_reason_stop_with_tool_calls_present_is_reported_as_tool_calls(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     chunks = tool_call_chunks([("c1", "read_file", "{}")], finish_reason="stop")
-    server.script(sse_reply(chunks))
+    openai_server.script(sse_reply(chunks))
 
     completion = await final_completion(client.stream(WITH_TOOLS))
 
@@ -267,20 +257,20 @@ async def test_finish_reason_stop_with_tool_calls_present_is_reported_as_tool_ca
 
 
 async def test_a_model_that_hits_max_tokens_is_reported_as_length(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(sse_reply(text_chunks("This answer was cut", finish_reason="length")))
+    openai_server.script(sse_reply(text_chunks("This answer was cut", finish_reason="length")))
     request = LLMRequest(messages=HELLO.messages, max_tokens=5)
 
     completion = await final_completion(client.stream(request))
 
     assert completion.finish_reason == "length"
     assert completion.text == "This answer was cut"
-    assert server.requests[0].body["max_tokens"] == 5
+    assert openai_server.requests[0].body["max_tokens"] == 5
 
 
 async def test_the_legacy_function_call_field_becomes_a_tool_call(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     chunk = {
         "id": "r",
@@ -293,7 +283,7 @@ async def test_the_legacy_function_call_field_becomes_a_tool_call(
             }
         ],
     }
-    server.script(
+    openai_server.script(
         sse_reply([chunk]),
         json_reply(completion_body(None, function_call=("read_file", '{"path": "y"}'))),
     )
@@ -310,13 +300,13 @@ async def test_the_legacy_function_call_field_becomes_a_tool_call(
 
 
 async def test_chunks_with_empty_choices_and_trailing_whitespace_are_normalized(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     filter_results = {"id": "", "model": "", "choices": [], "prompt_filter_results": []}
     fragments = tool_call_chunks([("c9", "read_file", '  {"path": "p"}  \n')])[1:-2]
     text = text_chunks("  Hello.\n\n\n")
     chunks = [filter_results, *text[:-2], *fragments, *text[-2:]]
-    server.script(sse_reply(chunks))
+    openai_server.script(sse_reply(chunks))
 
     completion = await final_completion(client.stream(WITH_TOOLS))
 
@@ -329,10 +319,10 @@ async def test_chunks_with_empty_choices_and_trailing_whitespace_are_normalized(
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 async def test_reasoning_fields_surface_as_thinking_chunks(
-    server: OpenAIServer, client: OpenAIClient, field: str
+    openai_server: OpenAIServer, client: OpenAIClient, field: str
 ) -> None:
     chunks = text_chunks("42.", reasoning="Six times seven.", reasoning_field=field)
-    server.script(sse_reply(chunks))
+    openai_server.script(sse_reply(chunks))
 
     events = await collect(client.stream(HELLO))
 
@@ -346,9 +336,9 @@ async def test_reasoning_fields_surface_as_thinking_chunks(
 
 
 async def test_a_server_that_ignores_stream_and_answers_json_is_read_whole(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(json_reply(completion_body("whole answer")))
+    openai_server.script(json_reply(completion_body("whole answer")))
 
     events = await collect(client.stream(HELLO))
 
@@ -359,9 +349,9 @@ async def test_a_server_that_ignores_stream_and_answers_json_is_read_whole(
 
 
 async def test_breaking_out_of_a_stream_early_releases_the_connection(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(
+    openai_server.script(
         sse_reply(text_chunks("a b c d e f g", chunk_size=1)), sse_reply(text_chunks("ok"))
     )
 
@@ -378,9 +368,9 @@ async def test_breaking_out_of_a_stream_early_releases_the_connection(
 
 
 async def test_a_connection_dropped_mid_stream_raises_model_connection_error_after_the_chunks(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(sse_reply(text_chunks("abcdefghij", chunk_size=2), drop_after=3))
+    openai_server.script(sse_reply(text_chunks("abcdefghij", chunk_size=2), drop_after=3))
     seen: list[StreamEvent] = []
 
     with pytest.raises(ModelConnectionError, match="lost mid-answer") as caught:
@@ -389,23 +379,23 @@ async def test_a_connection_dropped_mid_stream_raises_model_connection_error_aft
     assert texts(seen) == "abcd"
     assert not any(isinstance(e, Completion) for e in seen)
     assert caught.value.retryable
-    assert len(server.requests) == 1  # the SDK never retries a stream that has started
+    assert len(openai_server.requests) == 1  # the SDK never retries a stream that has started
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_raises_incomplete_stream_error(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(sse_reply(text_chunks("half an ans", finish_reason=None)))
+    openai_server.script(sse_reply(text_chunks("half an ans", finish_reason=None)))
 
     with pytest.raises(IncompleteStreamError, match="without a finish reason"):
         await collect(client.stream(HELLO))
 
 
 async def test_a_tool_call_stream_cut_before_its_finish_reason_is_an_error_not_a_short_call(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     chunks = tool_call_chunks([("c1", "read_file", '{"path": "a.py"}')], finish_reason=None)
-    server.script(sse_reply(chunks[:-2], done=False))
+    openai_server.script(sse_reply(chunks[:-2], done=False))
 
     with pytest.raises(IncompleteStreamError, match="1 tool call"):
         await collect(client.stream(WITH_TOOLS))
@@ -413,30 +403,30 @@ async def test_a_tool_call_stream_cut_before_its_finish_reason_is_an_error_not_a
 
 @pytest.mark.parametrize("corrupt", ["{not json", '{"choices": [', b"\xff\xfe not utf-8"])
 async def test_a_chunk_that_is_not_valid_json_raises_malformed_chunk_error(
-    server: OpenAIServer, client: OpenAIClient, corrupt: str | bytes
+    openai_server: OpenAIServer, client: OpenAIClient, corrupt: str | bytes
 ) -> None:
     chunks: list[object] = list(text_chunks("fine so far"))
     chunks.insert(2, corrupt)
-    server.script(sse_reply(chunks))
+    openai_server.script(sse_reply(chunks))
 
     with pytest.raises(MalformedChunkError, match="chunk 3 of the stream"):
         await collect(client.stream(HELLO))
 
 
 async def test_a_chunk_that_is_json_but_not_an_object_raises_malformed_chunk_error(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(sse_reply(["[1, 2, 3]"]))
+    openai_server.script(sse_reply(["[1, 2, 3]"]))
 
     with pytest.raises(MalformedChunkError, match="not an object"):
         await collect(client.stream(HELLO))
 
 
 async def test_an_error_event_inside_a_stream_raises_model_response_error(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     error = {"error": {"message": "the model crashed", "type": "server_error", "code": "oops"}}
-    server.script(sse_reply([text_chunks("part")[1], error]))
+    openai_server.script(sse_reply([text_chunks("part")[1], error]))
 
     with pytest.raises(ModelResponseError, match=r"mid-answer \(oops\): the model crashed"):
         await collect(client.stream(HELLO))
@@ -447,14 +437,14 @@ async def test_an_error_event_inside_a_stream_raises_model_response_error(
 
 @pytest.mark.parametrize("streaming", [True, False])
 async def test_a_429_then_success_is_retried_by_the_sdk_and_succeeds(
-    server: OpenAIServer, client: OpenAIClient, streaming: bool
+    openai_server: OpenAIServer, client: OpenAIClient, streaming: bool
 ) -> None:
     ok = (
         sse_reply(text_chunks("after the wait"))
         if streaming
         else json_reply(completion_body("after the wait"))
     )
-    server.script(error_reply(429, "slow down", code="rate_limit_exceeded"), ok)
+    openai_server.script(error_reply(429, "slow down", code="rate_limit_exceeded"), ok)
 
     if streaming:
         completion = await final_completion(client.stream(HELLO))
@@ -462,14 +452,14 @@ async def test_a_429_then_success_is_retried_by_the_sdk_and_succeeds(
         completion = await client.complete(HELLO)
 
     assert completion.text == "after the wait"
-    assert len(server.requests) == 2
-    assert server.requests[1].headers["x-stainless-retry-count"] == "1"
+    assert len(openai_server.requests) == 2
+    assert openai_server.requests[1].headers["x-stainless-retry-count"] == "1"
 
 
 async def test_a_persistent_429_ends_in_model_rate_limit_error_with_status_code_and_body(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(*[error_reply(429, "slow down", code="rate_limit_exceeded")] * 3)
+    openai_server.script(*[error_reply(429, "slow down", code="rate_limit_exceeded")] * 3)
 
     with pytest.raises(ModelRateLimitError) as caught:
         await client.complete(HELLO)
@@ -481,14 +471,14 @@ async def test_a_persistent_429_ends_in_model_rate_limit_error_with_status_code_
     assert error.body["message"] == "slow down"
     assert error.retryable
     assert "after 2 retries" in str(error)
-    assert len(server.requests) == 3
+    assert len(openai_server.requests) == 3
 
 
 @pytest.mark.parametrize("streaming", [True, False])
 async def test_a_persistent_500_ends_in_model_server_error_after_the_sdk_retries(
-    server: OpenAIServer, client: OpenAIClient, streaming: bool
+    openai_server: OpenAIServer, client: OpenAIClient, streaming: bool
 ) -> None:
-    server.script(*[error_reply(500, "boom", type="server_error", code=None)] * 3)
+    openai_server.script(*[error_reply(500, "boom", type="server_error", code=None)] * 3)
 
     attempt = collect(client.stream(HELLO)) if streaming else client.complete(HELLO)
 
@@ -497,16 +487,16 @@ async def test_a_persistent_500_ends_in_model_server_error_after_the_sdk_retries
 
     assert caught.value.status_code == 500
     assert caught.value.code == "server_error"  # the error type stands in for a missing code
-    assert len(server.requests) == 3
+    assert len(openai_server.requests) == 3
 
 
 async def test_a_500_then_success_is_retried_by_the_sdk(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(error_reply(500), sse_reply(text_chunks("fine")))
+    openai_server.script(error_reply(500), sse_reply(text_chunks("fine")))
 
     assert (await final_completion(client.stream(HELLO))).text == "fine"
-    assert len(server.requests) == 2
+    assert len(openai_server.requests) == 2
 
 
 @pytest.mark.parametrize(
@@ -523,10 +513,10 @@ async def test_a_500_then_success_is_retried_by_the_sdk(
     ],
 )
 async def test_each_http_error_status_maps_to_its_agent_flow_error(
-    server: OpenAIServer, status: int, error_type: type[ModelError]
+    openai_server: OpenAIServer, status: int, error_type: type[ModelError]
 ) -> None:
-    server.script(error_reply(status, f"status {status}", code=f"code_{status}"))
-    llm = OpenAIClient("m", base_url=server.base_url, api_key=SECRET, max_retries=0)
+    openai_server.script(error_reply(status, f"status {status}", code=f"code_{status}"))
+    llm = OpenAIClient("m", base_url=openai_server.base_url, api_key=SECRET, max_retries=0)
     try:
         with pytest.raises(error_type) as caught:
             await llm.complete(HELLO)
@@ -539,22 +529,24 @@ async def test_each_http_error_status_maps_to_its_agent_flow_error(
     assert f"status {status}" in str(caught.value)
 
 
-async def test_client_errors_are_not_retried(server: OpenAIServer, client: OpenAIClient) -> None:
-    server.script(error_reply(401, "bad key", code="invalid_api_key"), error_reply(400))
+async def test_client_errors_are_not_retried(
+    openai_server: OpenAIServer, client: OpenAIClient
+) -> None:
+    openai_server.script(error_reply(401, "bad key", code="invalid_api_key"), error_reply(400))
 
     with pytest.raises(ModelAuthenticationError, match="OPENAI_API_KEY"):
         await client.complete(HELLO)
     with pytest.raises(ModelBadRequestError):
         await client.complete(HELLO)
 
-    assert len(server.requests) == 2
+    assert len(openai_server.requests) == 2
 
 
 async def test_the_api_key_never_appears_in_errors_reprs_or_bodies(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     echo = f"Incorrect API key provided: {SECRET}."
-    server.script(error_reply(401, echo, code="invalid_api_key"))
+    openai_server.script(error_reply(401, echo, code="invalid_api_key"))
 
     with pytest.raises(ModelAuthenticationError) as caught:
         await client.complete(HELLO)
@@ -581,10 +573,12 @@ async def test_an_unreachable_server_raises_model_connection_error() -> None:
 
 
 async def test_a_server_that_does_not_answer_in_time_raises_model_timeout_error(
-    server: OpenAIServer,
+    openai_server: OpenAIServer,
 ) -> None:
-    server.script(Reply(hang=True))
-    llm = OpenAIClient("m", base_url=server.base_url, api_key="k", timeout=0.2, max_retries=0)
+    openai_server.script(Reply(hang=True))
+    llm = OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", timeout=0.2, max_retries=0
+    )
     try:
         with pytest.raises(ModelTimeoutError, match="did not answer in time"):
             await collect(llm.stream(HELLO))
@@ -593,9 +587,9 @@ async def test_a_server_that_does_not_answer_in_time_raises_model_timeout_error(
 
 
 async def test_a_non_streamed_answer_with_no_choices_raises_model_response_error(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(json_reply({"id": "x", "choices": [], "model": "m"}))
+    openai_server.script(json_reply({"id": "x", "choices": [], "model": "m"}))
 
     with pytest.raises(ModelResponseError, match="no choices"):
         await client.complete(HELLO)
@@ -611,9 +605,9 @@ def rejects_stream_options(request: RecordedRequest) -> Reply:
 
 
 async def test_a_server_rejecting_stream_options_is_asked_again_without_them_once(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(rejects_stream_options, rejects_stream_options, rejects_stream_options)
+    openai_server.script(rejects_stream_options, rejects_stream_options, rejects_stream_options)
 
     first = await collect(client.stream(HELLO))
     second = await collect(client.stream(HELLO))
@@ -626,7 +620,7 @@ async def test_a_server_rejecting_stream_options_is_asked_again_without_them_onc
     assert completion.warnings == (warning.message,)
     assert completion.usage is None
     assert not any(isinstance(e, StreamWarning) for e in second)
-    assert ["stream_options" in body for body in server.bodies] == [True, False, False]
+    assert ["stream_options" in body for body in openai_server.bodies] == [True, False, False]
 
 
 def rejects_stream_with_tools(request: RecordedRequest) -> Reply:
@@ -639,9 +633,9 @@ def rejects_stream_with_tools(request: RecordedRequest) -> Reply:
 
 
 async def test_a_server_rejecting_streams_with_tools_falls_back_to_a_non_streamed_call(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.handler = rejects_stream_with_tools
+    openai_server.handler = rejects_stream_with_tools
 
     events = await collect(client.stream(WITH_TOOLS))
     again = await collect(client.stream(WITH_TOOLS))
@@ -657,19 +651,19 @@ async def test_a_server_rejecting_streams_with_tools_falls_back_to_a_non_streame
     assert completion.warnings == (warning.message,)
     assert any(isinstance(e, StreamWarning) for e in again)  # each fallback is reported
     # The rejection is remembered: the second call went straight to a non-streamed request.
-    assert [bool(body.get("stream")) for body in server.bodies] == [True, False, False]
+    assert [bool(body.get("stream")) for body in openai_server.bodies] == [True, False, False]
 
 
 # -- requests -------------------------------------------------------------------------------
 
 
 async def test_neutral_messages_and_settings_are_converted_to_the_wire_format(
-    server: OpenAIServer,
+    openai_server: OpenAIServer,
 ) -> None:
-    server.script(json_reply(completion_body("ok")))
+    openai_server.script(json_reply(completion_body("ok")))
     llm = OpenAIClient(
         "default-model",
-        base_url=server.base_url,
+        base_url=openai_server.base_url,
         api_key="k",
         headers={"X-Team": "agents"},
         organization="org-1",
@@ -700,7 +694,7 @@ async def test_neutral_messages_and_settings_are_converted_to_the_wire_format(
     finally:
         await llm.aclose()
 
-    recorded = server.requests[0]
+    recorded = openai_server.requests[0]
     body = recorded.body
     assert recorded.path == "/v1/chat/completions"
     assert body == llm.build_body(request, stream=False)
@@ -735,7 +729,7 @@ async def test_neutral_messages_and_settings_are_converted_to_the_wire_format(
 
 
 async def test_a_non_streamed_answer_is_normalized_like_a_stream(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     body = completion_body(
         "  Let me read both.  ",
@@ -746,7 +740,7 @@ async def test_a_non_streamed_answer_is_normalized_like_a_stream(
         reasoning_tokens=3,
         reasoning="First a, then b.",
     )
-    server.script(json_reply(body))
+    openai_server.script(json_reply(body))
 
     completion = await client.complete(WITH_TOOLS)
 
@@ -764,17 +758,17 @@ async def test_a_non_streamed_answer_is_normalized_like_a_stream(
 
 
 async def test_the_api_key_is_read_from_the_named_environment_variable(
-    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+    openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MY_PROVIDER_KEY", "from-env")
-    server.script(json_reply(completion_body("ok")))
-    llm = OpenAIClient("m", base_url=server.base_url, api_key_env="MY_PROVIDER_KEY")
+    openai_server.script(json_reply(completion_body("ok")))
+    llm = OpenAIClient("m", base_url=openai_server.base_url, api_key_env="MY_PROVIDER_KEY")
     try:
         await llm.complete(HELLO)
     finally:
         await llm.aclose()
 
-    assert server.requests[0].headers["authorization"] == "Bearer from-env"
+    assert openai_server.requests[0].headers["authorization"] == "Bearer from-env"
 
 
 def test_openai_itself_without_a_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -786,31 +780,31 @@ def test_openai_itself_without_a_key_is_a_config_error(monkeypatch: pytest.Monke
 
 
 async def test_a_local_server_needs_no_key(
-    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+    openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-    server.script(json_reply(completion_body("local")))
+    monkeypatch.setenv("OPENAI_BASE_URL", openai_server.base_url)
+    openai_server.script(json_reply(completion_body("local")))
     llm = OpenAIClient("llama3")
     try:
         assert (await llm.complete(HELLO)).text == "local"
     finally:
         await llm.aclose()
-    assert llm.base_url == server.base_url + "/"
+    assert llm.base_url == openai_server.base_url + "/"
 
 
 async def test_an_azure_sdk_client_is_used_as_given_and_routes_to_the_deployment(
-    server: OpenAIServer,
+    openai_server: OpenAIServer,
 ) -> None:
     from openai import AsyncAzureOpenAI
 
     azure = AsyncAzureOpenAI(
-        azure_endpoint=f"http://127.0.0.1:{server.port}",
+        azure_endpoint=f"http://127.0.0.1:{openai_server.port}",
         api_key="azure-key",
         api_version="2024-10-21",
         max_retries=0,
     )
-    server.script(sse_reply(text_chunks("from azure")))
+    openai_server.script(sse_reply(text_chunks("from azure")))
     llm = OpenAIClient("my-deployment", sdk_client=azure)
     try:
         completion = await final_completion(llm.stream(HELLO))
@@ -818,7 +812,7 @@ async def test_an_azure_sdk_client_is_used_as_given_and_routes_to_the_deployment
         await azure.close()
 
     assert completion.text == "from azure"
-    recorded = server.requests[0]
+    recorded = openai_server.requests[0]
     assert recorded.path.startswith("/openai/deployments/my-deployment/chat/completions")
     assert recorded.headers["api-key"] == "azure-key"
     assert recorded.body["messages"] == [{"role": "user", "content": "hi"}]
@@ -832,10 +826,10 @@ def test_an_sdk_client_cannot_be_combined_with_connection_arguments() -> None:
 
 
 async def test_a_connection_lost_after_the_finish_reason_keeps_the_complete_answer(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     chunks = text_chunks("complete answer")
-    server.script(sse_reply(chunks, drop_after=len(chunks) - 1))  # usage and [DONE] lost
+    openai_server.script(sse_reply(chunks, drop_after=len(chunks) - 1))  # usage and [DONE] lost
 
     events = await collect(client.stream(HELLO))
 
@@ -849,14 +843,14 @@ async def test_a_connection_lost_after_the_finish_reason_keeps_the_complete_answ
 
 
 async def test_whole_tool_calls_without_index_or_id_are_kept_apart(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     chunks = tool_call_chunks(
         [(None, "read_file", '{"path": "a.py"}'), (None, "list_dir", "{}")],
         chunk_size=100,
         with_index=False,
     )
-    server.script(sse_reply(chunks))
+    openai_server.script(sse_reply(chunks))
 
     completion = await final_completion(client.stream(WITH_TOOLS))
 

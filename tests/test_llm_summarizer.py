@@ -25,7 +25,7 @@ from agent_flow.llm import LLMRequest, LLMSummarizer
 from agent_flow.messages import ToolCall
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
-from agent_flow.tools import tool
+from tests.helpers import add
 
 COUNTER = ApproxCounter()
 ENTRIES = [
@@ -160,12 +160,6 @@ async def test_pruning_with_the_llm_summarizer_folds_old_turns_into_the_models_s
         for m in history.to_messages()
     )
     llm.assert_all_consumed()
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
 
 
 async def test_the_summarize_configuration_elides_summarizes_with_the_model_and_reports_it() -> (

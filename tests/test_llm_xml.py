@@ -255,14 +255,8 @@ XML_ANSWER = (
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[OpenAIServer]:
-    async with OpenAIServer() as started:
-        yield started
-
-
-@pytest.fixture
-async def client(server: OpenAIServer) -> AsyncIterator[OpenAIClient]:
-    llm = OpenAIClient("local", base_url=server.base_url, api_key="k", tool_mode="xml")
+async def client(openai_server: OpenAIServer) -> AsyncIterator[OpenAIClient]:
+    llm = OpenAIClient("local", base_url=openai_server.base_url, api_key="k", tool_mode="xml")
     yield llm
     await llm.aclose()
 
@@ -288,9 +282,9 @@ def check_answer(completion: Completion) -> None:
 
 @pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 7])
 async def test_a_streamed_xml_answer_yields_tool_calls_and_never_shows_the_xml(
-    server: OpenAIServer, client: OpenAIClient, chunk_size: int
+    openai_server: OpenAIServer, client: OpenAIClient, chunk_size: int
 ) -> None:
-    server.script(sse_reply(text_chunks(XML_ANSWER, chunk_size=chunk_size)))
+    openai_server.script(sse_reply(text_chunks(XML_ANSWER, chunk_size=chunk_size)))
 
     events: list[StreamEvent] = [e async for e in client.stream(REQUEST)]
 
@@ -307,25 +301,25 @@ async def test_a_streamed_xml_answer_yields_tool_calls_and_never_shows_the_xml(
     assert isinstance(completion, Completion)
     check_answer(completion)
     assert completion.tool_calls[0].id == started[0].id
-    body = server.requests[0].body
+    body = openai_server.requests[0].body
     assert "tools" not in body
     assert "<available_tools>" in body["messages"][0]["content"]
     assert body["messages"][0]["content"].startswith("Be useful.")
 
 
 async def test_a_non_streamed_xml_answer_yields_the_same_completion(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(json_reply(completion_body(XML_ANSWER)))
+    openai_server.script(json_reply(completion_body(XML_ANSWER)))
 
     check_answer(await client.complete(REQUEST))
 
 
 async def test_a_malformed_xml_tool_block_becomes_an_invalid_tool_call(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     answer = 'Trying.<tool>{"tool_name": "read_file", "arguments": {"path": }</tool>'
-    server.script(sse_reply(text_chunks(answer, chunk_size=4)))
+    openai_server.script(sse_reply(text_chunks(answer, chunk_size=4)))
 
     events = [e async for e in client.stream(REQUEST)]
 
@@ -341,10 +335,10 @@ async def test_a_malformed_xml_tool_block_becomes_an_invalid_tool_call(
 
 
 async def test_an_xml_answer_cut_inside_a_tool_block_gives_an_invalid_call_not_text(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     answer = 'Reading.<tool>{"tool_name": "read_file", "argu'
-    server.script(sse_reply(text_chunks(answer, finish_reason="length")))
+    openai_server.script(sse_reply(text_chunks(answer, finish_reason="length")))
 
     completion = [e async for e in client.stream(REQUEST)][-1]
 
@@ -357,9 +351,9 @@ async def test_an_xml_answer_cut_inside_a_tool_block_gives_an_invalid_call_not_t
 
 
 async def test_earlier_calls_and_results_are_sent_back_as_text_the_model_can_read(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
-    server.script(json_reply(completion_body("a.py prints 1.")))
+    openai_server.script(json_reply(completion_body("a.py prints 1.")))
     request = LLMRequest(
         messages=[
             *REQUEST.messages,
@@ -376,7 +370,7 @@ async def test_earlier_calls_and_results_are_sent_back_as_text_the_model_can_rea
 
     assert completion.text == "a.py prints 1."
     assert completion.tool_calls == ()
-    messages = server.requests[0].body["messages"]
+    messages = openai_server.requests[0].body["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[2]["content"].startswith("<tool>")
     assert messages[3]["content"] == (
@@ -385,10 +379,10 @@ async def test_earlier_calls_and_results_are_sent_back_as_text_the_model_can_rea
 
 
 async def test_a_tool_block_wrapped_in_a_code_fence_leaves_no_empty_fence_in_the_text(
-    server: OpenAIServer, client: OpenAIClient
+    openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     answer = 'Reading.\n```xml\n<tool>{"tool_name": "read_file", "arguments": {}}</tool>\n```\n'
-    server.script(json_reply(completion_body(answer)))
+    openai_server.script(json_reply(completion_body(answer)))
 
     completion = await client.complete(REQUEST)
 

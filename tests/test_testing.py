@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
@@ -33,17 +32,13 @@ from agent_flow.testing import (
     reply,
 )
 from agent_flow.tokens import ApproxCounter
+from tests.helpers import drain_into
 
 ASK = LLMRequest(messages=[ChatMessage(role="user", content="Explore the project.")])
 
 
 def ask(text: str) -> LLMRequest:
     return LLMRequest(messages=[ChatMessage(role="user", content=text)])
-
-
-async def drain_into(events: AsyncIterator[StreamEvent], seen: list[StreamEvent]) -> None:
-    async for event in events:
-        seen.append(event)
 
 
 async def stream_all(llm: ScriptedLLM | FunctionLLM, request: LLMRequest) -> list[StreamEvent]:

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import json
 import typing
 
 import pytest
 
 from agent_flow.environment import Environment, PlanStep, TaskStatus
-from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     CONTROL_SIGNAL_ADAPTER,
     CONTROL_TOOL_NAMES,
@@ -19,10 +17,7 @@ from agent_flow.tools import (
     UserQuestion,
     control_tools,
 )
-
-
-def call(name: str, arguments: object, call_id: str = "1") -> ToolCall:
-    return ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
+from tests.helpers import tool_call as call
 
 
 @pytest.fixture

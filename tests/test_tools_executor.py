@@ -30,12 +30,9 @@ from agent_flow.tools import (
     tool,
 )
 from agent_flow.tools._truncation import cut_marker
+from tests.helpers import tool_call as call
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-
-
-def call(name: str, arguments: str = "{}", call_id: str = "c1") -> ToolCall:
-    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 @tool
@@ -176,12 +173,12 @@ async def test_a_successful_call_returns_content_and_data() -> None:
         ["x-0", "x-1"],
         False,
     )
-    assert (result.call_id, result.tool_name) == ("c1", "search")
+    assert (result.call_id, result.tool_name) == ("1", "search")
     assert result.duration_seconds >= 0
     assert outcome.decision is not None
     assert outcome.decision.verdict == "allowed"
     message = outcome.to_message()
-    assert (message.role, message.tool_call_id, message.name) == ("tool", "c1", "search")
+    assert (message.role, message.tool_call_id, message.name) == ("tool", "1", "search")
 
 
 async def test_unknown_tools_get_an_error_naming_close_matches_and_the_available_tools() -> None:
@@ -482,7 +479,7 @@ async def test_a_call_needing_approval_runs_once_approved() -> None:
     assert outcome.approval == ApprovalResponse(approved=True)
     assert requests == [
         ApprovalRequest(
-            call_id="c1",
+            call_id="1",
             tool_name="delete",
             arguments={"path": "a.txt"},
             reason="tool 'delete' requires approval",
@@ -490,10 +487,10 @@ async def test_a_call_needing_approval_runs_once_approved() -> None:
         )
     ]
     assert hooks.events == [
-        ("started", "c1"),
-        ("approval_required", "c1", "tool 'delete' requires approval"),
-        ("approval_resolved", "c1", "True"),
-        ("finished", "c1", "ok"),
+        ("started", "1"),
+        ("approval_required", "1", "tool 'delete' requires approval"),
+        ("approval_resolved", "1", "True"),
+        ("finished", "1", "ok"),
     ]
 
 

@@ -9,6 +9,7 @@ from agent_flow.messages import ToolDefinition
 from agent_flow.testing import ScriptedLLM
 from agent_flow.tools import control_tools, tool
 from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
+from tests.helpers import add
 
 LOOP = LOOP_TOOL_NAMES
 
@@ -127,12 +128,6 @@ def test_deny_always_wins_and_always_wins_over_everything_else(
         assert gate.allows(name) == (
             ToolFilter(allow=allow).allows(name) and ToolFilter(skill=skill).allows(name)
         )
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
 
 
 @tool

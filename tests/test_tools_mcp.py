@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -23,28 +21,19 @@ from agent_flow.tools import (
     ToolHooks,
     ToolPolicy,
 )
+from tests.helpers import stdio_server
+from tests.helpers import tool_call as call
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-SERVERS = Path(__file__).parent / "mcp_servers"
-
-
-def stdio(name: str, script: str, **options: object) -> MCPServerStdio:
-    return MCPServerStdio(
-        name=name,
-        command=sys.executable,
-        args=(str(SERVERS / script),),
-        **options,  # type: ignore[arg-type]
-    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def servers() -> AsyncIterator[MCPServers]:
     configs = [
-        stdio("basic", "basic_server.py"),
-        stdio("errors", "errors_server.py"),
-        stdio("content", "content_server.py"),
-        stdio("paged", "paged_server.py", allow_tools=("tool_*",), deny_tools=("tool_2*",)),
+        stdio_server("basic", "basic_server.py"),
+        stdio_server("errors", "errors_server.py"),
+        stdio_server("content", "content_server.py"),
+        stdio_server("paged", "paged_server.py", allow_tools=("tool_*",), deny_tools=("tool_2*",)),
     ]
     async with MCPServers(configs) as started:
         yield started
@@ -55,10 +44,6 @@ async def executor(servers: MCPServers) -> ToolExecutor:
     executor = ToolExecutor()
     servers.register(executor)
     return executor
-
-
-def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCall:
-    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 async def test_tools_of_every_server_are_registered_under_their_namespace(
@@ -219,7 +204,7 @@ async def test_server_stderr_goes_to_the_log_not_the_terminal(
 async def test_mcp_tool_policies_come_from_hints_or_configuration(servers: MCPServers) -> None:
     basic = servers["basic"]
     assert basic.tools[0].policy == ToolPolicy()
-    config = stdio(
+    config = stdio_server(
         "x",
         "basic_server.py",
         tool_policies={"echo": ToolPolicy(read_only=True)},
@@ -247,7 +232,9 @@ async def test_server_configs_load_from_json_by_kind() -> None:
 
 
 async def test_allow_and_deny_lists_match_globs_and_deny_wins() -> None:
-    config = stdio("x", "none.py", allow_tools=("read_*", "list"), deny_tools=("read_secret*",))
+    config = stdio_server(
+        "x", "none.py", allow_tools=("read_*", "list"), deny_tools=("read_secret*",)
+    )
     assert [n for n in ("read_file", "read_secrets", "list", "write") if config.allows(n)] == [
         "read_file",
         "list",

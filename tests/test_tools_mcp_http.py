@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from agent_flow.messages import ToolCall
 from agent_flow.tools import MCPServerHTTP, MCPServers, ToolExecutor
-
-SERVERS = Path(__file__).parent / "mcp_servers"
-
-
-def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCall:
-    return ToolCall(id=call_id, name=name, arguments=arguments)
+from tests.helpers import MCP_SERVERS
+from tests.helpers import tool_call as call
 
 
 @pytest_asyncio.fixture
@@ -24,7 +19,7 @@ async def http_server(tmp_path: Path) -> AsyncIterator[tuple[str, asyncio.subpro
     log = (tmp_path / "http_server.log").open("w")
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(SERVERS / "basic_server.py"),
+        str(MCP_SERVERS / "basic_server.py"),
         "http",
         stdout=asyncio.subprocess.PIPE,
         stderr=log,

@@ -11,26 +11,13 @@ import pytest
 from agent_flow.errors import MCPServerError, ToolDefinitionError
 from agent_flow.messages import ToolCall
 from agent_flow.tools import MCPConnection, MCPServers, MCPServerStdio, ToolExecutor, ToolHooks
-
-SERVERS = Path(__file__).parent / "mcp_servers"
-
-
-def stdio(name: str, script: str, **options: object) -> MCPServerStdio:
-    return MCPServerStdio(
-        name=name,
-        command=sys.executable,
-        args=(str(SERVERS / script),),
-        **options,  # type: ignore[arg-type]
-    )
-
-
-def call(name: str, arguments: str = "{}", call_id: str = "1") -> ToolCall:
-    return ToolCall(id=call_id, name=name, arguments=arguments)
+from tests.helpers import stdio_server
+from tests.helpers import tool_call as call
 
 
 async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_use() -> None:
     executor = ToolExecutor()
-    async with MCPServers([stdio("crashy", "crash_server.py", max_restarts=1)]) as servers:
+    async with MCPServers([stdio_server("crashy", "crash_server.py", max_restarts=1)]) as servers:
         servers.register(executor)
         connection = servers["crashy"]
         assert (
@@ -63,7 +50,7 @@ async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_us
 
 async def test_a_hanging_call_times_out_and_a_frozen_server_is_restarted(tmp_path: Path) -> None:
     log = tmp_path / "hang.log"
-    config = stdio(
+    config = stdio_server(
         "hang", "hang_server.py", timeout=0.5, ping_timeout=0.5, max_restarts=2, stderr_log=str(log)
     )
     in_flight = asyncio.Event()

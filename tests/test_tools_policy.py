@@ -1,9 +1,25 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_flow._types import JsonObject
-from agent_flow.tools import PolicyDecision, PolicyEngine, RiskLevel, ToolPolicy
+from agent_flow.agent import AgentExecutor, tool_executor_from_config
+from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.history import ToolResultEntry
+from agent_flow.testing import ScriptedLLM, call, reply
+from agent_flow.tools import (
+    PolicyDecision,
+    PolicyEngine,
+    RiskLevel,
+    ToolExecutor,
+    ToolPolicy,
+    tool,
+)
+from agent_flow.tools.filters import ToolFilter
+from agent_flow.tools.policy import matches_any
+from tests.helpers import add, tool_call
 
 SHELL = ToolPolicy(requires_approval=False, risk=RiskLevel.MEDIUM, command_argument="command")
 READ = ToolPolicy(read_only=True)
@@ -173,3 +189,65 @@ def test_dangerous_words_that_are_not_commands_do_not_need_approval(command: str
 )
 def test_dangerous_commands_are_found_after_separators_and_prefixes(command: str) -> None:
     assert verdict(PolicyEngine(), command) == "requires_approval"
+
+
+# -- one deny list ---------------------------------------------------------------------------
+
+
+@tool
+def delete(path: str) -> str:
+    """Delete a file.
+
+    Args:
+        path: Which.
+    """
+    return f"deleted {path}"
+
+
+async def test_a_tool_the_config_denies_is_refused_by_the_executor_built_from_it() -> None:
+    executor = tool_executor_from_config(AgentConfig(deny_tools=("del*",)))
+    executor.register(delete)
+    outcome = await executor.execute_one(tool_call("delete", {"path": "a.txt"}))
+    assert outcome.result.error_kind == "denied"
+    assert (
+        outcome.result.content
+        == "the call to 'delete' was denied: tool 'delete' is denied by policy"
+    )
+
+
+async def test_a_tool_the_executors_policy_denies_is_never_offered_and_refused_if_called() -> None:
+    tools = ToolExecutor([add, delete], policy=PolicyEngine(denied_tools=["del*"]))
+    llm = ScriptedLLM(
+        [reply(tool_calls=[call("delete", path="a.txt"), call("add", a=1, b=2)]), "Done."]
+    )
+    config = AgentConfig(context=ContextConfig(counter="approx"))
+    agent = AgentExecutor(llm, config=config, tools=tools)
+
+    await agent.run("Clean up")
+
+    offered = {tool.name for tool in llm.requests[0].tools}
+    assert "add" in offered and "delete" not in offered
+    refused, added = [e for e in agent.history.entries if isinstance(e, ToolResultEntry)]
+    assert refused.is_error and refused.content.startswith("tool 'delete' is not available")
+    assert (added.is_error, added.content) == (False, "3")
+
+
+async def test_a_loop_control_tool_can_be_denied_too() -> None:
+    config = AgentConfig(context=ContextConfig(counter="approx"), deny_tools=("ask_*",))
+    agent = AgentExecutor(ScriptedLLM([]), config=config)
+    names = {tool.name for tool in agent.offered_tools()}
+    assert "ask_question" not in names and "task_completion" in names
+    outcome = await agent.tools.execute_one(tool_call("ask_question", {"question": "?"}))
+    assert outcome.result.error_kind == "denied"
+
+
+_NAMES = st.text(alphabet="ab_*?", min_size=1, max_size=4)
+
+
+@given(name=st.text(alphabet="ab_", min_size=1, max_size=4), patterns=st.lists(_NAMES, max_size=3))
+def test_denying_means_the_same_to_the_filter_and_the_policy(
+    name: str, patterns: list[str]
+) -> None:
+    hidden = not ToolFilter(deny=tuple(patterns)).allows(name)
+    refused = PolicyEngine(denied_tools=patterns).evaluate(name, READ, {}).verdict == "denied"
+    assert hidden == refused == matches_any(name, patterns)

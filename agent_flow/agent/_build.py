@@ -81,8 +81,10 @@ def tool_executor_from_config(
 ) -> ToolExecutor:
     """Build the tool executor `config` describes.
 
-    It gets the configured policy, timeouts and output limit, and the built-in file tools
-    when ``config.workspace`` names a directory.
+    It gets the configured policy (whose denied tools are ``config.deny_tools``), timeouts
+    and output limit, and the built-in file tools when ``config.workspace`` names a
+    directory. MCP servers need a running connection: the agent starts them (see
+    `AgentExecutor`).
 
     Raises:
         ToolError: The workspace directory cannot be used.
@@ -92,6 +94,7 @@ def tool_executor_from_config(
         policy=PolicyEngine(
             auto_approve=policy.auto_approve,
             read_only=policy.read_only,
+            denied_tools=config.deny_tools,
             approval_tools=policy.approval_tools,
             approval_risk=policy.approval_risk,
         ),

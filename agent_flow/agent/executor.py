@@ -1,15 +1,19 @@
 """`AgentExecutor`: an agent's parts (model, tools, context, store, bus) and its public API.
 
-The executor is built from a config (or resumed from a stored session), offers its tools
-through a `ToolFilter`, and runs one `_Run` at a time: `run` and `send` start one, `cancel`
-ends it. The loop itself, step by step, is in `agent_flow.agent._loop`.
+The executor is built from a config (`from_config`, or resumed from a stored session),
+offers its tools through a `ToolFilter`, and runs one `_Run` at a time: `run` and `send`
+start one, `cancel` ends it. As an async context manager it owns the resources its config
+names: the MCP servers it starts on entry, and a model client `from_config` built. The loop
+itself, step by step, is in `agent_flow.agent._loop`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import BaseModel
 
@@ -23,7 +27,7 @@ from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
-from agent_flow.context import DEFAULT_SYSTEM_PROMPT_TEMPLATE, ContextManager
+from agent_flow.context import ContextManager
 from agent_flow.environment import Environment, TaskStatus
 from agent_flow.errors import UserError
 from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscription
@@ -33,6 +37,9 @@ from agent_flow.messages import ToolDefinition
 from agent_flow.sessions import SessionStore
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
 from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
+
+if TYPE_CHECKING:
+    from agent_flow.tools.mcp import MCPServers
 
 __all__ = ["AgentExecutor"]
 
@@ -57,11 +64,12 @@ class AgentExecutor:
         config: The agent's settings (defaults when omitted).
         tools: The tool executor; `tool_executor_from_config` builds one when omitted.
             Loop-control tools are registered into it when ``config.control_tools`` is on.
-            MCP servers need a running connection, so ``config.mcp_servers`` are started by
-            the caller (``MCPServers(...).register(agent.tools)``; the CLI does it).
+            The tools of ``config.mcp_servers`` join it when the agent is entered
+            (``async with agent:`` or `start`) and leave it when the agent is closed.
         environment: The working memory (a fresh one when omitted).
         history: The transcript (a fresh one when omitted).
-        context: The budgeted prompt builder; built from `config.context` when omitted.
+        context: The budgeted prompt builder; built from `config.context` when omitted, with
+            the system prompt `AgentConfig.resolved_system_prompt` gives.
         approval: Answers approval requests of tools that need one.
         store: Saves every completed step, so a killed process loses at most the step in
             flight (see `agent_flow.sessions`).
@@ -108,7 +116,7 @@ class AgentExecutor:
                 history if history is not None else History(counter=counter),
                 self.config.context.max_tokens,
                 environment_allocation=self.config.context.environment_allocation,
-                system_prompt_template=self.config.system_prompt or DEFAULT_SYSTEM_PROMPT_TEMPLATE,
+                system_prompt_template=self.config.resolved_system_prompt(),
                 counter=counter,
                 reserve_output_tokens=self.config.context.reserve_output_tokens,
                 strategy=_strategy(self.config, self.llm, counter),
@@ -127,6 +135,156 @@ class AgentExecutor:
         self.session_id = session_id
         self.skill: Skill | None = None
         self._run: _Run | None = None
+        # Resources the agent owns: the MCP servers started on entry, with the names their
+        # tools were registered under, and the close method of a model `from_config` built.
+        self._state: Literal["new", "started", "closed"] = "new"
+        self._mcp: MCPServers | None = None
+        self._mcp_tools: dict[str, str] = {}
+        self._close_llm: Callable[[], Awaitable[None]] | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: AgentConfig,
+        *,
+        llm: LLMClient | None = None,
+        tools: ToolExecutor | None = None,
+        environment: Environment | None = None,
+        history: History | None = None,
+        approval: ApprovalCallback | None = None,
+        store: SessionStore | None = None,
+        session_id: str | None = None,
+        bus: EventBus | None = None,
+        output_type: type[BaseModel] | None = None,
+        stream: bool | None = None,
+    ) -> AgentExecutor:
+        """Build the agent `config` describes; enter it to start its MCP servers.
+
+        ```python
+        async with AgentExecutor.from_config(load_config("agent.toml")) as agent:
+            outcome = await agent.run("...")
+        ```
+
+        Args:
+            config: The agent's settings.
+            llm: The model client; when omitted, an `OpenAIClient` is built from
+                ``config.resolved_llm()`` and the agent closes it in `aclose`.
+            tools: As in the constructor.
+            environment: As in the constructor.
+            history: As in the constructor.
+            approval: As in the constructor.
+            store: As in the constructor.
+            session_id: As in the constructor.
+            bus: As in the constructor.
+            output_type: As in the constructor.
+            stream: As in the constructor.
+
+        Raises:
+            ConfigError: `llm` is omitted and the config names no model.
+        """
+        close_llm: Callable[[], Awaitable[None]] | None = None
+        if llm is None:
+            from agent_flow.llm.openai_client import OpenAIClient
+
+            client = OpenAIClient.from_config(config.resolved_llm())
+            llm, close_llm = client, client.aclose
+        agent = cls(
+            llm,
+            config=config,
+            tools=tools,
+            environment=environment,
+            history=history,
+            approval=approval,
+            store=store,
+            session_id=session_id,
+            bus=bus,
+            output_type=output_type,
+            stream=stream,
+        )
+        agent._close_llm = close_llm
+        return agent
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the MCP servers of ``config.mcp_servers`` and register their tools.
+
+        Servers start concurrently; their tools are registered as ``<server>_<tool>``
+        (`mcp_tools` lists them). ``async with agent:`` calls this on entry.
+
+        Raises:
+            UserError: The agent was already started, or closed.
+            MCPServerError: A required server could not be started (none is left running).
+            DuplicateToolError: A server's tool name is already registered.
+        """
+        if self._state != "new":
+            raise UserError(
+                f"this agent is already {self._state}; enter it (or call start) once, "
+                "and build a new agent after aclose"
+            )
+        if not self.config.mcp_servers:
+            self._state = "started"
+            return
+        # The MCP SDK takes about a second to import: only when a server is configured.
+        from agent_flow.tools.mcp import MCPServers
+
+        servers = MCPServers(self.config.mcp_servers)
+        self._state = "started"  # taken while starting, so a second start fails at once
+        try:
+            await servers.start()
+        except BaseException:
+            self._state = "new"
+            raise
+        registered: dict[str, str] = {}
+        try:
+            for server, tool in servers.tools():
+                registered[self.tools.register(tool, namespace=server)] = server
+        except BaseException:
+            for name in registered:
+                self.tools.unregister(name)
+            await servers.aclose()
+            self._state = "new"
+            raise
+        self._mcp, self._mcp_tools = servers, registered
+
+    async def aclose(self) -> None:
+        """Stop the MCP servers and close the model client `from_config` built.
+
+        Their tools are unregistered from the tool executor. Call it once the runs have
+        finished; calling it again does nothing.
+        """
+        self._state = "closed"
+        servers, self._mcp = self._mcp, None
+        names, self._mcp_tools = self._mcp_tools, {}
+        close_llm, self._close_llm = self._close_llm, None
+        for name in names:
+            if name in self.tools:
+                self.tools.unregister(name)
+        try:
+            if servers is not None:
+                await servers.aclose()
+        finally:
+            if close_llm is not None:
+                await close_llm()
+
+    @property
+    def mcp_tools(self) -> Mapping[str, str]:
+        """The registered names of the started MCP servers' tools, each with its server."""
+        return MappingProxyType(self._mcp_tools)
 
     @classmethod
     async def resume(
@@ -224,7 +382,7 @@ class AgentExecutor:
     def _tool_filter(self) -> ToolFilter:
         return ToolFilter(
             allow=self.config.allow_tools,
-            deny=self.config.deny_tools,
+            deny=(*self.config.deny_tools, *self.tools.policy.denied_tools),
             always=LOOP_TOOL_NAMES if self.config.control_tools else frozenset(),
             skill=self.skill.allowed_tools if self.skill is not None else None,
         )

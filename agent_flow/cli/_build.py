@@ -1,6 +1,8 @@
 """Building an agent from the flags: its config, its model, and its tools (workspace, MCP).
 
-Shared by `run`, `chat` and `tools`. The MCP SDK is imported only when a server is started.
+Shared by `run`, `chat` and `tools`. MCP servers from the flags join the config's, and the
+agent starts them itself when it is entered (`_start_agent`), as a library user's agent
+does; the MCP SDK is imported only then.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent_flow.agent import tool_executor_from_config
+from agent_flow.agent import AgentExecutor, tool_executor_from_config
 from agent_flow.cli._exit import EXIT_USAGE, _Failure
 from agent_flow.config import AgentConfig, load_config
 from agent_flow.errors import ConfigError
@@ -40,9 +42,9 @@ def _agent_config(args: argparse.Namespace) -> AgentConfig:
         updates["max_iterations"] = args.max_iterations
         flags.append(f"--max-iterations {args.max_iterations}")
     if getattr(args, "budget", None) is not None:
-        context = config.context.model_dump()
+        # Only what the user set is kept: an unset output reserve scales with the new budget.
+        context = config.context.model_dump(exclude_unset=True)
         context["max_tokens"] = args.budget
-        context["reserve_output_tokens"] = min(context["reserve_output_tokens"], args.budget // 4)
         updates["context"] = context
         flags.append(f"--budget {args.budget}")
     if not updates:
@@ -150,15 +152,25 @@ def _mcp_servers(
 
 @dataclass
 class _Tools:
+    """The agent's tools as the flags describe them.
+
+    Attributes:
+        config: The config with every MCP server: its own and those of ``--mcp`` and
+            ``--mcp-http``.
+        executor: The tool executor, with the workspace tools.
+        workspace: The workspace of ``--workspace`` or the config, if any.
+        sources: Where each tool comes from, by name (``workspace``; ``mcp:<server>`` once
+            the agent started its servers).
+    """
+
+    config: AgentConfig
     executor: ToolExecutor
     workspace: Workspace | None
     sources: dict[str, str]
 
 
-async def _tools(
-    args: argparse.Namespace, config: AgentConfig, stack: contextlib.AsyncExitStack
-) -> _Tools:
-    """The tool executor with the workspace tools and the MCP servers' tools, started."""
+def _tools(args: argparse.Namespace, config: AgentConfig) -> _Tools:
+    """The tool executor with the workspace tools, and the config with the flags' servers."""
     executor = tool_executor_from_config(config.model_copy(update={"workspace": None}))
     sources: dict[str, str] = {}
     directory = args.workspace or config.workspace
@@ -166,12 +178,14 @@ async def _tools(
     if workspace is not None:
         for name in executor.register_all(workspace_tools(workspace)):
             sources[name] = "workspace"
-    servers = _mcp_servers(config, args.mcp, args.mcp_http)
-    if servers:
-        # The MCP SDK takes about a second to import: only when a server is started.
-        from agent_flow.tools import MCPServers
+    servers = tuple(_mcp_servers(config, args.mcp, args.mcp_http))
+    return _Tools(config.model_copy(update={"mcp_servers": servers}), executor, workspace, sources)
 
-        started = await stack.enter_async_context(MCPServers(servers))
-        for server, tool in started.tools():
-            sources[executor.register(tool, namespace=server)] = f"mcp:{server}"
-    return _Tools(executor, workspace, sources)
+
+async def _start_agent(
+    agent: AgentExecutor, tools: _Tools, stack: contextlib.AsyncExitStack
+) -> None:
+    """Enter the agent on `stack` (it starts its MCP servers) and note where their tools are."""
+    await stack.enter_async_context(agent)
+    for name, server in agent.mcp_tools.items():
+        tools.sources[name] = f"mcp:{server}"

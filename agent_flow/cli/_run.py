@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 
 from agent_flow import errors
 from agent_flow.agent import AgentExecutor, ExecutionOutcome, StopReason
-from agent_flow.cli._build import _agent_config, _check_credentials, _llm_config, _tools
+from agent_flow.cli._build import (
+    _agent_config,
+    _check_credentials,
+    _llm_config,
+    _start_agent,
+    _tools,
+)
 from agent_flow.cli._exit import (
     EXIT_CANCELLED,
     EXIT_MODEL,
@@ -67,7 +73,8 @@ async def _open_session(
     llm = OpenAIClient.from_config(llm_config)
     stack.push_async_callback(llm.aclose)
     store = await stack.enter_async_context(SQLiteSessionStore(args.db))
-    tools = await _tools(args, config, stack)
+    tools = _tools(args, config)
+    config = tools.config
     console = make_console(streams.stderr if args.json else streams.stdout)
     renderer = EventRenderer(console)
     reader = _LineReader(streams.stdin)
@@ -89,14 +96,15 @@ async def _open_session(
                 )
                 .build()
             )
-        agent = AgentExecutor(
-            llm,
-            config=config,
+        agent = AgentExecutor.from_config(
+            config,
+            llm=llm,
             tools=tools.executor,
             environment=environment,
             approval=approver,
             store=store,
         )
+    await _start_agent(agent, tools, stack)
     agent.events.on(None, JsonLinesWriter(streams.stdout) if args.json else renderer)
     return _Session(agent, llm, store, renderer, bool(args.session), reader)
 

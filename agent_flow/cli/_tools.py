@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from agent_flow.agent import AgentExecutor
-from agent_flow.cli._build import _tools
+from agent_flow.cli._build import _start_agent, _tools
 from agent_flow.cli._exit import EXIT_OK, _Streams
 from agent_flow.config import load_config
 from agent_flow.errors import UserError
@@ -35,11 +35,14 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
             update={"llm": LLMConfig(model=args.model), "llm_overrides": None}
         )
     async with contextlib.AsyncExitStack() as stack:
-        tools = await _tools(args, config, stack)
-        agent = AgentExecutor(_NoModel(), config=config, tools=tools.executor)
+        tools = _tools(args, config)
+        agent = AgentExecutor(_NoModel(), config=tools.config, tools=tools.executor)
+        await _start_agent(agent, tools, stack)
         offered = agent.offered_tools()
         counter = agent.context.counter
-        registered = tools.executor.tools
+        registered = dict(tools.executor.tools)
+        fixed = agent.context.fixed_tokens(tools=offered)
+        budget = agent.context.max_tokens - agent.context.reserve_output_tokens
     out = streams.stdout
     if not offered:
         out.write("no tools are offered\n")
@@ -70,7 +73,8 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
     total = counter.count_tools(offered)
     out.write(
         f"{len(offered)} tools; their schemas cost {total:,} tokens in every prompt "
-        f"(counted with {counter.name})\n"
+        f"(counted with {counter.name}); with the system prompt, every prompt spends "
+        f"{fixed:,} of its {budget:,} tokens before the environment and history\n"
     )
     return EXIT_OK
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from agent_flow._defaults import DEFAULT_SUMMARY_TOKENS
 from agent_flow._text import truncate_to_tokens
 from agent_flow.errors import UserError
 from agent_flow.history.entries import HistoryEntry, Summary
@@ -43,8 +44,6 @@ __all__ = [
     "Summarizer",
 ]
 
-#: The default cap, in prompt tokens, of a summary made by `History.summarize`.
-DEFAULT_SUMMARY_TOKENS = 512
 
 # A summary with less room than this for its text is not worth writing.
 _MIN_SUMMARY_TEXT_TOKENS = 8
@@ -94,7 +93,7 @@ class SummarizeOldest:
         summarizer: Summarizer,
         *,
         keep_last_units: int = 4,
-        max_summary_tokens: int = 512,
+        max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
         before: PruningStrategy | None = None,
         after: PruningStrategy | None = None,
     ) -> None:

@@ -5,10 +5,10 @@ The cut itself is `agent_flow._text.truncate_to_tokens`.
 
 from __future__ import annotations
 
+from agent_flow._defaults import MIN_OUTPUT_TOKENS
 from agent_flow.errors import UserError
 
-#: The smallest output limit accepted: room for the truncation marker and some content.
-MIN_OUTPUT_TOKENS = 32
+__all__ = ["MIN_OUTPUT_TOKENS", "cut_marker"]
 
 
 def cut_marker(cut: int, total: int) -> str:

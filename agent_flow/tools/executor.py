@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_flow._defaults import DEFAULT_MAX_TOOL_OUTPUT_TOKENS, DEFAULT_TOOL_TIMEOUT
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
 from agent_flow.environment import EnvironmentChange
@@ -163,8 +164,8 @@ class ToolExecutor(ToolRegistry):
         approval: ApprovalCallback | None = None,
         handlers: HandlerRegistry | None = None,
         hooks: ToolHooks | None = None,
-        default_timeout: float | None = 60.0,
-        max_output_tokens: int | None = 4000,
+        default_timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+        max_output_tokens: int | None = DEFAULT_MAX_TOOL_OUTPUT_TOKENS,
         counter: TokenCounter | None = None,
         max_concurrency: int | None = None,
         approval_timeout: float | None = None,

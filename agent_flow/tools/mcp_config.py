@@ -6,12 +6,12 @@ load without importing the MCP SDK, which takes about a second.
 
 from __future__ import annotations
 
-import fnmatch
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agent_flow.tools.policy import RiskLevel, ToolPolicy
+from agent_flow._defaults import DEFAULT_TOOL_TIMEOUT
+from agent_flow.tools.policy import RiskLevel, ToolPolicy, matches_any
 
 if TYPE_CHECKING:
     import mcp_types
@@ -25,7 +25,7 @@ class _ServerConfig(BaseModel):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,40}$")
     allow_tools: tuple[str, ...] | None = None
     deny_tools: tuple[str, ...] = ()
-    timeout: float = Field(default=60.0, gt=0)
+    timeout: float = Field(default=DEFAULT_TOOL_TIMEOUT, gt=0)
     connect_timeout: float = Field(default=30.0, gt=0)
     ping_timeout: float = Field(default=5.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
@@ -35,11 +35,9 @@ class _ServerConfig(BaseModel):
 
     def allows(self, tool_name: str) -> bool:
         """Whether the allow and deny lists let `tool_name` through (deny wins)."""
-        if any(fnmatch.fnmatchcase(tool_name, p) for p in self.deny_tools):
+        if matches_any(tool_name, self.deny_tools):
             return False
-        if self.allow_tools is None:
-            return True
-        return any(fnmatch.fnmatchcase(tool_name, p) for p in self.allow_tools)
+        return self.allow_tools is None or matches_any(tool_name, self.allow_tools)
 
     def policy_for(self, tool: mcp_types.Tool) -> ToolPolicy:
         """The policy of one of the server's tools.
@@ -49,7 +47,7 @@ class _ServerConfig(BaseModel):
         hints that the tool is destructive.
         """
         for pattern, policy in self.tool_policies.items():
-            if fnmatch.fnmatchcase(tool.name, pattern):
+            if matches_any(tool.name, (pattern,)):
                 return policy
         if self.policy is not None:
             return self.policy
@@ -72,7 +70,8 @@ class MCPServerStdio(_ServerConfig):
         cwd: Its working directory.
         stderr_log: A file the server's stderr is appended to (default: the logger).
         allow_tools: Only these tools (globs) are offered; ``None`` offers all.
-        deny_tools: These tools (globs) are never offered.
+        deny_tools: These of the server's tools (globs on its own names) are never
+            registered; to deny a registered ``<server>_<tool>``, use `AgentConfig.deny_tools`.
         timeout: Seconds a call may take.
         connect_timeout: Seconds starting and initializing may take.
         ping_timeout: Seconds a liveness ping may take after a call timed out.
@@ -98,7 +97,8 @@ class MCPServerHTTP(_ServerConfig):
         url: The endpoint, e.g. ``http://127.0.0.1:8000/mcp``.
         headers: Headers sent with every request (e.g. authorization).
         allow_tools: Only these tools (globs) are offered; ``None`` offers all.
-        deny_tools: These tools (globs) are never offered.
+        deny_tools: These of the server's tools (globs on its own names) are never
+            registered; to deny a registered ``<server>_<tool>``, use `AgentConfig.deny_tools`.
         timeout: Seconds a call may take.
         connect_timeout: Seconds initializing may take.
         ping_timeout: Seconds a liveness ping may take after a call timed out.

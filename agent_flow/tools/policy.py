@@ -4,7 +4,7 @@ Every tool carries a `ToolPolicy` (read-only, requires approval, risk level, and
 the argument holding a shell command, if any). A `PolicyEngine` turns a policy and the call's
 arguments into a `PolicyDecision`, checking in this order:
 
-1. tools denied by name (globs) → denied;
+1. tools denied by name (``fnmatch`` globs, `matches_any`) → denied;
 2. read-only mode and a tool that is not read-only → denied;
 3. a shell command matching a *forbidden* pattern (``rm -rf /``, ``mkfs``, a fork bomb) →
    denied, even with auto-approve;
@@ -17,6 +17,10 @@ arguments into a `PolicyDecision`, checking in this order:
 
 With ``auto_approve=True`` (trusted runs) every "requires approval" becomes "allowed"; denials
 stay denials. Approval itself is asked through an async `ApprovalCallback` the executor calls.
+
+Denied tools are one concept across the library: the tool executor built from an
+`AgentConfig` denies ``config.deny_tools`` here, and an agent never offers the model a tool
+its executor's engine denies (nor one in its config's list), and refuses a call to one.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "RiskLevel",
     "ToolPolicy",
     "Verdict",
+    "matches_any",
 ]
 
 
@@ -166,7 +171,9 @@ class PolicyEngine:
     Args:
         auto_approve: Turn every "requires approval" into "allowed" (trusted runs).
         read_only: Refuse every tool whose policy is not read-only.
-        denied_tools: Tool names (globs) that are always refused.
+        denied_tools: Tool names (``fnmatch`` globs on the registered name) that are always
+            refused, whatever the other settings say. An agent using this engine's executor
+            also never offers them to its model.
         approval_tools: Tool names (globs) that always need approval.
         approval_risk: Tools at or above this risk need approval (``None``: risk alone never
             asks).
@@ -206,7 +213,7 @@ class PolicyEngine:
     def _evaluate(
         self, tool_name: str, policy: ToolPolicy, arguments: JsonObject
     ) -> PolicyDecision:
-        if _matches(tool_name, self.denied_tools):
+        if matches_any(tool_name, self.denied_tools):
             return PolicyDecision(
                 verdict="denied", reason=f"tool {tool_name!r} is denied by policy"
             )
@@ -240,7 +247,7 @@ class PolicyEngine:
             return PolicyDecision(
                 verdict="requires_approval", reason=f"tool {tool_name!r} requires approval"
             )
-        if _matches(tool_name, self.approval_tools):
+        if matches_any(tool_name, self.approval_tools):
             return PolicyDecision(
                 verdict="requires_approval",
                 reason=f"tool {tool_name!r} is listed as needing approval",
@@ -262,5 +269,10 @@ class PolicyEngine:
         return _normalize_command(value) if isinstance(value, str) else None
 
 
-def _matches(name: str, patterns: Iterable[str]) -> bool:
+def matches_any(name: str, patterns: Iterable[str]) -> bool:
+    """Whether `name` matches one of the ``fnmatch`` globs in `patterns` (case-sensitive).
+
+    The one glob rule of every tool list: denied and approval tools, an agent's allow and
+    deny lists, a skill's tools, an MCP server's allow and deny lists.
+    """
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

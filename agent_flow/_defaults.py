@@ -1,0 +1,82 @@
+"""The library's defaults, in one place: every config field and constructor reads them here.
+
+`AgentConfig` / `ContextConfig` and the classes they configure (`ContextManager`,
+`ToolExecutor`, `SummarizeOldest`, MCP server configs) take their defaults from here, so a
+part built directly and the same part built from a config behave alike. The module imports
+nothing from the library.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- the prompt budget (ContextConfig, ContextManager) ----------------------------------------
+
+DEFAULT_MAX_TOKENS: Final = 32_000
+"""The prompt budget of an agent whose config does not set one (``context.max_tokens``)."""
+
+DEFAULT_RESERVE_OUTPUT_TOKENS: Final = 2048
+"""Tokens kept free for the model's answer, when the budget is large enough (see below)."""
+
+RESERVE_OUTPUT_DIVISOR: Final = 4
+"""A small budget gives at most ``1 / RESERVE_OUTPUT_DIVISOR`` of itself to the default reserve.
+
+An unset reserve is ``min(DEFAULT_RESERVE_OUTPUT_TOKENS, max_tokens // 4)``, so that
+``ContextConfig(max_tokens=1000)`` works (its reserve is 250) instead of failing on a field
+the user never set. An explicit reserve is taken as given.
+"""
+
+DEFAULT_ENVIRONMENT_ALLOCATION: Final = 0.3
+"""The environment's share of what the fixed costs leave of the budget."""
+
+DEFAULT_PRUNE_TARGET: Final = 0.8
+"""Pruning shrinks the history to this fraction of its budget, so it does not run every step."""
+
+DEFAULT_WINDOW_TURNS: Final = 8
+"""Turns kept by the ``sliding_window`` pruning strategy."""
+
+DEFAULT_SUMMARY_TOKENS: Final = 512
+"""The most prompt tokens one summary (``History.summarize``, ``SummarizeOldest``) may cost."""
+
+DEFAULT_SYSTEM_PROMPT_TEMPLATE: Final = (
+    "You are a capable assistant that completes tasks by calling tools when they help.\n"
+    "{task}\n"
+    "The environment below is your working memory: the current state of the task, what is "
+    "known, and the workspace. Trust it over older messages.\n\n"
+    "{environment}"
+)
+"""The system message of an agent without its own prompt.
+
+``{task}`` becomes a "Current task: ..." line (the task's objective), ``{environment}`` the
+rendered environment.
+"""
+
+# -- the loop (AgentConfig) --------------------------------------------------------------------
+
+DEFAULT_MAX_ITERATIONS: Final = 25
+"""Model calls per run before the run stops."""
+
+# -- tools (AgentConfig, ToolExecutor, MCP servers) --------------------------------------------
+
+DEFAULT_TOOL_TIMEOUT: Final = 60.0
+"""Seconds one tool call (an MCP server's included) may run unless its tool says otherwise."""
+
+DEFAULT_MAX_TOOL_OUTPUT_TOKENS: Final = 4000
+"""Token limit of one tool result as the model sees it (the full result is kept)."""
+
+MIN_OUTPUT_TOKENS: Final = 32
+"""The smallest tool output limit accepted: room for the truncation marker and some content.
+
+`AgentConfig.max_tool_output_tokens` validates against it too, so a config that loads never
+fails later when its tool executor is built.
+"""
+
+
+def default_reserve_output_tokens(max_tokens: int) -> int:
+    """The output reserve of a budget of `max_tokens` whose reserve is not set.
+
+    ``min(DEFAULT_RESERVE_OUTPUT_TOKENS, max_tokens // RESERVE_OUTPUT_DIVISOR)``: the usual
+    2,048 tokens, or a quarter of a budget too small for that. Always smaller than a positive
+    `max_tokens`.
+    """
+    return min(DEFAULT_RESERVE_OUTPUT_TOKENS, max_tokens // RESERVE_OUTPUT_DIVISOR)

@@ -1,0 +1,92 @@
+"""Helpers shared by the test modules (fixtures shared by them are in ``conftest.py``).
+
+Each used to be copied into several test files: tool-call builders, the MCP test servers'
+configs, the small agent most loop tests run, and the checks every transcript must pass.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent_flow._types import JsonValue
+from agent_flow.agent import AgentExecutor
+from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.history import ToolCallEntry, ToolResultEntry
+from agent_flow.llm.base import StreamEvent
+from agent_flow.messages import ChatMessage, ToolCall
+from agent_flow.tools import MCPServerStdio, Tool, tool
+
+#: The MCP servers the tests start (``tests/mcp_servers/``).
+MCP_SERVERS = Path(__file__).parent / "mcp_servers"
+
+
+def tool_call(name: str, arguments: str | JsonValue = "{}", call_id: str = "1") -> ToolCall:
+    """A model's call of `name`; `arguments` as the raw JSON text, or data to encode."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ToolCall(id=call_id, name=name, arguments=raw)
+
+
+def stdio_server(name: str, script: str, **options: Any) -> MCPServerStdio:
+    """The config of one of the test MCP servers, run over stdio with this Python."""
+    return MCPServerStdio(
+        name=name, command=sys.executable, args=(str(MCP_SERVERS / script),), **options
+    )
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+def make_agent(llm: Any, *tools: Tool, **config: Any) -> AgentExecutor:
+    """An agent on `llm` with the `add` tool (and `tools`) and a small approximate budget.
+
+    Args:
+        llm: The model (usually a `ScriptedLLM` or `FunctionLLM`).
+        tools: More tools to register.
+        config: `AgentConfig` fields; ``context`` defaults to 8,000 approximately counted
+            tokens.
+    """
+    context = config.pop("context", ContextConfig(max_tokens=8000, counter="approx"))
+    agent = AgentExecutor(llm, config=AgentConfig(context=context, **config))
+    for extra in (add, *tools):
+        agent.tools.register(extra)
+    return agent
+
+
+def assert_history_consistent(agent: AgentExecutor) -> None:
+    """Every tool call in the agent's history has its result, and every result its call."""
+    calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)}
+    results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)}
+    assert calls == results
+
+
+def assert_tool_pairs_intact(messages: Sequence[ChatMessage]) -> None:
+    """Every call is answered right after its assistant message, and every result has a call."""
+    expected: set[str] = set()
+    for message in messages:
+        if message.role == "tool":
+            assert message.tool_call_id in expected, "a tool result without its call"
+            expected.discard(message.tool_call_id)
+        else:
+            assert not expected, "an assistant tool call without its result"
+            expected = {call.id for call in message.tool_calls}
+            assert len(expected) == len(message.tool_calls), "a call id repeated in one message"
+            assert message.role == "assistant" or not expected
+    assert not expected, "an assistant tool call without its result"
+
+
+async def drain_into(events: AsyncIterator[StreamEvent], seen: list[StreamEvent]) -> None:
+    """Consume a model stream, keeping what arrived (also when the consumer is cancelled)."""
+    async for event in events:
+        seen.append(event)
