@@ -613,9 +613,7 @@ def test_units_are_frozen() -> None:
         unit.tokens = 0  # type: ignore[misc]
 
 
-def test_a_tool_call_entry_holds_the_models_call_and_reads_the_flat_form_of_older_sessions() -> (
-    None
-):
+def test_a_tool_call_entry_holds_the_models_call_and_reads_older_flat_entries() -> None:
     call = ToolCall(id="c1", name="read_file", arguments='{"path": "a"}')
     entry = ToolCallEntry(call=call)
     older = HISTORY_ENTRY_ADAPTER.validate_json(
