@@ -23,7 +23,7 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from agent_flow._types import JsonObject
 from agent_flow._utils import loads_json
@@ -140,7 +140,9 @@ class Usage(BaseModel):
     Attributes:
         prompt_tokens: Tokens of the prompt.
         completion_tokens: Tokens the model generated (reasoning included).
-        total_tokens: Their sum as the server reported it.
+        total_tokens: The total as the server reported it; when a client leaves it unset (or
+            0), ``prompt_tokens + completion_tokens``, so token limits never see 0 for a call
+            that used tokens.
         cached_tokens: Prompt tokens served from the provider's cache, where reported.
         reasoning_tokens: Completion tokens spent on hidden reasoning, where reported.
     """
@@ -152,6 +154,13 @@ class Usage(BaseModel):
     total_tokens: int = 0
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _derive_total(self) -> Usage:
+        if self.total_tokens == 0:
+            # The model is frozen; this runs once, while it is being built.
+            object.__setattr__(self, "total_tokens", self.prompt_tokens + self.completion_tokens)
+        return self
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
