@@ -11,11 +11,20 @@ Each test pins one behaviour of issue 9, section 4, through a real `AgentExecuto
 
 from __future__ import annotations
 
+import asyncio
+
 from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.llm.base import Usage
-from agent_flow.testing import FunctionLLM, call, reply
-from agent_flow.tools import tool
+from agent_flow.testing import FunctionLLM, ScriptedLLM, call, reply
+from agent_flow.tools import (
+    ApprovalCallback,
+    ApprovalRequest,
+    RiskLevel,
+    ToolExecutor,
+    ToolPolicy,
+    tool,
+)
 
 
 @tool
@@ -45,3 +54,45 @@ async def test_usage_without_a_total_counts_against_the_token_limit() -> None:
 
     assert (outcome.stop_reason, outcome.iterations) == (StopReason.TOKEN_LIMIT, 3)
     assert outcome.usage.total_tokens == 2100
+
+
+@tool(policy=ToolPolicy(requires_approval=True, risk=RiskLevel.HIGH))
+def delete(path: str) -> str:
+    """Delete a file.
+
+    Args:
+        path: The file.
+    """
+    return f"deleted {path}"
+
+
+async def test_agents_sharing_a_tool_executor_each_get_their_own_approver() -> None:
+    shared = ToolExecutor([delete])
+    asked: dict[str, list[str]] = {"alice": [], "bob": []}
+    both_waiting = asyncio.Event()
+
+    def approver(user: str, answer: bool) -> ApprovalCallback:
+        async def decide(request: ApprovalRequest) -> bool:
+            asked[user].append(str(request.arguments["path"]))
+            if sum(map(len, asked.values())) == 2:
+                both_waiting.set()
+            await both_waiting.wait()  # both agents wait for an answer at the same time
+            return answer
+
+        return decide
+
+    def agent_for(user: str, answer: bool) -> AgentExecutor:
+        llm = ScriptedLLM(
+            [reply(tool_calls=[call("delete", path=f"{user}.txt")]), f"{user} is done"]
+        )
+        return AgentExecutor(
+            llm, config=_config(), tools=shared, approval=approver(user, answer), stream=False
+        )
+
+    alice, bob = agent_for("alice", True), agent_for("bob", False)
+    first, second = await asyncio.gather(alice.run("delete mine"), bob.run("delete mine"))
+
+    assert asked == {"alice": ["alice.txt"], "bob": ["bob.txt"]}
+    assert first.tool_uses[0].content == "deleted alice.txt"
+    assert second.tool_uses[0].error_kind == "not_approved"
+    assert shared.approval is None  # building an agent leaves the shared executor alone

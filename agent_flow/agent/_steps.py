@@ -220,7 +220,11 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     outcomes = {
         o.call.id: o
         for o in await run.agent.tools.execute(
-            allowed, run_id=run.run_id, environment=run.agent.environment, hooks=run.agent._hooks
+            allowed,
+            run_id=run.run_id,
+            environment=run.agent.environment,
+            hooks=run.agent._hooks,
+            approval=run.agent.approval,
         )
     }
 

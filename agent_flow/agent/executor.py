@@ -62,7 +62,9 @@ class AgentExecutor:
         environment: The working memory (a fresh one when omitted).
         history: The transcript (a fresh one when omitted).
         context: The budgeted prompt builder; built from `config.context` when omitted.
-        approval: Answers approval requests of tools that need one.
+        approval: Answers approval requests of this agent's tool calls (the tool executor's
+            own ``approval`` answers when omitted); several agents may share one executor,
+            each with its own approver.
         store: Saves every completed step, so a killed process loses at most the step in
             flight (see `agent_flow.sessions`).
         session_id: The stored session to write to; a new one is created on the first run
@@ -117,8 +119,9 @@ class AgentExecutor:
         self._base_template = self.context.system_prompt_template
         self.tools = tools if tools is not None else tool_executor_from_config(self.config)
         self._hooks = _EventHooks(self._emit)
-        if approval is not None:
-            self.tools.approval = approval
+        # The approver goes with each execute call, never onto the executor: agents sharing
+        # one ToolExecutor each answer for their own calls (None: the executor's default).
+        self.approval = approval
         if self.config.control_tools:
             for control in control_tools():
                 if control.name not in self.tools:
