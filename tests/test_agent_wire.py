@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.llm.base import Usage
+from agent_flow.llm.config import LLMConfig
 from agent_flow.testing import FunctionLLM, ScriptedLLM, call, reply
 from agent_flow.tools import (
     ApprovalCallback,
@@ -96,3 +99,44 @@ async def test_agents_sharing_a_tool_executor_each_get_their_own_approver() -> N
     assert first.tool_uses[0].content == "deleted alice.txt"
     assert second.tool_uses[0].error_kind == "not_approved"
     assert shared.approval is None  # building an agent leaves the shared executor alone
+
+
+@pytest.mark.parametrize(
+    ("llm_limit", "allowed"),
+    [(None, 700), (300, 300), (5000, 700)],
+)
+async def test_the_model_is_allowed_the_output_reserve_capped_by_the_configured_limit(
+    llm_limit: int | None, allowed: int
+) -> None:
+    llm = ScriptedLLM([reply(tool_calls=[call("add", a=1, b=2)]), "3"])
+    config = _config(
+        context=ContextConfig(max_tokens=6000, reserve_output_tokens=700, counter="approx"),
+        llm=LLMConfig(model="m", max_tokens=llm_limit),
+    )
+    agent = AgentExecutor(llm, config=config)
+    agent.tools.register(add)
+
+    await agent.run("add 1 and 2")
+
+    assert [request.max_tokens for request in llm.requests] == [allowed, allowed]
+    window = agent.context.max_tokens
+    for request in llm.requests:
+        prompt = agent.history.counter.count_messages(request.messages)
+        prompt += agent.history.counter.count_tools(request.tools)
+        assert request.max_tokens is not None
+        assert prompt + request.max_tokens <= window  # never more than the window leaves
+
+
+async def test_without_a_reserve_the_model_is_allowed_what_the_window_leaves() -> None:
+    llm = ScriptedLLM(["done"])
+    config = _config(
+        context=ContextConfig(max_tokens=3000, reserve_output_tokens=0, counter="approx")
+    )
+    agent = AgentExecutor(llm, config=config)
+
+    await agent.run("say done")
+
+    (request,) = llm.requests
+    sent = agent.history.counter.count_messages(request.messages)
+    sent += agent.history.counter.count_tools(request.tools)
+    assert request.max_tokens == 3000 - sent

@@ -24,8 +24,10 @@ from agent_flow.agent.outcome import (
     StopReason,
     ToolUse,
 )
+from agent_flow.config import AgentConfig
 from agent_flow.environment import TaskStatus
 from agent_flow.errors import (
+    ConfigError,
     ContextBudgetError,
     ModelError,
     ModelResponseError,
@@ -84,7 +86,18 @@ async def _model_step(run: _Run) -> Step:
         await run._error(err, fatal=True)
         return Finish(StopReason.CONTEXT_BUDGET, text=str(err))
     await run.emit(ContextBuilt, iteration=run.iteration, breakdown=prompt.breakdown)
-    request = LLMRequest(messages=prompt.messages, tools=prompt.tools)
+    allowed = _output_allowance(run, prompt.total_tokens)
+    if allowed < 1:
+        no_room = ContextBudgetError(
+            f"the prompt fills the whole window of {run.agent.context.max_tokens} tokens and "
+            "leaves the model no room to answer; set reserve_output_tokens above 0",
+            part="fixed_costs",
+            needed=prompt.total_tokens + 1,
+            available=run.agent.context.max_tokens,
+        )
+        await run._error(no_room, fatal=True)
+        return Finish(StopReason.CONTEXT_BUDGET, text=str(no_room))
+    request = LLMRequest(messages=prompt.messages, tools=prompt.tools, max_tokens=allowed)
 
     completion: Completion | None = None
     started = time.perf_counter()
@@ -124,6 +137,30 @@ async def _model_step(run: _Run) -> Step:
             source="model",
         )
     return await _text_answer(run, completion.text)
+
+
+def _output_allowance(run: _Run, prompt_tokens: int) -> int:
+    """The request's ``max_tokens``: the output reserve, capped by the configured limit.
+
+    The prompt was budgeted to leave the reserve free, so the answer fits the window; it is
+    never allowed more than the window leaves. A reserve of 0 (none set aside) allows what the
+    window leaves.
+    """
+    context = run.agent.context
+    leaves = context.max_tokens - prompt_tokens
+    allowed = min(context.reserve_output_tokens or leaves, leaves)
+    limit = _configured_max_tokens(run.agent.config)
+    return allowed if limit is None else min(allowed, limit)
+
+
+def _configured_max_tokens(config: AgentConfig) -> int | None:
+    """The LLM config's ``max_tokens``, if the agent's config names an LLM that sets one."""
+    if config.llm is None:
+        return None
+    try:
+        return config.resolved_llm().max_tokens
+    except ConfigError:  # the client was built elsewhere; the config's LLM part is unused
+        return None
 
 
 async def _call_model(run: _Run, request: LLMRequest) -> Completion:

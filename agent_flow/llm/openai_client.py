@@ -90,7 +90,8 @@ class OpenAIClient:
         tool_mode: ``"native"`` tool calling, or ``"xml"`` for models without it.
         stream_usage: Ask for usage in streamed answers (``stream_options.include_usage``).
         temperature: Default sampling temperature.
-        max_tokens: Default limit on generated tokens.
+        max_tokens: Limit on generated tokens: sent when a request sets none, and caps a
+            request's own ``max_tokens``.
         max_tokens_field: The body field for `max_tokens`: ``"max_tokens"`` (widest support)
             or ``"max_completion_tokens"`` (OpenAI's reasoning models need it).
         extra_body: Provider-specific fields merged into every request body.
@@ -301,7 +302,7 @@ class OpenAIClient:
             fields["temperature"] = temperature
         if request.top_p is not None:
             fields["top_p"] = request.top_p
-        max_tokens = request.max_tokens if request.max_tokens is not None else self.max_tokens
+        max_tokens = _smaller(request.max_tokens, self.max_tokens)
         if max_tokens is not None:
             fields[self.max_tokens_field] = max_tokens
         if request.stop:
@@ -442,6 +443,13 @@ class OpenAIClient:
             max_retries=self._sdk.max_retries,
             streaming=streaming,
         )
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    """The smaller of two optional limits (``None``: no limit)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
 
 
 if TYPE_CHECKING:  # mypy checks that the client implements the protocol
