@@ -17,9 +17,10 @@ import pytest
 
 from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.llm.base import Usage
+from agent_flow.events import AgentEvent, ModelResponded
+from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.llm.config import LLMConfig
-from agent_flow.testing import FunctionLLM, ScriptedLLM, call, reply
+from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tools import (
     ApprovalCallback,
     ApprovalRequest,
@@ -140,3 +141,69 @@ async def test_without_a_reserve_the_model_is_allowed_what_the_window_leaves() -
     sent = agent.history.counter.count_messages(request.messages)
     sent += agent.history.counter.count_tools(request.tools)
     assert request.max_tokens == 3000 - sent
+
+
+AGENT_USAGE = Usage(prompt_tokens=100, completion_tokens=10)
+SUMMARY_USAGE = Usage(prompt_tokens=3000, completion_tokens=40)
+
+
+def _summarizing_agent(**settings: object) -> AgentExecutor:
+    """An agent whose history outgrows its budget, pruned by summarizing with its model."""
+    turns = 0
+
+    def answer(request: LLMRequest) -> Reply:
+        nonlocal turns
+        if not request.tools:  # LLMSummarizer's request: it offers no tools
+            return reply("- the agent added numbers", usage=SUMMARY_USAGE)
+        turns += 1
+        if turns > 16:
+            return reply("done", usage=AGENT_USAGE)
+        return reply("x " * 300, tool_calls=[call("add", a=turns, b=2)], usage=AGENT_USAGE)
+
+    context = ContextConfig(
+        max_tokens=2500, reserve_output_tokens=200, counter="approx", strategy="summarize"
+    )
+    agent = AgentExecutor(FunctionLLM(answer), config=_config(context=context, **settings))
+    agent.tools.register(add)
+    return agent
+
+
+async def test_summarizer_calls_count_in_the_usage_and_the_events() -> None:
+    agent = _summarizing_agent()
+    events: list[AgentEvent] = []
+    subscription = agent.subscribe()
+
+    async def collect() -> None:
+        events.extend([event async for event in subscription])
+
+    reader = asyncio.create_task(collect())
+    outcome = await agent.run("add numbers")
+    await reader
+
+    responded = [e for e in events if isinstance(e, ModelResponded)]
+    by_summarizer = [e for e in responded if e.source == "summarizer"]
+    by_agent = [e for e in responded if e.source == "agent"]
+    assert outcome.stop_reason is StopReason.ANSWERED
+    assert by_summarizer, "the history never needed summarizing; make the turns longer"
+    assert len(by_agent) == outcome.iterations
+    assert all(e.tool_calls == 0 for e in by_summarizer)
+    assert {(e.prompt_tokens, e.completion_tokens) for e in by_summarizer} == {(3000, 40)}
+    expected = Usage()
+    for _ in by_agent:
+        expected += AGENT_USAGE
+    for _ in by_summarizer:
+        expected += SUMMARY_USAGE
+    assert outcome.usage == expected
+    assert len(outcome.usage_per_call) == len(responded)
+
+
+async def test_summarizer_calls_count_against_the_token_and_cost_limits() -> None:
+    # Without the summarizer's tokens the run uses 17 * 110 = 1,870 tokens and finishes.
+    outcome = await _summarizing_agent(max_total_tokens=2500).run("add numbers")
+    assert outcome.stop_reason is StopReason.TOKEN_LIMIT
+    assert outcome.iterations < 17
+
+    pricing = {"input_per_million": 1000.0, "output_per_million": 1000.0}  # $0.001 a token
+    outcome = await _summarizing_agent(max_cost_usd=2.5, pricing=pricing).run("add numbers")
+    assert outcome.stop_reason is StopReason.COST_LIMIT
+    assert outcome.iterations < 17

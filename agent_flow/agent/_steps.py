@@ -57,6 +57,7 @@ from agent_flow.llm.base import (
     ToolCallChunk,
     Usage,
 )
+from agent_flow.llm.metering import ModelCallReport
 from agent_flow.messages import ToolCallRequest
 from agent_flow.tools import (
     ControlSignal,
@@ -112,17 +113,16 @@ async def _model_step(run: _Run) -> Step:
                 return Finish(StopReason.ERROR, text=str(err))
             await run._error(err, fatal=False)
     assert completion is not None
-    usage = completion.usage or Usage()
-    run.usage = run.usage + usage
-    run.usage_per_call.append(usage)
-    await run.emit(
-        ModelResponded,
-        iteration=run.iteration,
-        finish_reason=completion.finish_reason,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
+    await _count_model_call(
+        run,
+        ModelCallReport(
+            source="agent",
+            usage=completion.usage or Usage(),
+            finish_reason=completion.finish_reason,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            model=completion.model,
+        ),
         tool_calls=len(completion.tool_calls),
-        duration_ms=(time.perf_counter() - started) * 1000,
     )
     for warning in completion.warnings:
         await run.emit(WarningRaised, message=warning, source="model")
@@ -137,6 +137,26 @@ async def _model_step(run: _Run) -> Step:
             source="model",
         )
     return await _text_answer(run, completion.text)
+
+
+async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:
+    """Count a model call in the run's usage (and so its limits) and publish it.
+
+    The agent's own calls come from `_model_step`; the summarizer's arrive while pruning,
+    through `agent_flow.llm.metering` (see `_Run._after_step`).
+    """
+    run.usage = run.usage + report.usage
+    run.usage_per_call.append(report.usage)
+    await run.emit(
+        ModelResponded,
+        iteration=run.iteration,
+        finish_reason=report.finish_reason,
+        prompt_tokens=report.usage.prompt_tokens,
+        completion_tokens=report.usage.completion_tokens,
+        tool_calls=tool_calls,
+        duration_ms=report.duration_ms,
+        source=report.source,
+    )
 
 
 def _output_allowance(run: _Run, prompt_tokens: int) -> int:
