@@ -12,23 +12,30 @@ Each test pins one behaviour of issue 9, section 4, through a real `AgentExecuto
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.events import AgentEvent, ModelResponded
+from agent_flow.llm import OpenAIClient
 from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.llm.config import LLMConfig
+from agent_flow.messages import ChatMessage
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
+from agent_flow.tokens import TiktokenCounter
 from agent_flow.tools import (
     ApprovalCallback,
     ApprovalRequest,
+    FunctionTool,
     RiskLevel,
     ToolExecutor,
     ToolPolicy,
     tool,
 )
+from tests.openai_server import OpenAIServer, RecordedRequest, completion_body, json_reply
+from tests.openai_server import Reply as ServerReply
 
 
 @tool
@@ -207,3 +214,59 @@ async def test_summarizer_calls_count_against_the_token_and_cost_limits() -> Non
     outcome = await _summarizing_agent(max_cost_usd=2.5, pricing=pricing).run("add numbers")
     assert outcome.stop_reason is StopReason.COST_LIMIT
     assert outcome.iterations < 17
+
+
+@tool
+def fetch_page(url: str) -> str:
+    """Fetch a web page.
+
+    Args:
+        url: The page.
+    """
+    return f"Contents of {url}: a short page."
+
+
+def _documented_tool(index: int) -> FunctionTool:
+    def lookup(
+        key: str, limit: int = 10, offset: int = 0, sort: str = "name", descending: bool = False
+    ) -> str:
+        return key
+
+    lookup.__doc__ = f"Look up records of kind {index}. " + "It reads the catalogue. " * 5
+    return tool(lookup, name=f"lookup_{index}")
+
+
+async def test_in_xml_tool_mode_the_prompt_sent_is_the_prompt_budgeted() -> None:
+    turns = 0
+
+    def model(request: RecordedRequest) -> ServerReply:
+        nonlocal turns
+        turns += 1
+        if turns > 40:
+            return json_reply(completion_body("All pages read."))
+        block = json.dumps({"tool_name": "fetch_page", "arguments": {"url": f"/p{turns}"}})
+        return json_reply(completion_body(f"Reading page {turns}.\n<tool>\n{block}\n</tool>"))
+
+    async with OpenAIServer(handler=model) as server:
+        llm = OpenAIClient("local", base_url=server.base_url, api_key="k", tool_mode="xml")
+        context = ContextConfig(max_tokens=5000, reserve_output_tokens=500)
+        agent = AgentExecutor(llm, config=_config(context=context, max_iterations=50), stream=False)
+        agent.tools.register(fetch_page)
+        for index in range(12):
+            agent.tools.register(_documented_tool(index))
+        try:
+            outcome = await agent.run("Read pages /p1 to /p40 and tell me when you are done.")
+        finally:
+            await llm.aclose()
+
+    assert outcome.final_text == "All pages read.", outcome
+    counter = TiktokenCounter()
+    sent = [
+        counter.count_messages([ChatMessage(**message) for message in body["messages"]])
+        for body in server.bodies
+    ]
+    assert len(sent) == 41
+    assert max(sent) <= 5000 - 500, f"tokens sent per request: {sent}"
+    assert all(
+        body["max_tokens"] <= 5000 - count for body, count in zip(server.bodies, sent, strict=True)
+    )

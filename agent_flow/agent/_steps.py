@@ -56,6 +56,7 @@ from agent_flow.llm.base import (
     ToolCallArgumentsChunk,
     ToolCallChunk,
     Usage,
+    prompt_format_of,
 )
 from agent_flow.llm.metering import ModelCallReport
 from agent_flow.messages import ToolCallRequest
@@ -81,6 +82,8 @@ _REPROMPT = (
 async def _model_step(run: _Run) -> Step:
     """Steps 2-5: prompt, model call, record the turn, decide what follows."""
     tools = run.agent.offered_tools()
+    # Budget the prompt as this client sends it (XML tool mode rewrites it).
+    run.agent.context.prompt_format = prompt_format_of(run.agent.llm)
     try:
         prompt = run.agent.context.build_prompt(tools=tools)
     except ContextBudgetError as err:

@@ -28,7 +28,7 @@ from agent_flow.environment import Environment, TaskStatus
 from agent_flow.errors import UserError
 from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscription
 from agent_flow.history import History
-from agent_flow.llm.base import LLMClient
+from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
 from agent_flow.sessions import SessionStore
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
@@ -116,6 +116,8 @@ class AgentExecutor:
                 strategy=_strategy(self.config, self.llm, counter),
                 prune_target=self.config.context.prune_target,
             )
+        # The budget counts the prompt as this client sends it (XML tool mode rewrites it).
+        self.context.prompt_format = prompt_format_of(llm)
         self._base_template = self.context.system_prompt_template
         self.tools = tools if tools is not None else tool_executor_from_config(self.config)
         self._hooks = _EventHooks(self._emit)

@@ -14,13 +14,18 @@ warnings that always ends with exactly one `Completion`::
 `Completion` normalizes what servers disagree about: tool calls always have a unique id,
 their raw argument text is kept and parsed (`parsed_arguments`) or marked invalid
 (`parse_error`), and `finish_reason` is one of a closed set.
+
+A client that rewrites the neutral prompt before sending it (XML tool mode puts the tool
+schemas into the system message and tool turns into text) says how through its
+`prompt_format` (a `PromptFormat`), so that the `agent_flow.context.ContextManager` budgets
+the prompt that is actually sent; `prompt_format_of` reads it (`NATIVE_FORMAT` otherwise).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Annotated, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -31,11 +36,14 @@ from agent_flow.errors import ModelResponseError
 from agent_flow.messages import ChatMessage, ToolCallRequest, ToolDefinition
 
 __all__ = [
+    "NATIVE_FORMAT",
     "STREAM_EVENT_ADAPTER",
     "Completion",
     "FinishReason",
     "LLMClient",
     "LLMRequest",
+    "NativeFormat",
+    "PromptFormat",
     "StreamEvent",
     "StreamWarning",
     "TextChunk",
@@ -49,6 +57,7 @@ __all__ = [
     "final_completion",
     "normalize_finish_reason",
     "parse_tool_arguments",
+    "prompt_format_of",
 ]
 
 #: Why the model stopped: ``"stop"`` (it finished), ``"length"`` (it hit ``max_tokens`` or the
@@ -403,6 +412,55 @@ class LLMClient(Protocol):
                 error, never a silently shorter answer).
         """
         ...
+
+
+@runtime_checkable
+class PromptFormat(Protocol):
+    """How a client puts a neutral prompt on the wire: what a token budget must count."""
+
+    @property
+    def name(self) -> str:
+        """A short name for reports, e.g. ``"native"`` or ``"xml"``."""
+        ...
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolDefinition],
+        *,
+        tool_choice: str | None = None,
+    ) -> tuple[list[ChatMessage], tuple[ToolDefinition, ...]]:
+        """Return the messages and the native tool schemas exactly as the client sends them."""
+        ...
+
+
+class NativeFormat:
+    """The prompt goes out as it is: messages as messages, tools in the API's ``tools`` field."""
+
+    name = "native"
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolDefinition],
+        *,
+        tool_choice: str | None = None,
+    ) -> tuple[list[ChatMessage], tuple[ToolDefinition, ...]]:
+        """Return the messages and tools unchanged."""
+        return list(messages), tuple(tools)
+
+    def __repr__(self) -> str:
+        return "NATIVE_FORMAT"
+
+
+#: The format of clients that send the neutral prompt unchanged (native tool calling).
+NATIVE_FORMAT = NativeFormat()
+
+
+def prompt_format_of(client: object) -> PromptFormat:
+    """Return how `client` sends prompts: its ``prompt_format``, else `NATIVE_FORMAT`."""
+    found = getattr(client, "prompt_format", None)
+    return found if isinstance(found, PromptFormat) else NATIVE_FORMAT
 
 
 async def final_completion(events: AsyncIterator[StreamEvent]) -> Completion:

@@ -14,6 +14,10 @@ user messages), and `XmlToolParser` reads the answer back, incrementally: fed th
 streams in, it only ever releases text that cannot be part of a tag, so the XML of a call is
 never shown as user-visible text even when ``<tool>`` is split across chunks. The
 ``<tool_call>`` / ``<think>`` spellings that several open models use are read too.
+
+`XML_FORMAT` is the `agent_flow.llm.base.PromptFormat` of a client in XML mode: the
+`ContextManager` counts the prompt through it, so the tools prompt in the system message and
+the rewritten tool turns are inside the budget, not on top of it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Literal, TypeAlias
 from agent_flow.messages import ChatMessage, ToolDefinition
 
 __all__ = [
+    "XML_FORMAT",
+    "XmlFormat",
     "XmlPiece",
     "XmlToolParser",
     "parse_tool_block",
@@ -310,3 +316,26 @@ def to_xml_messages(
         else:
             out.append(converted)
     return out
+
+
+class XmlFormat:
+    """The `PromptFormat` of XML tool mode: the prompt `to_xml_messages` makes, no native tools."""
+
+    name = "xml"
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolDefinition],
+        *,
+        tool_choice: str | None = None,
+    ) -> tuple[list[ChatMessage], tuple[ToolDefinition, ...]]:
+        """Return the rewritten messages (tools described in the system message) and no tools."""
+        return to_xml_messages(messages, tools, tool_choice=tool_choice), ()
+
+    def __repr__(self) -> str:
+        return "XML_FORMAT"
+
+
+#: The prompt format of a client in XML tool mode.
+XML_FORMAT = XmlFormat()
