@@ -21,7 +21,17 @@ stays in view even when the environment has to degrade. Every budget method take
 
 The invariant, property-tested: ``counter.count_messages(prompt.messages) +
 counter.count_tools(prompt.tools) == prompt.total_tokens <= max_tokens -
-reserve_output_tokens``. `build_prompt` never changes the history; `prune_if_needed`
+reserve_output_tokens``.
+
+The budget counts the prompt as it goes on the wire. A client that rewrites the prompt (XML
+tool mode: the tool schemas join the system message, tool turns become text) has a
+`PromptFormat` other than the native one; with it, every cost above is that of the rendering
+(`agent_flow._wire_count`), and the whole rendered prompt is counted exactly before it is
+returned (units are left out, oldest first, if merging or seams made it a few tokens larger
+than estimated). The invariant then reads: the count of ``prompt_format.render(messages,
+tools)`` equals ``prompt.total_tokens`` and stays within the budget.
+
+`build_prompt` never changes the history; `prune_if_needed`
 does, with the configured strategy, so that later prompts need not leave anything out. The
 strategy is either a synchronous `PruningStrategy` (applied with `History.prune`) or a
 `SummarizeOldest` step, the one that awaits a summarizer (applied with `History.fold`, with
@@ -41,6 +51,7 @@ from agent_flow._defaults import (
     DEFAULT_SYSTEM_PROMPT_TEMPLATE,
     default_reserve_output_tokens,
 )
+from agent_flow._wire_count import WireCounter
 from agent_flow.environment import Environment
 from agent_flow.errors import ContextBudgetError, UserError
 from agent_flow.history import (
@@ -53,6 +64,7 @@ from agent_flow.history import (
     SummarizeOldest,
     Unit,
 )
+from agent_flow.llm.base import NativeFormat, PromptFormat
 from agent_flow.messages import ChatMessage, ToolDefinition
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
@@ -69,6 +81,10 @@ _TASK_LINE_CHARS = 300
 # Large enough that the environment never degrades when only its full size is wanted.
 _UNBOUNDED = 1 << 40
 
+# How often prune_if_needed prunes again when the rendered history still does not fit (the
+# strategies count the history as stored, which a rewriting format renders larger).
+_MAX_PRUNE_ROUNDS = 3
+
 
 class PromptBreakdown(BaseModel):
     """Where the tokens of one prompt went.
@@ -78,10 +94,11 @@ class PromptBreakdown(BaseModel):
         reserve: Tokens set aside for the answer.
         system_template: The system message without the environment text.
         environment: The environment text inside the system message.
-        tools: The tool schemas.
-        history: The history messages sent.
+        tools: The tool schemas (in XML tool mode: the tools prompt in the system message).
+        history: The history messages sent (in XML tool mode: as rewritten).
         priming: The reply priming every request pays.
-        total: Everything sent: system template + environment + tools + history + priming.
+        total: Everything sent: system template + environment + tools + history + priming,
+            counted as the prompt format sends it.
         environment_degraded: Whether the environment had to shrink to fit its share.
         history_units_sent: History units included in the prompt.
         history_units_omitted: History units left out because they did not fit.
@@ -107,9 +124,10 @@ class Prompt:
     """A provider-ready prompt and its token accounting.
 
     Attributes:
-        messages: The system message, then the history.
+        messages: The system message, then the history (neutral: the client renders them).
         tools: The tool schemas offered with it.
-        total_tokens: Counted size of messages and tools together.
+        total_tokens: Counted size of messages and tools together, as the prompt format
+            sends them.
         breakdown: The per-section split.
     """
 
@@ -146,6 +164,8 @@ class ContextManager:
             dropping the oldest units.
         prune_target: When pruning, shrink the history to this fraction of its budget, so that
             the next steps do not each prune again.
+        prompt_format: How the client sends the prompt (`agent_flow.llm.base.prompt_format_of`
+            reads a client's); the budget counts that rendering. ``None``: native, as is.
     """
 
     def __init__(
@@ -160,6 +180,7 @@ class ContextManager:
         reserve_output_tokens: int | None = None,
         strategy: PruningStrategy | SummarizeOldest | None = None,
         prune_target: float = DEFAULT_PRUNE_TARGET,
+        prompt_format: PromptFormat | None = None,
     ) -> None:
         if max_tokens <= 0:
             raise UserError(f"max_tokens must be positive, got {max_tokens}")
@@ -196,6 +217,20 @@ class ContextManager:
         self._template_cache: dict[tuple[str, str], tuple[str, str, int]] = {}
         self._env_full: tuple[int, str, int] | None = None
         self._env_shrunk: dict[tuple[int, int], str] = {}
+        self._wire: WireCounter | None = None
+        self.prompt_format = prompt_format
+
+    @property
+    def prompt_format(self) -> PromptFormat | None:
+        """How the client sends the prompt; the budget counts that (``None``: native)."""
+        return self._wire.prompt_format if self._wire is not None else None
+
+    @prompt_format.setter
+    def prompt_format(self, value: PromptFormat | None) -> None:
+        if value is None or isinstance(value, NativeFormat):
+            self._wire = None  # the prompt is sent as built: count it directly
+        elif self._wire is None or self._wire.prompt_format is not value:
+            self._wire = WireCounter(value, self.counter)
 
     # -- fixed costs -------------------------------------------------------------------
 
@@ -246,6 +281,13 @@ class ContextManager:
         self._template_cache[key] = (head, tail, fixed)
         return head, tail, fixed
 
+    def _offer_tokens(self, current_task: str | None, tools: tuple[ToolDefinition, ...]) -> int:
+        """Return what offering `tools` costs, as the prompt format sends them."""
+        if self._wire is None:
+            return self._tools_tokens(tools)
+        head, tail, _ = self._template(current_task)
+        return self._wire.tools_cost(head + tail, tools)
+
     def fixed_tokens(
         self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
     ) -> int:
@@ -261,7 +303,7 @@ class ContextManager:
         """
         return (
             self._template(current_task)[2]
-            + self._tools_tokens(tuple(tools))
+            + self._offer_tokens(current_task, tuple(tools))
             + REPLY_PRIMING_TOKENS
         )
 
@@ -270,7 +312,7 @@ class ContextManager:
         usable = available - self.fixed_tokens(current_task=current_task, tools=tools)
         if usable < 0:
             template_tokens = self._template(current_task)[2]
-            tools_tokens = self._tools_tokens(tools)
+            tools_tokens = self._offer_tokens(current_task, tools)
             part, size = (
                 ("tools", tools_tokens)
                 if tools_tokens >= template_tokens
@@ -313,6 +355,14 @@ class ContextManager:
 
     # -- prompts -----------------------------------------------------------------------
 
+    def _history_costs(self, units: Sequence[Unit]) -> tuple[list[int] | None, int, int]:
+        """Return each unit's cost as sent (``None``: its own count), the total, the pinned."""
+        if self._wire is None:
+            return None, self.history.token_count(), self.history.pinned_token_count()
+        costs = self._wire.unit_costs(units)
+        pinned = sum(costs[i] for i in self.history.pinned_indices())
+        return costs, sum(costs), pinned
+
     def history_budget(
         self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
     ) -> int:
@@ -334,7 +384,8 @@ class ContextManager:
             tools: The tool schemas offered with this prompt (their cost is a fixed cost).
 
         Returns:
-            The prompt, whose counted size never exceeds ``max_tokens - reserve_output_tokens``.
+            The prompt, whose counted size (as the prompt format sends it) never exceeds
+            ``max_tokens - reserve_output_tokens``.
 
         Raises:
             ContextBudgetError: The system template, the tools or the pinned history alone
@@ -344,8 +395,7 @@ class ContextManager:
         usable = self._usable(current_task, tool_tuple)
         head, tail, template_tokens = self._template(current_task)
         units = self.history.units()
-        history_tokens = self.history.token_count()
-        pinned_tokens = self.history.pinned_token_count()
+        costs, history_tokens, pinned_tokens = self._history_costs(units)
         if pinned_tokens > usable:
             raise ContextBudgetError(
                 f"the pinned history (first user message and summaries) needs {pinned_tokens} "
@@ -378,18 +428,39 @@ class ContextManager:
         environment_tokens = system_tokens - template_tokens
 
         history_budget = usable - environment_tokens
-        if history_tokens <= history_budget:
-            history_messages = self.history.to_messages()
-            sent, omitted, sent_tokens = len(units), 0, history_tokens
+        everything = history_tokens <= history_budget
+        chosen: Sequence[Unit]
+        if everything:
+            chosen, sent_tokens = units, history_tokens
         else:
             chosen, sent_tokens = _select_units(
-                units, self.history.pinned_indices(), pinned_tokens, history_budget
+                units, self.history.pinned_indices(), pinned_tokens, history_budget, costs
             )
-            history_messages = [m for u in chosen for m in u.messages]
-            sent, omitted = len(chosen), len(units) - len(chosen)
 
-        tools_tokens = self._tools_tokens(tool_tuple)
-        total = system_tokens + sent_tokens + tools_tokens + REPLY_PRIMING_TOKENS
+        tools_tokens = self._offer_tokens(current_task, tool_tuple)
+        if self._wire is None:
+            history_messages = (
+                self.history.to_messages()
+                if everything
+                else [m for u in chosen for m in u.messages]
+            )
+            total = system_tokens + sent_tokens + tools_tokens + REPLY_PRIMING_TOKENS
+        else:
+            chosen = list(chosen)
+            system, total = self._fit_on_wire(system, chosen, tool_tuple, head + tail)
+            if system.content == head + tail and env_text:
+                env_text, degraded, environment_tokens = "", True, 0
+            history_messages = [m for u in chosen for m in u.messages]
+            # The remainder, so that the parts add up to the exact count of what is sent. Texts
+            # joined in the system message can cost a token less than apart: that comes off
+            # the tools prompt (then the environment) rather than making the history negative.
+            sent_tokens = (
+                total - template_tokens - environment_tokens - tools_tokens - REPLY_PRIMING_TOKENS
+            )
+            if sent_tokens < 0:
+                tools_tokens += sent_tokens
+                environment_tokens += min(0, tools_tokens)
+                tools_tokens, sent_tokens = max(0, tools_tokens), 0
         breakdown = PromptBreakdown(
             budget=self.max_tokens,
             reserve=self.reserve_output_tokens,
@@ -400,8 +471,8 @@ class ContextManager:
             priming=REPLY_PRIMING_TOKENS,
             total=total,
             environment_degraded=degraded,
-            history_units_sent=sent,
-            history_units_omitted=omitted,
+            history_units_sent=len(chosen),
+            history_units_omitted=len(units) - len(chosen),
         )
         return Prompt(
             messages=(system, *history_messages),
@@ -410,6 +481,45 @@ class ContextManager:
             breakdown=breakdown,
         )
 
+    def _fit_on_wire(
+        self,
+        system: ChatMessage,
+        chosen: list[Unit],
+        tools: tuple[ToolDefinition, ...],
+        template_text: str,
+    ) -> tuple[ChatMessage, int]:
+        """Count the rendered prompt exactly; leave out units (then the environment) until it fits.
+
+        The estimate counts each unit rendered alone; the rendered prompt merges neighbours and
+        joins texts, which can shift a count by a few tokens either way. This makes the
+        invariant exact. `chosen` is shortened in place.
+
+        Returns:
+            The system message and the exact count of the prompt as sent.
+        """
+        assert self._wire is not None
+        available = self.max_tokens - self.reserve_output_tokens
+        while True:
+            messages = [system, *(m for u in chosen for m in u.messages)]
+            total = self._wire.count(messages, tools)
+            if total <= available:
+                return system, total
+            oldest = next((i for i, unit in enumerate(chosen) if not unit.pinned), None)
+            if oldest is not None:
+                del chosen[oldest]
+            elif system.content != template_text:
+                system = ChatMessage(role="system", content=template_text)
+            else:
+                raise ContextBudgetError(
+                    f"the prompt as sent needs {total} tokens with only the system prompt, the "
+                    f"tools and the pinned history, but the budget leaves {available} (max_tokens "
+                    f"{self.max_tokens} minus reserve {self.reserve_output_tokens}); raise "
+                    f"max_tokens by at least {total - available}",
+                    part="fixed_costs",
+                    needed=total,
+                    available=available,
+                )
+
     async def prune_if_needed(
         self, *, current_task: str | None = None, tools: Sequence[ToolDefinition] = ()
     ) -> PruneReport | None:
@@ -417,41 +527,86 @@ class ContextManager:
 
         The history is shrunk to ``prune_target`` of its budget, so pruning happens once in a
         while rather than at every step. A synchronous `PruningStrategy` is applied directly;
-        a `SummarizeOldest` step is awaited, since its summarizer may call a model.
+        a `SummarizeOldest` step is awaited, since its summarizer may call a model. With a
+        prompt format that renders the history larger than it counts as stored (XML tool
+        mode), the target is scaled to the stored counts, and pruning repeats (a few times at
+        most) while the rendered history still exceeds its budget.
 
         Returns:
-            The strategy's report, or None when the history already fits.
+            The strategy's report (one report of every round, when it took several), or None
+            when the history already fits.
 
         Raises:
             ModelError: A summarizing step's model failed.
         """
         budget = self.history_budget(current_task=current_task, tools=tools)
-        if self.history.token_count() <= budget:
+        _, sent, _ = self._history_costs(self.history.units())
+        if sent <= budget:
             return None
         target = int(budget * self.prune_target)
+        if self._wire is None:
+            return await self._prune(target)
+        reports: list[PruneReport] = []
+        for _ in range(_MAX_PRUNE_ROUNDS):
+            # The strategies count the history as stored: aim at the stored size whose
+            # rendering fits the target.
+            stored = self.history.token_count()
+            report = await self._prune(target * stored // sent if sent else target)
+            reports.append(report)
+            _, sent, _ = self._history_costs(self.history.units())
+            if sent <= budget or not report.changed:
+                break
+        return reports[0] if len(reports) == 1 else _rounds_report(reports)
+
+    async def _prune(self, target: int) -> PruneReport:
         if isinstance(self.strategy, SummarizeOldest):
             return await self.history.fold(self.strategy, target)
         return self.history.prune(self.strategy, target)
 
 
+def _rounds_report(reports: Sequence[PruneReport]) -> PruneReport:
+    """One report for several rounds of pruning, from the first's start to the last's end."""
+    first, last = reports[0], reports[-1]
+    summary_ids = [r.summary_id for r in reports if r.summary_id is not None]
+    return PruneReport(
+        strategy=first.strategy,
+        tokens_before=first.tokens_before,
+        tokens_after=last.tokens_after,
+        max_tokens=last.max_tokens,
+        dropped=tuple(i for r in reports for i in r.dropped),
+        elided=tuple(i for r in reports for i in r.elided),
+        summarized=tuple(i for r in reports for i in r.summarized),
+        summary_id=summary_ids[-1] if summary_ids else None,
+        fits=last.fits,
+        steps=tuple(reports),
+    )
+
+
 def _select_units(
-    units: Sequence[Unit], pinned: Sequence[int], pinned_tokens: int, budget: int
+    units: Sequence[Unit],
+    pinned: Sequence[int],
+    pinned_tokens: int,
+    budget: int,
+    costs: Sequence[int] | None = None,
 ) -> tuple[list[Unit], int]:
     """Pick the pinned units plus the newest others that fit `budget`, in original order.
 
     Walks back from the newest unit only as far as the budget reaches, so the cost is
-    proportional to what is sent, not to the length of the history.
+    proportional to what is sent, not to the length of the history. `costs` are the units'
+    costs as sent (default: their own counts).
 
     Returns:
         The units and their total tokens.
     """
     remaining = budget - pinned_tokens
     taken = 0
-    for unit in reversed(units):
+    for index in range(len(units) - 1, -1, -1):
+        unit = units[index]
         if not unit.pinned:
-            if unit.tokens > remaining:
+            cost = unit.tokens if costs is None else costs[index]
+            if cost > remaining:
                 break
-            remaining -= unit.tokens
+            remaining -= cost
         taken += 1
     start = len(units) - taken
     older_pinned = [units[i] for i in pinned if i < start]

@@ -32,9 +32,18 @@ AgentFlowError
 
 `UserError` subclasses say what to change in the caller's code or config; the others are
 failures of a run. Every message is one sentence naming the offending value.
+
+Every error pickles with its message and attributes (runs cross process boundaries): the
+default `BaseException.__reduce__` calls the class with the message alone, which fails for
+the classes that take keyword-only attributes, so `AgentFlowError` rebuilds without calling
+``__init__`` and restores the attributes from the instance's ``__dict__``.
 """
 
 from __future__ import annotations
+
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
 
 __all__ = [
     "AgentFlowError",
@@ -69,6 +78,15 @@ __all__ = [
 
 class AgentFlowError(Exception):
     """Base class of every error agent_flow raises."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # (rebuild, its arguments, the state pickle restores with __setstate__)
+        return (_rebuild, (type(self), self.args), self.__dict__ or None)
+
+
+def _rebuild(cls: type[_E], args: tuple[object, ...]) -> _E:
+    """Recreate an exception from its args without calling ``__init__`` (see `__reduce__`)."""
+    return cls.__new__(cls, *args)
 
 
 class UserError(AgentFlowError):

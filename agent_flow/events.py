@@ -139,7 +139,11 @@ class ToolCallArgumentsDelta(_Event):
 
 
 class ModelResponded(_Event):
-    """A model call finished: its finish reason and token usage."""
+    """A model call finished: its finish reason and token usage.
+
+    ``source`` says who made it: the agent's own step, or the summarizer while pruning the
+    history (its tokens count in the run's usage and limits too).
+    """
 
     kind: Literal["model_responded"] = "model_responded"
     iteration: int
@@ -148,6 +152,7 @@ class ModelResponded(_Event):
     completion_tokens: int
     tool_calls: int
     duration_ms: float
+    source: Literal["agent", "summarizer"] = "agent"
 
 
 class ToolCallStarted(_Event):

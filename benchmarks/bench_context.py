@@ -7,9 +7,11 @@ turn with a tool call, and its result) and build the next prompt within a 100k-t
 - baseline: what ``trim_messages``-style trimming does each step: count every message of the
   history with tiktoken, then keep the newest that fit.
 
-Both use the same tiktoken encoding (cl100k_base, offline) in the same process.
+Both use the same tiktoken encoding (cl100k_base, offline) in the same process. With
+``--xml`` the manager budgets the prompt as XML tool mode sends it (each step renders the
+new units and counts the rendered prompt exactly).
 
-Usage: python benchmarks/bench_context.py [--sizes 1000,10000,100000] [--steps 50]
+Usage: python benchmarks/bench_context.py [--sizes 1000,10000,100000] [--steps 50] [--xml]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from agent_flow.context import ContextManager
 from agent_flow.environment import Environment
 from agent_flow.history import AgentMessage, History, ToolCallEntry, ToolResultEntry, UserMessage
+from agent_flow.llm.xml_tools import XML_FORMAT
 from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import TiktokenCounter
 
@@ -60,11 +63,18 @@ def baseline_trim(messages: list[ChatMessage], counter: TiktokenCounter, budget:
     return kept
 
 
-def bench(size: int, steps: int, counter: TiktokenCounter) -> tuple[float, float]:
+def bench(size: int, steps: int, counter: TiktokenCounter, xml: bool) -> tuple[float, float]:
     env = Environment()
     env.set("/task/objective", "Fix the CSV parser bug")
     history = build_history(size, counter)
-    manager = ContextManager(env, history, BUDGET, counter=counter, reserve_output_tokens=4096)
+    manager = ContextManager(
+        env,
+        history,
+        BUDGET,
+        counter=counter,
+        reserve_output_tokens=4096,
+        prompt_format=XML_FORMAT if xml else None,
+    )
     manager.build_prompt()  # warm caches, as a running agent has them
 
     start = time.perf_counter()
@@ -91,12 +101,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--xml", action="store_true", help="budget as XML tool mode sends")
     args = parser.parse_args()
     counter = TiktokenCounter()
-    print(f"budget {BUDGET} tokens, encoding {counter.encoding_name}, {args.steps} steps each")
+    mode = "xml tool mode" if args.xml else "native tool calling"
+    print(
+        f"budget {BUDGET} tokens, encoding {counter.encoding_name}, {mode}, {args.steps} steps each"
+    )
     print(f"{'entries':>8} | {'agent_flow ms/step':>18} | {'recount-all ms/step':>19} | speed-up")
     for size in (int(s) for s in args.sizes.split(",")):
-        ours, baseline = bench(size, args.steps, counter)
+        ours, baseline = bench(size, args.steps, counter, args.xml)
         print(
             f"{size:>8} | {ours * 1e3:>18.3f} | {baseline * 1e3:>19.1f} | {baseline / ours:>7.0f}x"
         )

@@ -15,17 +15,19 @@ from agent_flow.history import (
     ElideToolResults,
     ExtractiveSummarizer,
     History,
+    HistoryEntry,
     SummarizeOldest,
     Summary,
     ToolCallEntry,
     ToolResultEntry,
     UserMessage,
 )
+from agent_flow.llm.xml_tools import XML_FORMAT, to_xml_messages
 from agent_flow.messages import ToolCall, ToolDefinition
 from agent_flow.testing import ScriptedLLM
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
 from tests.helpers import assert_tool_pairs_intact, make_agent
-from tests.strategies import environments, histories, tool_definitions
+from tests.strategies import entry_lists, environments, histories, tool_definitions
 
 COUNTER = ApproxCounter()
 
@@ -114,6 +116,143 @@ def test_pruning_makes_the_whole_history_fit_on_the_next_prompt(
         assert history.token_count() <= budget
         prompt = manager.build_prompt()
         assert prompt.breakdown.history_units_omitted == 0
+
+
+def check_xml_prompt(
+    manager: ContextManager, tools: list[ToolDefinition], counter: ApproxCounter | TiktokenCounter
+) -> None:
+    """The prompt as XML mode sends it is what was counted, and it fits the budget."""
+    try:
+        prompt = manager.build_prompt(tools=tools)
+    except ContextBudgetError as err:
+        budget_error: ContextBudgetError | None = err
+    else:
+        budget_error = None
+    if budget_error is not None:
+        assert budget_error.needed > budget_error.available
+        return
+    wire = to_xml_messages(prompt.messages, prompt.tools)
+    recount = counter.count_messages(wire)  # XML mode sends no native tools
+    assert recount == prompt.total_tokens <= manager.max_tokens - manager.reserve_output_tokens
+    b = prompt.breakdown
+    assert b.system_template + b.environment + b.tools + b.history + b.priming == b.total
+    assert_tool_pairs_intact(prompt.messages[1:])
+    sent = {m.content for m in prompt.messages}
+    for unit in manager.history.units():
+        if unit.pinned:
+            assert all(message.content in sent for message in unit.messages)
+
+
+@settings(max_examples=150)
+@given(
+    env=environments(),
+    history=histories(COUNTER),
+    tools=st.lists(tool_definitions(), max_size=3, unique_by=lambda t: t.name),
+    max_tokens=st.integers(50, 4000),
+    allocation=st.floats(0.0, 1.0),
+    reserve=st.integers(0, 40),
+)
+def test_in_xml_mode_the_prompt_as_sent_never_exceeds_the_budget(
+    env: Environment,
+    history: History,
+    tools: list[ToolDefinition],
+    max_tokens: int,
+    allocation: float,
+    reserve: int,
+) -> None:
+    manager = ContextManager(
+        env,
+        history,
+        max_tokens,
+        environment_allocation=allocation,
+        reserve_output_tokens=reserve,
+        system_prompt_template="You help.\n{environment}",
+        prompt_format=XML_FORMAT,
+    )
+    check_xml_prompt(manager, tools, COUNTER)
+
+
+TIKTOKEN = TiktokenCounter()
+
+
+@settings(max_examples=60)
+@given(
+    entries=entry_lists(),
+    tools=st.lists(tool_definitions(), max_size=3, unique_by=lambda t: t.name),
+    max_tokens=st.integers(50, 3000),
+    template=st.sampled_from(
+        ["You help.\n{environment}", "{environment}", "Act.\n{environment}\n."]
+    ),
+)
+def test_in_xml_mode_the_prompt_as_sent_fits_when_counted_by_tiktoken(
+    entries: list[HistoryEntry], tools: list[ToolDefinition], max_tokens: int, template: str
+) -> None:
+    history = History(entries, counter=TIKTOKEN)
+    manager = ContextManager(
+        Environment(),
+        history,
+        max_tokens,
+        reserve_output_tokens=0,
+        system_prompt_template=template,
+        prompt_format=XML_FORMAT,
+    )
+    check_xml_prompt(manager, tools, TIKTOKEN)
+
+
+@settings(max_examples=60)
+@given(
+    env=environments(),
+    history=histories(COUNTER),
+    tools=st.lists(tool_definitions(), max_size=3, unique_by=lambda t: t.name),
+    max_tokens=st.integers(200, 3000),
+    summarizing=st.booleans(),
+)
+def test_in_xml_mode_pruning_makes_the_rendered_history_fit_on_the_next_prompt(
+    env: Environment,
+    history: History,
+    tools: list[ToolDefinition],
+    max_tokens: int,
+    summarizing: bool,
+) -> None:
+    manager = ContextManager(
+        env,
+        history,
+        max_tokens,
+        reserve_output_tokens=10,
+        strategy=summarizing_step() if summarizing else None,
+        prompt_format=XML_FORMAT,
+    )
+    try:
+        budget = manager.history_budget(tools=tools)
+    except ContextBudgetError:
+        return
+    pinned = sum(u.tokens for u in history.units() if u.pinned)
+    report = asyncio.run(manager.prune_if_needed(tools=tools))
+    if report is not None and pinned <= budget * manager.prune_target:
+        prompt = manager.build_prompt(tools=tools)
+        assert prompt.breakdown.history_units_omitted == 0
+
+
+def test_xml_mode_counts_the_tools_prompt_and_the_rewritten_tool_turns() -> None:
+    tools = [
+        ToolDefinition(
+            name="read_file",
+            description="Read a file.",
+            parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+        )
+    ]
+    native = ContextManager(Environment(), long_history(20, COUNTER), 100_000, counter=COUNTER)
+    xml = ContextManager(
+        Environment(), long_history(20, COUNTER), 100_000, prompt_format=XML_FORMAT
+    )
+    sent_native = native.build_prompt(tools=tools)
+    sent_xml = xml.build_prompt(tools=tools)
+
+    wire = to_xml_messages(sent_xml.messages, tools)
+    assert sent_xml.total_tokens == COUNTER.count_messages(wire)
+    assert sent_xml.total_tokens > sent_native.total_tokens
+    assert sent_xml.breakdown.tools > sent_native.breakdown.tools  # the rules and the JSON
+    assert sent_xml.breakdown.history > sent_native.breakdown.history  # <tool> blocks
 
 
 def long_history(turns: int, counter: ApproxCounter | TiktokenCounter) -> History:

@@ -114,6 +114,26 @@ def test_usage_adds_up_and_keeps_unreported_details_unreported() -> None:
     assert (a + b).reasoning_tokens is None
 
 
+@given(
+    prompt=st.integers(min_value=0, max_value=10**9),
+    completion=st.integers(min_value=0, max_value=10**9),
+)
+def test_usage_total_is_derived_when_a_client_does_not_fill_it(
+    prompt: int, completion: int
+) -> None:
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+
+    assert usage.total_tokens == prompt + completion
+    assert Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=0) == usage
+    assert Usage.model_validate_json(usage.model_dump_json()) == usage
+    assert (usage + usage).total_tokens == 2 * (prompt + completion)
+
+
+def test_usage_keeps_a_total_the_server_reported() -> None:
+    # Some providers count more than prompt + completion (e.g. tool-use overhead).
+    assert Usage(prompt_tokens=3, completion_tokens=4, total_tokens=9).total_tokens == 9
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [

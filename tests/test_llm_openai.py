@@ -269,6 +269,19 @@ async def test_a_model_that_hits_max_tokens_is_reported_as_length(
     assert openai_server.requests[0].body["max_tokens"] == 5
 
 
+@pytest.mark.parametrize(("asked", "sent"), [(None, 64), (10, 10), (1000, 64)])
+async def test_the_configured_max_tokens_caps_what_a_request_asks_for(
+    openai_server: OpenAIServer, asked: int | None, sent: int
+) -> None:
+    openai_server.script(json_reply(completion_body("ok")))
+    llm = OpenAIClient("m", base_url=openai_server.base_url, api_key="k", max_tokens=64)
+    try:
+        await llm.complete(LLMRequest(messages=HELLO.messages, max_tokens=asked))
+    finally:
+        await llm.aclose()
+    assert openai_server.requests[0].body["max_tokens"] == sent
+
+
 async def test_the_legacy_function_call_field_becomes_a_tool_call(
     openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:

@@ -21,7 +21,8 @@ from agent_flow.history import (
     ToolResultEntry,
     UserMessage,
 )
-from agent_flow.llm import LLMRequest, LLMSummarizer
+from agent_flow.llm import LLMRequest, LLMSummarizer, Usage
+from agent_flow.llm.metering import ModelCallReport, listen_for_model_calls
 from agent_flow.messages import ToolCall
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
@@ -111,6 +112,26 @@ async def test_a_span_too_long_for_one_request_is_summarized_in_parts_then_combi
         body = transcript.split("<conversation>\n", 1)[1].split("\n</conversation>", 1)[0]
         assert COUNTER.count(body) <= 500
     assert all(request.max_tokens == 100 for request in llm.requests)
+
+
+async def test_every_summary_call_is_reported_to_the_listener_and_none_without_one() -> None:
+    usage = Usage(prompt_tokens=70, completion_tokens=7)
+    llm = FunctionLLM(lambda request: reply("a summary", usage=usage))
+    entries = [UserMessage(content=f"message {i} " + "x" * 200) for i in range(40)]
+    summarizer = LLMSummarizer(llm, counter=COUNTER, max_input_tokens=500)
+    reports: list[ModelCallReport] = []
+
+    async def listen(report: ModelCallReport) -> None:
+        reports.append(report)
+
+    with listen_for_model_calls(listen):
+        await summarizer.summarize(entries, max_tokens=100)
+    await summarizer.summarize(entries, max_tokens=100)  # nobody listens: nothing reported
+
+    assert len(llm.requests) == 2 * len(reports) > 2  # the parts and the combining call
+    assert {(r.source, r.usage, r.finish_reason) for r in reports} == {
+        ("summarizer", usage, "stop")
+    }
 
 
 async def test_one_huge_tool_result_is_cut_in_the_transcript() -> None:

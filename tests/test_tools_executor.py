@@ -15,6 +15,7 @@ from agent_flow.messages import ToolCall
 from agent_flow.tokens import ApproxCounter, default_counter
 from agent_flow.tools import (
     MAX_TOOL_NAME_LENGTH,
+    ApprovalCallback,
     ApprovalRequest,
     ApprovalResponse,
     BaseTool,
@@ -492,6 +493,35 @@ async def test_a_call_needing_approval_runs_once_approved() -> None:
         ("approval_resolved", "1", "True"),
         ("finished", "1", "ok"),
     ]
+
+
+async def test_each_execute_call_is_answered_by_its_own_approver() -> None:
+    asked: dict[str, list[str]] = {"default": [], "first": [], "second": []}
+    both_asked = asyncio.Event()
+
+    def approver(who: str, answer: bool) -> ApprovalCallback:
+        async def answer_it(request: ApprovalRequest) -> bool:
+            asked[who].append(request.call_id)
+            if len(asked["first"]) + len(asked["second"]) == 2:
+                both_asked.set()
+            await both_asked.wait()  # both turns are waiting for an answer at once
+            return answer
+
+        return answer_it
+
+    executor = ToolExecutor([delete], approval=approver("default", True))
+    first, second = await asyncio.gather(
+        executor.execute([call("delete", '{"path": "a"}', "a1")], approval=approver("first", True)),
+        executor.execute(
+            [call("delete", '{"path": "b"}', "b1")], approval=approver("second", False)
+        ),
+    )
+    assert asked == {"default": [], "first": ["a1"], "second": ["b1"]}
+    assert first[0].result.content == "deleted a"
+    assert second[0].result.error_kind == "not_approved"
+    # Without one of its own, a call is answered by the executor's approver.
+    (third,) = await executor.execute([call("delete", '{"path": "c"}', "c1")])
+    assert (third.result.content, asked["default"]) == ("deleted c", ["c1"])
 
 
 async def test_an_unapproved_call_becomes_an_error_result_with_the_reason() -> None:

@@ -16,6 +16,7 @@ loop's own failures, pruning and saving after each step, and the final `Executio
 from __future__ import annotations
 
 import asyncio
+import functools
 import textwrap
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from agent_flow.agent._steps import _model_step, _tool_step
+from agent_flow.agent._steps import _count_model_call, _model_step, _tool_step
 from agent_flow.agent.outcome import (
     ExecutionOutcome,
     Finish,
@@ -50,6 +51,7 @@ from agent_flow.llm.base import (
     LLMClient,
     Usage,
 )
+from agent_flow.llm.metering import listen_for_model_calls
 from agent_flow.sessions import SessionStatus
 
 if TYPE_CHECKING:
@@ -161,7 +163,9 @@ class _Run:
 
     async def _after_step(self) -> None:
         """Step 9: prune, then save the completed step."""
-        report = await self.agent.context.prune_if_needed(tools=self.agent.offered_tools())
+        # A summarizing strategy calls the model: those calls count like the agent's own.
+        with listen_for_model_calls(functools.partial(_count_model_call, self)):
+            report = await self.agent.context.prune_if_needed(tools=self.agent.offered_tools())
         if report is not None and report.changed:
             await self.emit(HistoryPruned, report=report)
         await self._save(status="active")

@@ -24,8 +24,10 @@ from agent_flow.agent.outcome import (
     StopReason,
     ToolUse,
 )
+from agent_flow.config import AgentConfig
 from agent_flow.environment import TaskStatus
 from agent_flow.errors import (
+    ConfigError,
     ContextBudgetError,
     ModelError,
     ModelResponseError,
@@ -59,7 +61,9 @@ from agent_flow.llm.base import (
     ToolCallArgumentsChunk,
     ToolCallChunk,
     Usage,
+    prompt_format_of,
 )
+from agent_flow.llm.metering import ModelCallReport
 from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     ControlSignal,
@@ -83,13 +87,26 @@ _REPROMPT = (
 async def _model_step(run: _Run) -> Step:
     """Steps 2-5: prompt, model call, record the turn, decide what follows."""
     tools = run.agent.offered_tools()
+    # Budget the prompt as this client sends it (XML tool mode rewrites it).
+    run.agent.context.prompt_format = prompt_format_of(run.agent.llm)
     try:
         prompt = run.agent.context.build_prompt(tools=tools)
     except ContextBudgetError as err:
         await run._error(err, fatal=True)
         return Finish(StopReason.CONTEXT_BUDGET, text=str(err))
     await run.emit(ContextBuilt, iteration=run.iteration, breakdown=prompt.breakdown)
-    request = LLMRequest(messages=prompt.messages, tools=prompt.tools)
+    allowed = _output_allowance(run, prompt.total_tokens)
+    if allowed < 1:
+        no_room = ContextBudgetError(
+            f"the prompt fills the whole window of {run.agent.context.max_tokens} tokens and "
+            "leaves the model no room to answer; set reserve_output_tokens above 0",
+            part="fixed_costs",
+            needed=prompt.total_tokens + 1,
+            available=run.agent.context.max_tokens,
+        )
+        await run._error(no_room, fatal=True)
+        return Finish(StopReason.CONTEXT_BUDGET, text=str(no_room))
+    request = LLMRequest(messages=prompt.messages, tools=prompt.tools, max_tokens=allowed)
 
     completion: Completion | None = None
     started = time.perf_counter()
@@ -104,17 +121,16 @@ async def _model_step(run: _Run) -> Step:
                 return Finish(StopReason.ERROR, text=str(err))
             await run._error(err, fatal=False)
     assert completion is not None
-    usage = completion.usage or Usage()
-    run.usage = run.usage + usage
-    run.usage_per_call.append(usage)
-    await run.emit(
-        ModelResponded,
-        iteration=run.iteration,
-        finish_reason=completion.finish_reason,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
+    await _count_model_call(
+        run,
+        ModelCallReport(
+            source="agent",
+            usage=completion.usage or Usage(),
+            finish_reason=completion.finish_reason,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            model=completion.model,
+        ),
         tool_calls=len(completion.tool_calls),
-        duration_ms=(time.perf_counter() - started) * 1000,
     )
     for warning in completion.warnings:
         await run.emit(WarningRaised, message=warning, source="model")
@@ -129,6 +145,50 @@ async def _model_step(run: _Run) -> Step:
             source="model",
         )
     return await _text_answer(run, completion.text)
+
+
+async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:
+    """Count a model call in the run's usage (and so its limits) and publish it.
+
+    The agent's own calls come from `_model_step`; the summarizer's arrive while pruning,
+    through `agent_flow.llm.metering` (see `_Run._after_step`).
+    """
+    run.usage = run.usage + report.usage
+    run.usage_per_call.append(report.usage)
+    await run.emit(
+        ModelResponded,
+        iteration=run.iteration,
+        finish_reason=report.finish_reason,
+        prompt_tokens=report.usage.prompt_tokens,
+        completion_tokens=report.usage.completion_tokens,
+        tool_calls=tool_calls,
+        duration_ms=report.duration_ms,
+        source=report.source,
+    )
+
+
+def _output_allowance(run: _Run, prompt_tokens: int) -> int:
+    """The request's ``max_tokens``: the output reserve, capped by the configured limit.
+
+    The prompt was budgeted to leave the reserve free, so the answer fits the window; it is
+    never allowed more than the window leaves. A reserve of 0 (none set aside) allows what the
+    window leaves.
+    """
+    context = run.agent.context
+    leaves = context.max_tokens - prompt_tokens
+    allowed = min(context.reserve_output_tokens or leaves, leaves)
+    limit = _configured_max_tokens(run.agent.config)
+    return allowed if limit is None else min(allowed, limit)
+
+
+def _configured_max_tokens(config: AgentConfig) -> int | None:
+    """The LLM config's ``max_tokens``, if the agent's config names an LLM that sets one."""
+    if config.llm is None:
+        return None
+    try:
+        return config.resolved_llm().max_tokens
+    except ConfigError:  # the client was built elsewhere; the config's LLM part is unused
+        return None
 
 
 async def _call_model(run: _Run, request: LLMRequest) -> Completion:
@@ -227,7 +287,11 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     outcomes = {
         o.call.id: o
         for o in await run.agent.tools.execute(
-            allowed, run_id=run.run_id, environment=run.agent.environment, hooks=run.agent._hooks
+            allowed,
+            run_id=run.run_id,
+            environment=run.agent.environment,
+            hooks=run.agent._hooks,
+            approval=run.agent.approval,
         )
     }
 

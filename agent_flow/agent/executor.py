@@ -32,7 +32,7 @@ from agent_flow.environment import Environment, TaskStatus
 from agent_flow.errors import UserError
 from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscription
 from agent_flow.history import History
-from agent_flow.llm.base import LLMClient
+from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
 from agent_flow.sessions import SessionStore
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
@@ -70,7 +70,9 @@ class AgentExecutor:
         history: The transcript (a fresh one when omitted).
         context: The budgeted prompt builder; built from `config.context` when omitted, with
             the system prompt `AgentConfig.resolved_system_prompt` gives.
-        approval: Answers approval requests of tools that need one.
+        approval: Answers approval requests of this agent's tool calls (the tool executor's
+            own ``approval`` answers when omitted); several agents may share one executor,
+            each with its own approver.
         store: Saves every completed step, so a killed process loses at most the step in
             flight (see `agent_flow.sessions`).
         session_id: The stored session to write to; a new one is created on the first run
@@ -122,11 +124,14 @@ class AgentExecutor:
                 strategy=_strategy(self.config, self.llm, counter),
                 prune_target=self.config.context.prune_target,
             )
+        # The budget counts the prompt as this client sends it (XML tool mode rewrites it).
+        self.context.prompt_format = prompt_format_of(llm)
         self._base_template = self.context.system_prompt_template
         self.tools = tools if tools is not None else tool_executor_from_config(self.config)
         self._hooks = _EventHooks(self._emit)
-        if approval is not None:
-            self.tools.approval = approval
+        # The approver goes with each execute call, never onto the executor: agents sharing
+        # one ToolExecutor each answer for their own calls (None: the executor's default).
+        self.approval = approval
         if self.config.control_tools:
             for control in control_tools():
                 if control.name not in self.tools:

@@ -127,8 +127,9 @@ class ExecutionOutcome(BaseModel):
             ``task_completion`` returned.
         stop_reason: Why the run ended.
         tool_uses: Every tool call, in order, with its result.
-        usage: Token usage summed over model calls.
-        usage_per_call: Usage of each model call.
+        usage: Token usage summed over model calls (the summarizer's included).
+        usage_per_call: Usage of each model call, in the order they finished (the
+            summarizer's included; ``ModelResponded`` events say whose each was).
         errors: Errors that occurred, fatal or survived.
         iterations: Model calls made.
         started_at: When the run began.

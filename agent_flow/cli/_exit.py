@@ -25,6 +25,10 @@ class _Failure(Exception):
         self.code = code
         self.message = message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # The default rebuilds from ``args`` (the message alone) and would lose the code.
+        return (type(self), (self.code, self.message))
+
 
 @dataclass
 class _Streams:

@@ -257,7 +257,9 @@ class EventRenderer:
                 self._arguments_delta(event)
             case ModelResponded():
                 self.line(
-                    f"  {self._g('model')} model answered in {event.duration_ms:,.0f} ms: "
+                    f"  {self._g('model')} "
+                    f"{'summarizer' if event.source == 'summarizer' else 'model'} answered in "
+                    f"{event.duration_ms:,.0f} ms: "
                     f"{event.prompt_tokens:,} prompt + {event.completion_tokens:,} completion "
                     f"tokens, {event.tool_calls} tool call(s), finish {event.finish_reason}",
                     "dim",

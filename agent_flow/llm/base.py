@@ -14,26 +14,34 @@ warnings that always ends with exactly one `Completion`::
 `Completion` normalizes what servers disagree about: tool calls always have a unique id,
 their raw argument text is kept and parsed (`parsed_arguments`) or marked invalid
 (`parse_error`), and `finish_reason` is one of a closed set.
+
+A client that rewrites the neutral prompt before sending it (XML tool mode puts the tool
+schemas into the system message and tool turns into text) says how through its
+`prompt_format` (a `PromptFormat`), so that the `agent_flow.context.ContextManager` budgets
+the prompt that is actually sent; `prompt_format_of` reads it (`NATIVE_FORMAT` otherwise).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Annotated, Literal, Protocol, TypeAlias, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from agent_flow._types import JsonObject
 from agent_flow.errors import ModelResponseError
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
 __all__ = [
+    "NATIVE_FORMAT",
     "STREAM_EVENT_ADAPTER",
     "Completion",
     "FinishReason",
     "LLMClient",
     "LLMRequest",
+    "NativeFormat",
+    "PromptFormat",
     "StreamEvent",
     "StreamWarning",
     "TextChunk",
@@ -45,6 +53,7 @@ __all__ = [
     "completion_events",
     "final_completion",
     "normalize_finish_reason",
+    "prompt_format_of",
 ]
 
 #: Why the model stopped: ``"stop"`` (it finished), ``"length"`` (it hit ``max_tokens`` or the
@@ -96,7 +105,9 @@ class Usage(BaseModel):
     Attributes:
         prompt_tokens: Tokens of the prompt.
         completion_tokens: Tokens the model generated (reasoning included).
-        total_tokens: Their sum as the server reported it.
+        total_tokens: The total as the server reported it; when a client leaves it unset (or
+            0), ``prompt_tokens + completion_tokens``, so token limits never see 0 for a call
+            that used tokens.
         cached_tokens: Prompt tokens served from the provider's cache, where reported.
         reasoning_tokens: Completion tokens spent on hidden reasoning, where reported.
     """
@@ -108,6 +119,13 @@ class Usage(BaseModel):
     total_tokens: int = 0
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _derive_total(self) -> Usage:
+        if self.total_tokens == 0:
+            # The model is frozen; this runs once, while it is being built.
+            object.__setattr__(self, "total_tokens", self.prompt_tokens + self.completion_tokens)
+        return self
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -304,6 +322,55 @@ class LLMClient(Protocol):
                 error, never a silently shorter answer).
         """
         ...
+
+
+@runtime_checkable
+class PromptFormat(Protocol):
+    """How a client puts a neutral prompt on the wire: what a token budget must count."""
+
+    @property
+    def name(self) -> str:
+        """A short name for reports, e.g. ``"native"`` or ``"xml"``."""
+        ...
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolDefinition],
+        *,
+        tool_choice: str | None = None,
+    ) -> tuple[list[ChatMessage], tuple[ToolDefinition, ...]]:
+        """Return the messages and the native tool schemas exactly as the client sends them."""
+        ...
+
+
+class NativeFormat:
+    """The prompt goes out as it is: messages as messages, tools in the API's ``tools`` field."""
+
+    name = "native"
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolDefinition],
+        *,
+        tool_choice: str | None = None,
+    ) -> tuple[list[ChatMessage], tuple[ToolDefinition, ...]]:
+        """Return the messages and tools unchanged."""
+        return list(messages), tuple(tools)
+
+    def __repr__(self) -> str:
+        return "NATIVE_FORMAT"
+
+
+#: The format of clients that send the neutral prompt unchanged (native tool calling).
+NATIVE_FORMAT = NativeFormat()
+
+
+def prompt_format_of(client: object) -> PromptFormat:
+    """Return how `client` sends prompts: its ``prompt_format``, else `NATIVE_FORMAT`."""
+    found = getattr(client, "prompt_format", None)
+    return found if isinstance(found, PromptFormat) else NATIVE_FORMAT
 
 
 async def final_completion(events: AsyncIterator[StreamEvent]) -> Completion:

@@ -49,8 +49,16 @@ from agent_flow.llm._openai_wire import (
     tool_choice_to_wire,
     tools_to_wire,
 )
-from agent_flow.llm.base import Completion, LLMRequest, StreamEvent, StreamWarning, ToolMode
-from agent_flow.llm.xml_tools import to_xml_messages
+from agent_flow.llm.base import (
+    NATIVE_FORMAT,
+    Completion,
+    LLMRequest,
+    PromptFormat,
+    StreamEvent,
+    StreamWarning,
+    ToolMode,
+)
+from agent_flow.llm.xml_tools import XML_FORMAT
 from agent_flow.messages import ChatMessage
 
 if TYPE_CHECKING:
@@ -90,7 +98,8 @@ class OpenAIClient:
         tool_mode: ``"native"`` tool calling, or ``"xml"`` for models without it.
         stream_usage: Ask for usage in streamed answers (``stream_options.include_usage``).
         temperature: Default sampling temperature.
-        max_tokens: Default limit on generated tokens.
+        max_tokens: Limit on generated tokens: sent when a request sets none, and caps a
+            request's own ``max_tokens``.
         max_tokens_field: The body field for `max_tokens`: ``"max_tokens"`` (widest support)
             or ``"max_completion_tokens"`` (OpenAI's reasoning models need it).
         extra_body: Provider-specific fields merged into every request body.
@@ -241,6 +250,11 @@ class OpenAIClient:
         """The underlying `AsyncOpenAI` (for what agent_flow does not wrap)."""
         return self._sdk
 
+    @property
+    def prompt_format(self) -> PromptFormat:
+        """How prompts go on the wire (XML mode rewrites them); budgets count through it."""
+        return XML_FORMAT if self.tool_mode == "xml" else NATIVE_FORMAT
+
     def __repr__(self) -> str:
         return (
             f"OpenAIClient(model={self.model!r}, base_url={self.base_url!r}, "
@@ -279,19 +293,17 @@ class OpenAIClient:
         self, request: LLMRequest, *, stream: bool
     ) -> tuple[Sequence[ChatMessage], JsonObject]:
         """Return the prompt to send and every other body field."""
-        xml = self.tool_mode == "xml"
-        messages: Sequence[ChatMessage] = (
-            to_xml_messages(request.messages, request.tools, tool_choice=request.tool_choice)
-            if xml
-            else request.messages
+        # The very rendering the ContextManager counted the prompt with.
+        messages, tools = self.prompt_format.render(
+            request.messages, request.tools, tool_choice=request.tool_choice
         )
         fields: JsonObject = {"model": request.model or self.model}
         if stream:
             fields["stream"] = True
             if self.stream_usage and self._streaming.options_accepted:
                 fields["stream_options"] = {"include_usage": True}
-        if request.tools and not xml:
-            fields["tools"] = cast(list[JsonValue], tools_to_wire(request.tools))
+        if tools:
+            fields["tools"] = cast(list[JsonValue], tools_to_wire(tools))
             if request.tool_choice is not None:
                 fields["tool_choice"] = tool_choice_to_wire(request.tool_choice)
             if request.parallel_tool_calls is not None:
@@ -301,7 +313,7 @@ class OpenAIClient:
             fields["temperature"] = temperature
         if request.top_p is not None:
             fields["top_p"] = request.top_p
-        max_tokens = request.max_tokens if request.max_tokens is not None else self.max_tokens
+        max_tokens = _smaller(request.max_tokens, self.max_tokens)
         if max_tokens is not None:
             fields[self.max_tokens_field] = max_tokens
         if request.stop:
@@ -442,6 +454,13 @@ class OpenAIClient:
             max_retries=self._sdk.max_retries,
             streaming=streaming,
         )
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    """The smaller of two optional limits (``None``: no limit)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
 
 
 if TYPE_CHECKING:  # mypy checks that the client implements the protocol

@@ -7,10 +7,15 @@ model for a summary of at most that many tokens (``max_tokens`` on the request),
 answer with the token counter if the model overruns — the result never exceeds the cap. A
 span too long for one request is summarized in parts whose summaries are then summarized
 together (map-reduce), so the model's own context is never overrun either.
+
+Every model call is reported with `agent_flow.llm.metering.report_model_call` (source
+``"summarizer"``): an agent that prunes with a summarizer counts those calls in its usage, its
+``ModelResponded`` events and its token and cost limits.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -24,7 +29,8 @@ from agent_flow.history import (
     ToolResultEntry,
     UserMessage,
 )
-from agent_flow.llm.base import LLMClient, LLMRequest
+from agent_flow.llm.base import LLMClient, LLMRequest, Usage
+from agent_flow.llm.metering import ModelCallReport, report_model_call
 from agent_flow.messages import ChatMessage
 from agent_flow.tokens import TokenCounter, default_counter
 
@@ -163,7 +169,17 @@ class LLMSummarizer:
             temperature=self.temperature,
             max_tokens=max_tokens,
         )
+        started = time.perf_counter()
         completion = await self.client.complete(request)
+        await report_model_call(
+            ModelCallReport(
+                source="summarizer",
+                usage=completion.usage or Usage(),
+                finish_reason=completion.finish_reason,
+                duration_ms=(time.perf_counter() - started) * 1000,
+                model=completion.model,
+            )
+        )
         text = completion.text.strip()
         if not text:
             raise ModelResponseError(

@@ -14,18 +14,25 @@ user messages), and `XmlToolParser` reads the answer back, incrementally: fed th
 streams in, it only ever releases text that cannot be part of a tag, so the XML of a call is
 never shown as user-visible text even when ``<tool>`` is split across chunks. The
 ``<tool_call>`` / ``<think>`` spellings that several open models use are read too.
+
+`XML_FORMAT` is the `agent_flow.llm.base.PromptFormat` of a client in XML mode: the
+`ContextManager` counts the prompt through it, so the tools prompt in the system message and
+the rewritten tool turns are inside the budget, not on top of it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
 from typing import Literal, TypeAlias
 
-from agent_flow.messages import ChatMessage, ToolDefinition
+from agent_flow.messages import ChatMessage, Role, ToolDefinition
 
 __all__ = [
+    "XML_FORMAT",
+    "XmlFormat",
     "XmlPiece",
     "XmlToolParser",
     "parse_tool_block",
@@ -197,8 +204,13 @@ def parse_tool_block(block: str) -> tuple[str, str, str | None]:
     return name, json.dumps(arguments, ensure_ascii=False), None
 
 
+@functools.lru_cache(maxsize=4096)
 def render_tool_call(name: str, arguments: str) -> str:
-    """Render one call as the ``<tool>`` block the model is asked to write."""
+    """Render one call as the ``<tool>`` block the model is asked to write.
+
+    Cached: every request (and every budget count) renders all the calls of the history
+    again, and parsing and re-encoding their arguments dominated that.
+    """
     try:
         parsed: object = json.loads(arguments) if arguments.strip() else {}
     except json.JSONDecodeError:
@@ -271,17 +283,19 @@ def to_xml_messages(
         tools: The tools on offer (none, or ``tool_choice="none"``: no tools prompt).
         tool_choice: As in `LLMRequest.tool_choice`.
     """
-    out: list[ChatMessage] = []
+    # Each output message is a first message and the texts merged into it, joined once at the
+    # end: a request (and every budget count) renders the whole history, so this stays linear.
+    groups: list[tuple[ChatMessage, list[str]]] = []
     names: dict[str, str] = {}
     offer = bool(tools) and tool_choice != "none"
     prompt = render_tools_prompt(tools, tool_choice=tool_choice) if offer else ""
     if prompt and not any(message.role == "system" for message in messages):
-        out.append(ChatMessage(role="system", content=prompt))
+        groups.append((_text_message("system", prompt), []))
         prompt = ""
     for message in messages:
         if message.role == "system" and prompt:
             content = f"{message.content}\n\n{prompt}" if message.content else prompt
-            converted = ChatMessage(role="system", content=content)
+            converted = _text_message("system", content)
             prompt = ""
         elif message.role == "assistant" and message.tool_calls:
             blocks = []
@@ -290,23 +304,51 @@ def to_xml_messages(
                 blocks.append(render_tool_call(call.name, call.arguments))
             text = "\n".join(blocks)
             content = f"{message.content}\n{text}" if message.content else text
-            converted = ChatMessage(role="assistant", content=content)
+            converted = _text_message("assistant", content)
         elif message.role == "tool":
-            converted = ChatMessage(role="user", content=_render_result(message, names))
+            converted = _text_message("user", _render_result(message, names))
         else:
             converted = message
-        previous = out[-1] if out else None
+        previous = groups[-1][0] if groups else None
         if (
             previous is not None
             and previous.role == converted.role
             and converted.role != "system"
             and previous.name == converted.name
         ):
-            out[-1] = ChatMessage(
-                role=previous.role,
-                content=f"{previous.content}\n\n{converted.content}",
-                name=previous.name,
-            )
+            groups[-1][1].append(converted.content)
         else:
-            out.append(converted)
-    return out
+            groups.append((converted, []))
+    return [
+        first
+        if not merged
+        else _text_message(first.role, "\n\n".join([first.content, *merged]), name=first.name)
+        for first, merged in groups
+    ]
+
+
+def _text_message(role: Role, content: str, *, name: str | None = None) -> ChatMessage:
+    return ChatMessage(role=role, content=content, name=name)
+
+
+class XmlFormat:
+    """The `PromptFormat` of XML tool mode: the prompt `to_xml_messages` makes, no native tools."""
+
+    name = "xml"
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolDefinition],
+        *,
+        tool_choice: str | None = None,
+    ) -> tuple[list[ChatMessage], tuple[ToolDefinition, ...]]:
+        """Return the rewritten messages (tools described in the system message) and no tools."""
+        return to_xml_messages(messages, tools, tool_choice=tool_choice), ()
+
+    def __repr__(self) -> str:
+        return "XML_FORMAT"
+
+
+#: The prompt format of a client in XML tool mode.
+XML_FORMAT = XmlFormat()

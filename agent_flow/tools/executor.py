@@ -21,6 +21,11 @@ the agent loop. For each `ToolCall` it:
 The calls of one turn run concurrently in an `asyncio.TaskGroup` and the outcomes come back in
 call order. Cancelling `execute` cancels the running tools.
 
+Several agents may share one executor: the hooks and the approver of a turn travel with its
+`execute` call (a `_Scope`), never as state on the executor, so each agent hears about and
+answers for its own calls only. The executor's own `hooks` and `approval` are the defaults
+for calls that bring none.
+
 Registration (names, namespaces, collisions, schema checks) is `ToolRegistry`'s, in
 `_registry`; argument checking is in `_validation`, output limits in `_truncation`, the
 approval flow in `_approval` and `ToolHooks` in `_hooks`. This module runs the calls.
@@ -29,7 +34,6 @@ approval flow in `_approval` and `ToolHooks` in `_hooks`. This module runs the c
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import difflib
 import logging
 import time
@@ -126,9 +130,14 @@ class _Ran:
     shown: ToolResult | None = None  # the result as the model sees it (truncated)
 
 
-_CALL_HOOKS: contextvars.ContextVar[ToolHooks | None] = contextvars.ContextVar(
-    "agent_flow_tool_hooks", default=None
-)
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What one `execute` call brings along: who hears about its calls and who approves them."""
+
+    run_id: str
+    environment: Environment | None
+    hooks: ToolHooks
+    approval: ApprovalCallback | None
 
 
 class ToolExecutor(ToolRegistry):
@@ -140,11 +149,12 @@ class ToolExecutor(ToolRegistry):
     Args:
         tools: Tools (or plain functions, wrapped with `@tool`) to register now.
         policy: Decides what may run; defaults to a `PolicyEngine` with its defaults.
-        approval: Answers approval requests; without one, calls needing approval are refused.
+        approval: Answers approval requests of calls whose `execute` brings no approver of its
+            own; without any, calls needing approval are refused.
         handlers: Result handlers applied when an environment is passed to `execute`;
             defaults to `HandlerRegistry.with_defaults()` (pass an empty
             ``HandlerRegistry(default=None)`` for none).
-        hooks: Callbacks for the loop's events.
+        hooks: Callbacks for the progress of calls whose `execute` brings no hooks of its own.
         default_timeout: Seconds a call may run unless its tool says otherwise (``None``: no
             limit).
         max_output_tokens: Default token limit of a result's content (``None``: no limit).
@@ -200,6 +210,7 @@ class ToolExecutor(ToolRegistry):
         run_id: str = "",
         environment: Environment | None = None,
         hooks: ToolHooks | None = None,
+        approval: ApprovalCallback | None = None,
     ) -> list[ToolOutcome]:
         """Execute one turn's calls concurrently and return their outcomes in call order.
 
@@ -210,29 +221,30 @@ class ToolExecutor(ToolRegistry):
                 handlers.
             hooks: Callbacks for these calls only, instead of the executor's `hooks` (so
                 several agents can share one executor, each receiving its own calls' events).
+            approval: Answers approval requests of these calls only, instead of the
+                executor's `approval` (so agents sharing an executor each answer for their
+                own calls).
 
         Never raises for anything a tool does; cancellation propagates (running tools are
         cancelled).
         """
+        scope = _Scope(
+            run_id=run_id,
+            environment=environment,
+            hooks=hooks if hooks is not None else self.hooks,
+            approval=approval if approval is not None else self.approval,
+        )
         ran: list[_Ran | None] = [None] * len(calls)
 
         async def run(index: int, call: ToolCall) -> None:
-            ran[index] = await self._run_call(call, run_id, environment)
+            ran[index] = await self._run_call(call, scope)
 
-        # The tasks below copy the current context, so they see these calls' hooks.
-        token = _CALL_HOOKS.set(hooks)
-        try:
-            async with asyncio.TaskGroup() as group:
-                for index, call in enumerate(calls):
-                    group.create_task(run(index, call))
-        finally:
-            _CALL_HOOKS.reset(token)
+        async with asyncio.TaskGroup() as group:
+            for index, call in enumerate(calls):
+                group.create_task(run(index, call))
         return [
             self._finish(call, record, environment) for call, record in zip(calls, ran, strict=True)
         ]
-
-    def _hooks(self) -> ToolHooks:
-        return _CALL_HOOKS.get() or self.hooks
 
     async def execute_one(
         self,
@@ -240,9 +252,13 @@ class ToolExecutor(ToolRegistry):
         *,
         run_id: str = "",
         environment: Environment | None = None,
+        hooks: ToolHooks | None = None,
+        approval: ApprovalCallback | None = None,
     ) -> ToolOutcome:
         """Execute a single call (see `execute`)."""
-        (outcome,) = await self.execute([call], run_id=run_id, environment=environment)
+        (outcome,) = await self.execute(
+            [call], run_id=run_id, environment=environment, hooks=hooks, approval=approval
+        )
         return outcome
 
     def _finish(
@@ -284,19 +300,19 @@ class ToolExecutor(ToolRegistry):
             update={"content": content, "truncated": True, "original_tokens": original}
         )
 
-    async def _run_call(self, call: ToolCall, run_id: str, environment: Environment | None) -> _Ran:
-        await _hook(self._hooks().call_started(call))
+    async def _run_call(self, call: ToolCall, scope: _Scope) -> _Ran:
+        await _hook(scope.hooks.call_started(call))
         try:
-            record = await self._attempt(call, run_id, environment)
+            record = await self._attempt(call, scope)
         except Exception as err:  # the tool boundary: a policy rule or schema bug, say
             logger.exception("running tool call %r failed inside the executor", call.name)
             message = f"the call to {call.name!r} failed before it could run: {err}"
             record = _Ran(self._error(call, message, "exception"))
         record.shown = self._truncate(record.result)
-        await _hook(self._hooks().call_finished(call, record.shown))
+        await _hook(scope.hooks.call_finished(call, record.shown))
         return record
 
-    async def _attempt(self, call: ToolCall, run_id: str, environment: Environment | None) -> _Ran:
+    async def _attempt(self, call: ToolCall, scope: _Scope) -> _Ran:
         # Parsed once, by the call itself: the same verdict the LLM layer reached.
         arguments = call.parsed_arguments
         if arguments is None and call.name:
@@ -318,9 +334,9 @@ class ToolExecutor(ToolRegistry):
                 registered,
                 arguments,
                 decision,
-                approver=self.approval,
+                approver=scope.approval,
                 approval_timeout=self.approval_timeout,
-                hooks=self._hooks(),
+                hooks=scope.hooks,
             )
             if not approval.approved:
                 because = f": {approval.reason}" if approval.reason else ""
@@ -332,9 +348,9 @@ class ToolExecutor(ToolRegistry):
         context = ToolContext(
             call_id=call.id,
             tool_name=registered.name,
-            run_id=run_id,
-            environment=environment,
-            progress_callback=self._progress_reporter(call),
+            run_id=scope.run_id,
+            environment=scope.environment,
+            progress_callback=self._progress_reporter(call, scope.hooks),
         )
         if self._semaphore is None:
             result = await self._invoke(call, registered, arguments, context)
@@ -397,10 +413,10 @@ class ToolExecutor(ToolRegistry):
         )
 
     def _progress_reporter(
-        self, call: ToolCall
+        self, call: ToolCall, hooks: ToolHooks
     ) -> Callable[[float, float | None, str | None], Awaitable[None]]:
         async def report(progress: float, total: float | None, message: str | None) -> None:
-            await _hook(self._hooks().progress(call, progress, total, message))
+            await _hook(hooks.progress(call, progress, total, message))
 
         return report
 
