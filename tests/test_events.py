@@ -206,6 +206,39 @@ async def test_async_with_leaves_the_bus_and_close_ends_iteration() -> None:
     assert [e.seq for e in await collect(again)] == [3]
 
 
+async def test_a_where_filter_picks_events_and_one_that_raises_only_skips_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bus = EventBus()
+    mine = bus.subscribe(where=lambda event: event.run_id == "mine")
+
+    def broken(event: AgentEvent) -> bool:
+        raise ValueError("filter bug")
+
+    skipped = bus.subscribe(where=broken)
+    everything = bus.subscribe()
+    await bus.publish(TextDelta(run_id="mine", seq=0, text="a"))
+    await bus.publish(TextDelta(run_id="other", seq=0, text="b"))
+    bus.close()
+    assert [e.run_id for e in await collect(mine)] == ["mine"]
+    assert await collect(skipped) == []
+    assert [e.run_id for e in await collect(everything)] == ["mine", "other"]
+    assert "filter bug" in caplog.text
+
+
+async def test_ending_a_subscription_keeps_its_queued_events_and_leaves_the_bus() -> None:
+    bus = EventBus()
+    ended = bus.subscribe()
+    other = bus.subscribe()
+    await bus.publish(text(0))
+    ended.end()
+    await bus.publish(text(1))
+    assert bus.subscriber_count == 1
+    assert [e.seq for e in await collect(ended)] == [0]
+    bus.close()
+    assert [e.seq for e in await collect(other)] == [0, 1]
+
+
 async def test_hooks_run_per_kind_and_a_failing_hook_is_logged_not_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
