@@ -14,8 +14,13 @@ When a subscriber falls behind, its own policy decides, explicitly:
 A subscriber that raises or stops reading affects nobody else: it only ever touches its own
 queue, and it leaves the bus when the task reading it fails, when it leaves an ``async for``
 early and drops the subscription, or at once with ``async with`` / `Subscription.aclose`.
-Closing the bus (the executor does it at the end of each run) ends every subscription's
-iteration.
+
+A bus is closed only by whoever created it (`EventBus.close` ends every subscription; queued
+events can still be read). An agent that made its own bus closes it when each run ends; a bus
+given to agents is shared and no agent closes it, so one finishing never ends another's
+subscribers. On a shared bus, ``bus.subscribe()`` sees every agent's events (told apart by
+``run_id``) until the creator closes the bus; ``agent.subscribe()`` sees that agent's events
+only and ends with its run, as on a bus of its own.
 """
 
 from __future__ import annotations
@@ -323,7 +328,8 @@ EventHook: TypeAlias = Callable[[AgentEvent], Awaitable[None] | None]
 class Subscription:
     """One subscriber's bounded queue of events; iterate it with ``async for``.
 
-    Created by `EventBus.subscribe`. Iteration ends when the bus closes or `aclose` is called.
+    Created by `EventBus.subscribe`. Iteration ends when the bus closes, `end` is called
+    (queued events are read first), or `aclose` is called (at once).
     """
 
     def __init__(
@@ -333,11 +339,13 @@ class Subscription:
         maxsize: int,
         policy: BackpressurePolicy,
         kinds: frozenset[str] | None,
+        where: Callable[[AgentEvent], bool] | None = None,
     ) -> None:
         self._bus = weakref.ref(bus)
         self.maxsize = maxsize
         self.policy: BackpressurePolicy = policy
         self.kinds = kinds
+        self._where = where
         self._queue: deque[AgentEvent] = deque()
         self._closed = False
         self._readable = asyncio.Event()
@@ -356,7 +364,16 @@ class Subscription:
         return self._closed
 
     def _wants(self, event: AgentEvent) -> bool:
-        return self.kinds is None or event.kind in self.kinds
+        if self.kinds is not None and event.kind not in self.kinds:
+            return False
+        if self._where is None:
+            return True
+        try:
+            return self._where(event)
+        # A user's filter may fail in any way; it must not end the run that publishes.
+        except Exception:
+            logger.exception("subscription filter %r failed on %s event", self._where, event.kind)
+            return False
 
     def _offer(self, event: AgentEvent) -> bool:
         """Queue `event` if there is room (dropping the oldest under that policy)."""
@@ -380,6 +397,16 @@ class Subscription:
         self._closed = True
         self._readable.set()
         self._writable.set()
+
+    def end(self) -> None:
+        """Stop receiving events and leave the bus; events already queued can still be read.
+
+        Iteration ends once they are read (`aclose` instead drops them and ends at once).
+        """
+        bus = self._bus()
+        if bus is not None:
+            bus._unsubscribe(self)
+        self._close()
 
     async def aclose(self) -> None:
         """Stop receiving events and leave the bus."""
@@ -454,6 +481,8 @@ def _reader_finished(ref: weakref.ref[Subscription], task: asyncio.Task[object])
 class EventBus:
     """Fans each published event out to every subscriber and hook.
 
+    Closed only by whoever created it; several agents may share one (see the module doc).
+
     Subscriptions are held weakly: one its reader dropped (an ``async for`` left early)
     disappears with it, so a waiting publisher is never stuck on a queue nobody reads.
 
@@ -477,6 +506,7 @@ class EventBus:
         maxsize: int | None = None,
         policy: BackpressurePolicy = "wait",
         kinds: Iterable[str] | None = None,
+        where: Callable[[AgentEvent], bool] | None = None,
     ) -> Subscription:
         """Open a subscription that receives every event published from now on.
 
@@ -485,6 +515,9 @@ class EventBus:
             policy: What happens when the queue is full: ``"wait"`` makes the publisher wait,
                 ``"drop_oldest"`` drops the oldest events and reports the gap.
             kinds: Only receive events of these kinds (all when None).
+            where: Only receive events for which this returns True (e.g. one run's, by
+                ``run_id``, on a shared bus). It runs in the publisher's task; one that
+                raises is logged and the event is not delivered to this subscription.
         """
         size = self.default_maxsize if maxsize is None else maxsize
         if size < 1:
@@ -500,6 +533,7 @@ class EventBus:
             maxsize=size,
             policy=policy,
             kinds=frozenset(kinds) if kinds is not None else None,
+            where=where,
         )
         self._subscriptions.append(weakref.ref(subscription, self._forget))
         return subscription
@@ -551,7 +585,9 @@ class EventBus:
     def close(self) -> None:
         """End every open subscription; queued events can still be read.
 
-        New subscriptions may be opened afterwards; they receive the events published later.
+        Only the bus's creator should call it (see the module doc): an agent closes the bus it
+        made at the end of each run, never one it was given. New subscriptions may be opened
+        afterwards; they receive the events published later.
         """
         for ref in self._subscriptions:
             subscription = ref()

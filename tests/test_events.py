@@ -52,39 +52,43 @@ def test_every_event_class_is_in_the_union_and_has_a_distinct_kind() -> None:
     assert len(kinds) == len(set(kinds))
 
 
+# One class per test: drawing every class in one example overran Hypothesis's buffer now
+# and then (a "filter_too_much" health-check failure).
+@pytest.mark.parametrize("cls", event_classes(), ids=lambda cls: cls.__name__)
 @settings(max_examples=30)
-@given(st.data())
-def test_every_event_kind_round_trips_through_one_json_line(data: st.DataObject) -> None:
-    for cls in event_classes():
-        finite = {
-            name: st.floats(0, 1e9)
-            for name, field in cls.model_fields.items()
-            if field.annotation in (float, "float")
-        }
-        json_fields = {
-            name: json_values()
-            for name, field in cls.model_fields.items()
-            if "JsonValue" in str(field.annotation)
-        }
-        if cls is EnvironmentUpdated:
-            json_fields["changes"] = st.lists(
-                st.builds(
-                    EnvironmentChange,
-                    version=st.integers(0, 100),
-                    op=st.sampled_from(["set", "delete"]),
-                    pointer=st.text(),
-                    old=json_values(),
-                    new=json_values(),
-                ),
-                max_size=3,
-            ).map(tuple)
-        event = data.draw(
-            st.builds(cls, run_id=st.text(), seq=st.integers(0, 10**9), **finite, **json_fields)
-        )
-        line = event_to_json(event)
-        assert "\n" not in line
-        assert event_from_json(line) == event
-        assert EVENT_ADAPTER.validate_python(event.model_dump()) == event
+@given(data=st.data())
+def test_every_event_kind_round_trips_through_one_json_line(
+    cls: type[AgentEvent], data: st.DataObject
+) -> None:
+    finite = {
+        name: st.floats(0, 1e9)
+        for name, field in cls.model_fields.items()
+        if field.annotation in (float, "float")
+    }
+    json_fields = {
+        name: json_values()
+        for name, field in cls.model_fields.items()
+        if "JsonValue" in str(field.annotation)
+    }
+    if cls is EnvironmentUpdated:
+        json_fields["changes"] = st.lists(
+            st.builds(
+                EnvironmentChange,
+                version=st.integers(0, 100),
+                op=st.sampled_from(["set", "delete"]),
+                pointer=st.text(),
+                old=json_values(),
+                new=json_values(),
+            ),
+            max_size=3,
+        ).map(tuple)
+    event = data.draw(
+        st.builds(cls, run_id=st.text(), seq=st.integers(0, 10**9), **finite, **json_fields)
+    )
+    line = event_to_json(event)
+    assert "\n" not in line
+    assert event_from_json(line) == event
+    assert EVENT_ADAPTER.validate_python(event.model_dump()) == event
 
 
 async def test_every_subscriber_receives_every_event_in_order() -> None:
@@ -204,6 +208,39 @@ async def test_async_with_leaves_the_bus_and_close_ends_iteration() -> None:
     await bus.publish(text(3))
     bus.close()
     assert [e.seq for e in await collect(again)] == [3]
+
+
+async def test_a_where_filter_picks_events_and_one_that_raises_only_skips_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bus = EventBus()
+    mine = bus.subscribe(where=lambda event: event.run_id == "mine")
+
+    def broken(event: AgentEvent) -> bool:
+        raise ValueError("filter bug")
+
+    skipped = bus.subscribe(where=broken)
+    everything = bus.subscribe()
+    await bus.publish(TextDelta(run_id="mine", seq=0, text="a"))
+    await bus.publish(TextDelta(run_id="other", seq=0, text="b"))
+    bus.close()
+    assert [e.run_id for e in await collect(mine)] == ["mine"]
+    assert await collect(skipped) == []
+    assert [e.run_id for e in await collect(everything)] == ["mine", "other"]
+    assert "filter bug" in caplog.text
+
+
+async def test_ending_a_subscription_keeps_its_queued_events_and_leaves_the_bus() -> None:
+    bus = EventBus()
+    ended = bus.subscribe()
+    other = bus.subscribe()
+    await bus.publish(text(0))
+    ended.end()
+    await bus.publish(text(1))
+    assert bus.subscriber_count == 1
+    assert [e.seq for e in await collect(ended)] == [0]
+    bus.close()
+    assert [e.seq for e in await collect(other)] == [0, 1]
 
 
 async def test_hooks_run_per_kind_and_a_failing_hook_is_logged_not_raised(

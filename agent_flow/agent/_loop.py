@@ -10,16 +10,33 @@ and, for `RunTools`, a `_tool_step` (execute, apply handlers, record results) th
 `Continue` or `Finish`; the steps are in `agent_flow.agent._steps`. Every step publishes
 typed events on the executor's `EventBus`; nothing in a tool, a handler or a subscriber can
 end the loop except through a `Finish` with a `StopReason`. Here too: cancellation, the
-loop's own failures, pruning and saving after each step, and the final `ExecutionOutcome`.
+loop's own failures, pruning after each step, and the final `ExecutionOutcome`.
+
+Saving is not decided here: the loop hands its events and its step boundaries to the
+executor's `StepRecorder` (`agent_flow.sessions.protocol`), which owns the save policy.
+
+How a run ends:
+
+- `cancel` (even before the run's task first ran) ends it as CANCELLED, and `run` returns
+  the outcome. A cancellation from outside (``task.cancel()``, a timeout) also ends it as
+  CANCELLED, then re-raises `CancelledError` to that canceller — also when it coincides with
+  `cancel`, whose own request is then withdrawn (``uncancel``) and the outside one kept.
+- The run's end is saved before `RunFinished` is published, so a subscriber that sees it can
+  read the final state from the store. A cancellation arriving while the end is saved waits
+  for the write (the recorder's), so the session is never left "active".
+- A store that fails to save the end makes the outcome ERROR, its `errors` saying why; the
+  answer the run had (``final_text``, ``output``) is kept. `ExecutionError` and a
+  `RunFinished` with stop reason ``error`` are published instead (and saved by the next
+  successful write).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import textwrap
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -52,10 +69,10 @@ from agent_flow.llm.base import (
     Usage,
 )
 from agent_flow.llm.metering import listen_for_model_calls
-from agent_flow.sessions import SessionStatus
 
 if TYPE_CHECKING:
     from agent_flow.agent.executor import AgentExecutor
+    from agent_flow.sessions.protocol import StepRecorder
 
 
 @dataclass(eq=False)
@@ -64,6 +81,8 @@ class _Run:
 
     agent: AgentExecutor
     run_id: str
+    # The coroutine that claimed this run (`AgentExecutor.run`), until its task starts it.
+    coroutine: weakref.ref[Coroutine[object, None, ExecutionOutcome]] | None = None
     task: asyncio.Task[object] | None = None
     iteration: int = 0
     seq: int = 0
@@ -73,33 +92,45 @@ class _Run:
     usage_per_call: list[Usage] = field(default_factory=list)
     tool_uses: list[ToolUse] = field(default_factory=list)
     errors: list[RunErrorInfo] = field(default_factory=list)
-    pending_events: list[AgentEvent] = field(default_factory=list)
     reprompts: int = 0
     output_retries: int = 0
     last_signature: tuple[tuple[str, str, str], ...] | None = None
     repeats: int = 0
     cancel_requested: bool = False
+    # Whether `cancel` cancelled the task (a request made before the task ran did not).
+    cancelled_task: bool = False
     finishing: bool = False
     # Parallel tool calls emit concurrently; see `emit`.
     emit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    @property
+    def recorder(self) -> StepRecorder | None:
+        return self.agent.recorder
+
     def cancel(self) -> None:
-        """Cancel the task running this run; `execute` then finishes it as CANCELLED."""
+        """End this run as CANCELLED: cancel its task, or, before it started, ask it to stop."""
         # Once: a second cancel() must not leave a cancellation pending on the caller, and
         # one that arrives while the run is already finishing has nothing left to cancel.
-        if self.task is None or self.cancel_requested or self.finishing:
+        if self.cancel_requested or self.finishing:
             return
         self.cancel_requested = True
-        self.task.cancel()
+        # Before the task ran (`create_task(agent.run(...))`, then `cancel()`), there is no
+        # task to cancel yet: `execute` sees the request when it starts.
+        if self.task is not None:
+            self.cancelled_task = True
+            self.task.cancel()
 
     async def execute(self, message: str) -> ExecutionOutcome:
         """Run the loop on a new user message until a `Finish`; see `AgentExecutor`."""
+        self.task = asyncio.current_task()
+        self.started = time.perf_counter()
+        self.started_at = datetime.now(UTC)
         finish: Finish
+        # A cancellation from outside, to re-raise once the run is finished and saved.
+        outside: asyncio.CancelledError | None = None
         try:
-            if self.agent.store is not None and self.agent.session_id is None:
-                title = textwrap.shorten(message, width=80, placeholder=" …")
-                info = await self.agent.store.create(agent=self.agent.config.name, title=title)
-                self.agent.session_id = info.id
+            if self.recorder is not None:
+                await self.recorder.start(agent=self.agent.config.name, task=message)
             self._close_pending("the previous run ended before this call finished")
             self.agent.history.add(UserMessage(content=message))
             await self.emit(
@@ -110,28 +141,36 @@ class _Run:
             )
             if self.agent._counter_note is not None:
                 await self.emit(WarningRaised, message=self.agent._counter_note, source="tokens")
-            finish = await self._loop()
-        except asyncio.CancelledError:
+            if self.cancel_requested and not self.cancelled_task:
+                # Cancelled before the task first ran: the message is recorded, nothing done.
+                finish = Finish(StopReason.CANCELLED)
+            else:
+                finish = await self._loop()
+            if self.cancelled_task:
+                # `cancel()` came from inside this task (a hook, a tool) where no await
+                # delivered it: take it here, not at the caller's next await.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError as err:
             self._close_pending("the run was cancelled before this call finished")
             self.finishing = True
-            if not self.cancel_requested:
-                await self._finish(Finish(StopReason.CANCELLED))
-                raise
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            if self.cancelled_task and task is not None:
+                task.uncancel()  # withdraw our own request; any other one stays counted
+            if not self.cancelled_task or task is None or task.cancelling() > 0:
+                outside = err
             finish = Finish(StopReason.CANCELLED)
         # The loop's own failures (a summarizer's model error during pruning, a store that
         # cannot write, a bug) end the run with an error instead of leaving it half-open.
         except Exception as err:
             self._close_pending("the run failed before this call finished")
-            wrapped = (
-                err if isinstance(err, AgentFlowError) else RunError(f"{type(err).__name__}: {err}")
-            )
+            wrapped = _wrap(err)
             await self._error(wrapped, fatal=True)
             finish = Finish(StopReason.ERROR, text=str(wrapped))
         self.finishing = True
-        return await self._finish(finish)
+        outcome = await self._finish(finish)
+        if outside is not None:
+            raise outside
+        return outcome
 
     async def _loop(self) -> Finish:
         while True:
@@ -168,11 +207,26 @@ class _Run:
             report = await self.agent.context.prune_if_needed(tools=self.agent.offered_tools())
         if report is not None and report.changed:
             await self.emit(HistoryPruned, report=report)
-        await self._save(status="active")
+        if self.recorder is not None:
+            await self.recorder.step(self.agent.history, self.agent.environment)
 
     async def _finish(self, finish: Finish) -> ExecutionOutcome:
+        """Save and publish the run's end, end its subscriptions, and build the outcome."""
         duration_ms = (time.perf_counter() - self.started) * 1000
-        outcome = ExecutionOutcome(
+        try:
+            try:
+                await self._end(finish, duration_ms)
+            except asyncio.CancelledError:
+                raise
+            # The store could not save the end: the run failed, whatever it achieved.
+            except Exception as err:
+                await self._error(_wrap(err), fatal=True)
+                finish = Finish(StopReason.ERROR, text=finish.text, output=finish.output)
+                async with self.emit_lock:
+                    await self._publish(self._finished_event(finish, duration_ms))
+        finally:
+            self.agent._run_ended()
+        return ExecutionOutcome(
             run_id=self.run_id,
             final_text=finish.text,
             output=finish.output,
@@ -186,21 +240,36 @@ class _Run:
             duration_ms=duration_ms,
             environment_version=self.agent.environment.version,
         )
-        try:
-            await self.emit(
-                RunFinished,
-                stop_reason=finish.reason.value,
-                final_text=finish.text,
-                output=finish.output,
-                iterations=self.iteration,
-                prompt_tokens=self.usage.prompt_tokens,
-                completion_tokens=self.usage.completion_tokens,
-                duration_ms=duration_ms,
-            )
-            await self._save(status=_session_status(finish.reason))
-        finally:
-            self.agent.events.close()
-        return outcome
+
+    async def _end(self, finish: Finish, duration_ms: float) -> None:
+        """Save `RunFinished` with the final state, then publish it."""
+        async with self.emit_lock:
+            event = self._finished_event(finish, duration_ms)
+            interrupted: asyncio.CancelledError | None = None
+            if self.recorder is not None:
+                try:
+                    await self.recorder.finish(self.agent.history, self.agent.environment, event)
+                except asyncio.CancelledError as err:
+                    # The recorder let its write finish first: the end is saved; say so.
+                    interrupted = err
+            self.seq += 1
+            await self.agent.events.publish(event)
+        if interrupted is not None:
+            raise interrupted
+
+    def _finished_event(self, finish: Finish, duration_ms: float) -> RunFinished:
+        """The run's last event, numbered next (publish it with the emit lock held)."""
+        return RunFinished(
+            run_id=self.run_id,
+            seq=self.seq,
+            stop_reason=finish.reason.value,
+            final_text=finish.text,
+            output=finish.output,
+            iterations=self.iteration,
+            prompt_tokens=self.usage.prompt_tokens,
+            completion_tokens=self.usage.completion_tokens,
+            duration_ms=duration_ms,
+        )
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -216,19 +285,6 @@ class _Run:
                 )
             )
 
-    async def _save(self, *, status: SessionStatus) -> None:
-        if self.agent.store is None or self.agent.session_id is None:
-            self.pending_events.clear()
-            return
-        events, self.pending_events = self.pending_events, []
-        await self.agent.store.save_step(
-            self.agent.session_id,
-            history=self.agent.history,
-            environment=self.agent.environment,
-            events=events,
-            status=status,
-        )
-
     async def _error(self, err: AgentFlowError, *, fatal: bool) -> None:
         self.errors.append(
             RunErrorInfo(
@@ -240,27 +296,23 @@ class _Run:
         )
 
     async def emit(self, kind: Callable[..., AgentEvent], /, **fields: object) -> None:
-        """Number an event of this run, keep it for the next save, and publish it."""
+        """Number an event of this run, hand it to the recorder, and publish it."""
         # Parallel tool calls emit concurrently: number and publish under one lock, so every
         # subscriber sees the events in sequence order.
         async with self.emit_lock:
-            event = kind(run_id=self.run_id, seq=self.seq, **fields)
-            self.seq += 1
-            if self.agent.store is not None:
-                self.pending_events.append(event)
-            await self.agent.events.publish(event)
+            await self._publish(kind(run_id=self.run_id, seq=self.seq, **fields))
+
+    async def _publish(self, event: AgentEvent) -> None:
+        """Publish `event`, numbered ``self.seq``; the caller holds the emit lock."""
+        self.seq += 1
+        if self.recorder is not None:
+            self.recorder.record(event)
+        await self.agent.events.publish(event)
 
 
 def _model_name(client: LLMClient) -> str:
     return str(getattr(client, "model", "") or type(client).__name__)
 
 
-def _session_status(reason: StopReason) -> SessionStatus:
-    if reason in (StopReason.COMPLETED, StopReason.ANSWERED, StopReason.CONVERSE):
-        return "completed"
-    if reason is StopReason.WAITING_FOR_USER:
-        return "waiting"
-    if reason is StopReason.CANCELLED:
-        return "cancelled"
-    # Limits, a stuck model, errors: the task did not get done.
-    return "failed"
+def _wrap(err: Exception) -> AgentFlowError:
+    return err if isinstance(err, AgentFlowError) else RunError(f"{type(err).__name__}: {err}")

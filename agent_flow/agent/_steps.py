@@ -9,12 +9,14 @@ loop-control tools and watches for a stuck model, returning `Continue` or `Finis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agent_flow.agent._output import _validate_output
+from agent_flow._types import JsonObject
+from agent_flow.agent._output import _validate_output, _validate_result
 from agent_flow.agent.outcome import (
     Continue,
     Finish,
@@ -196,27 +198,51 @@ async def _call_model(run: _Run, request: LLMRequest) -> Completion:
         return await run.agent.llm.complete(request)
     completion: Completion | None = None
     stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
-    async for delta in stream:
-        match delta:
-            case TextChunk(text=text):
-                await run.emit(TextDelta, text=text)
-            case ThinkingChunk(text=text):
-                await run.emit(ThinkingDelta, text=text)
-            case ToolCallChunk(index=index, id=call_id, name=name):
-                await run.emit(
-                    ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
-                )
-            case ToolCallArgumentsChunk(index=index, id=call_id, delta=text):
-                await run.emit(
-                    ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
-                )
-            case StreamWarning(message=message):
-                await run.emit(WarningRaised, message=message, source="model")
-            case Completion():
-                completion = delta
+    # However the loop leaves the stream (its end, a failure, a cancel while a subscriber
+    # holds us up), it is closed now, releasing its connection, not whenever it is collected.
+    async with contextlib.aclosing(_closable(stream)):
+        async for delta in stream:
+            completion = await _relay(run, delta) or completion
     if completion is None:
         raise ModelResponseError("the model's stream ended without a final answer")
     return completion
+
+
+@runtime_checkable
+class _Closable(Protocol):
+    async def aclose(self) -> object: ...
+
+
+class _NothingToClose:
+    async def aclose(self) -> None:
+        return None
+
+
+def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
+    """`stream` itself when it can be closed (an async generator can), else a stand-in."""
+    return stream if isinstance(stream, _Closable) else _NothingToClose()
+
+
+async def _relay(run: _Run, delta: StreamEvent) -> Completion | None:
+    """Publish one stream chunk as an event; return it if it is the final `Completion`."""
+    match delta:
+        case TextChunk(text=text):
+            await run.emit(TextDelta, text=text)
+        case ThinkingChunk(text=text):
+            await run.emit(ThinkingDelta, text=text)
+        case ToolCallChunk(index=index, id=call_id, name=name):
+            await run.emit(
+                ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
+            )
+        case ToolCallArgumentsChunk(index=index, id=call_id, delta=text):
+            await run.emit(
+                ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
+            )
+        case StreamWarning(message=message):
+            await run.emit(WarningRaised, message=message, source="model")
+        case Completion():
+            return delta
+    return None
 
 
 def _record_turn(run: _Run, completion: Completion) -> None:
@@ -232,35 +258,47 @@ def _record_turn(run: _Run, completion: Completion) -> None:
         )
 
 
+def _output_schema(run: _Run) -> JsonObject | None:
+    if run.agent.output_type is not None:
+        return run.agent.output_type.model_json_schema()
+    return run.agent.config.output_schema
+
+
+async def _correct(run: _Run, problem: str, *, answer: str, text: str, again: str) -> Step:
+    """Ask for a correction of an `answer` that missed the output schema, or give up.
+
+    Corrections are bounded (``max_output_retries``); then the run ends as OUTPUT_INVALID
+    with `text` as its final text.
+    """
+    if run.output_retries >= run.agent.config.max_output_retries:
+        err = OutputValidationError(
+            f"the final answer did not match the output schema after "
+            f"{run.output_retries} correction(s): {problem}",
+            last_answer=answer,
+            problems=problem,
+        )
+        await run._error(err, fatal=True)
+        return Finish(StopReason.OUTPUT_INVALID, text=text)
+    run.output_retries += 1
+    run.agent.history.add(UserMessage(content=f"{problem}\n{again}"))
+    return Continue()
+
+
 async def _text_answer(run: _Run, text: str) -> Step:
     """Step 5: an answer without tool calls."""
-    schema = run.agent.config.output_schema
-    if run.agent.output_type is not None:
-        schema = run.agent.output_type.model_json_schema()
+    schema = _output_schema(run)
     if schema is not None:
         output, problem = _validate_output(text, schema, run.agent.output_type)
         if problem is None:
             return Finish(StopReason.COMPLETED, text=text, output=output)
-        if run.output_retries >= run.agent.config.max_output_retries:
-            err = OutputValidationError(
-                f"the final answer did not match the output schema after "
-                f"{run.output_retries} correction(s): {problem}",
-                last_answer=text,
-                problems=problem,
-            )
-            await run._error(err, fatal=True)
-            return Finish(StopReason.OUTPUT_INVALID, text=text)
-        run.output_retries += 1
-        run.agent.history.add(
-            UserMessage(
-                content=(
-                    f"Your answer does not match the required output schema: {problem}\n"
-                    "Answer again with only a JSON value that matches this schema:\n"
-                    f"{json.dumps(schema)}"
-                )
-            )
+        return await _correct(
+            run,
+            f"Your answer does not match the required output schema: {problem}",
+            answer=text,
+            text=text,
+            again="Answer again with only a JSON value that matches this schema:\n"
+            f"{json.dumps(schema)}",
         )
-        return Continue()
     if (
         run.agent.config.on_text_answer == "reprompt"
         and run.reprompts < run.agent.config.max_reprompts
@@ -377,9 +415,23 @@ def _refusal(run: _Run, request: ToolCall) -> ToolResult:
     ).model_copy(update={"call_id": request.id, "tool_name": request.name})
 
 
-async def _control(run: _Run, control: ControlSignal) -> Finish:
+async def _control(run: _Run, control: ControlSignal) -> Step:
     match control:
         case TaskCompletion(summary=summary, result=result):
+            schema = _output_schema(run)
+            if schema is not None:
+                # The same schema as a text answer: `output_type` holds however the run ends.
+                result, problem = _validate_result(result, summary, schema, run.agent.output_type)
+                if problem is not None:
+                    return await _correct(
+                        run,
+                        "The result of your task_completion call does not match the required "
+                        f"output schema: {problem}",
+                        answer=summary if control.result is None else json.dumps(control.result),
+                        text=summary,
+                        again="Call task_completion again with a result that matches this "
+                        f"schema:\n{json.dumps(schema)}",
+                    )
             run.agent.environment.update_section("task", status=TaskStatus.COMPLETED.value)
             return Finish(StopReason.COMPLETED, text=summary, output=result)
         case UserQuestion(question=question):

@@ -2,16 +2,19 @@
 
 The executor is built from a config (`from_config`, or resumed from a stored session),
 offers its tools through a `ToolFilter`, and runs one `_Run` at a time: `run` and `send`
-start one, `cancel` ends it. As an async context manager it owns the resources its config
-names: the MCP servers it starts on entry, and a model client `from_config` built. The loop
-itself, step by step, is in `agent_flow.agent._loop`.
+claim one when called (so `cancel` reaches a run whose task has not started yet), `cancel`
+ends it. As an async context manager it owns the resources its config names: the MCP
+servers it starts on entry, and a model client `from_config` built. The loop itself, step
+by step, is in `agent_flow.agent._loop`; saving is its `StepRecorder`'s job
+(`agent_flow.sessions.recorder`).
 """
 
 from __future__ import annotations
 
-import asyncio
+import inspect
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Literal, Self
 
@@ -34,7 +37,8 @@ from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscrip
 from agent_flow.history import History
 from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
-from agent_flow.sessions import SessionStore
+from agent_flow.sessions.protocol import SessionStore, StepRecorder
+from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
 from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
 
@@ -74,10 +78,13 @@ class AgentExecutor:
             own ``approval`` answers when omitted); several agents may share one executor,
             each with its own approver.
         store: Saves every completed step, so a killed process loses at most the step in
-            flight (see `agent_flow.sessions`).
+            flight (through a `SessionRecorder`, the agent's ``recorder``; see
+            `agent_flow.sessions`).
         session_id: The stored session to write to; a new one is created on the first run
             when omitted. `resume` fills both from a stored session.
-        bus: The event bus (a fresh one when omitted).
+        bus: An event bus to share with other agents, which this agent never closes (its
+            creator does; see `agent_flow.events`). When omitted, the agent makes its own and
+            closes it at the end of every run.
         output_type: A pydantic model the final answer must match (JSON); overrides
             ``config.output_schema``. The outcome's ``output`` holds it as JSON data
             (`ExecutionOutcome.output_as` returns the model).
@@ -106,6 +113,9 @@ class AgentExecutor:
         self.output_type = output_type
         self.stream = stream if stream is not None else _config_streams(self.config)
         self.events = bus if bus is not None else EventBus()
+        # Who made the bus closes it: the agent closes only one it made itself.
+        self._owns_bus = bus is None
+        self._subscriptions: list[weakref.ref[Subscription]] = []
         counter, self._counter_note = _make_counter(self.config)
         if history is not None:
             # Every count must come from one counter, or the budget invariant breaks.
@@ -136,8 +146,11 @@ class AgentExecutor:
             for control in control_tools():
                 if control.name not in self.tools:
                     self.tools.register(control)
-        self.store = store
-        self.session_id = session_id
+        #: Saves the session at step boundaries (None without a store); the loop uses only
+        #: its `StepRecorder` protocol.
+        self.recorder: StepRecorder | None = (
+            SessionRecorder(store, session_id) if store is not None else None
+        )
         self.skill: Skill | None = None
         self._run: _Run | None = None
         # Resources the agent owns: the MCP servers started on entry, with the names their
@@ -351,6 +364,16 @@ class AgentExecutor:
         """The agent's transcript."""
         return self.context.history
 
+    @property
+    def store(self) -> SessionStore | None:
+        """The store the agent's `SessionRecorder` saves to (None without one)."""
+        return self.recorder.store if isinstance(self.recorder, SessionRecorder) else None
+
+    @property
+    def session_id(self) -> str | None:
+        """The stored session this agent writes to (None without a store, or before a run)."""
+        return self.recorder.session_id if self.recorder is not None else None
+
     def subscribe(
         self,
         *,
@@ -358,11 +381,21 @@ class AgentExecutor:
         policy: BackpressurePolicy = "wait",
         kinds: Iterable[str] | None = None,
     ) -> Subscription:
-        """Subscribe to the events of the current or next run; see `EventBus.subscribe`.
+        """Subscribe to this agent's events of its current or next run; see `EventBus.subscribe`.
 
-        The subscription ends when that run ends.
+        The subscription ends when that run ends (events already queued can still be read),
+        also on a bus shared with other agents, whose events it does not receive.
         """
-        return self.events.subscribe(maxsize=maxsize, policy=policy, kinds=kinds)
+        subscription = self.events.subscribe(
+            maxsize=maxsize, policy=policy, kinds=kinds, where=self._is_mine
+        )
+        self._subscriptions = [ref for ref in self._subscriptions if ref() is not None]
+        self._subscriptions.append(weakref.ref(subscription))
+        return subscription
+
+    def _is_mine(self, event: AgentEvent) -> bool:
+        run = self._run
+        return run is not None and event.run_id == run.run_id
 
     def activate_skill(self, name: str | None) -> None:
         """Switch to the skill called `name` (``None``: back to the agent's own prompt).
@@ -392,39 +425,110 @@ class AgentExecutor:
             skill=self.skill.allowed_tools if self.skill is not None else None,
         )
 
-    async def run(self, task: str) -> ExecutionOutcome:
+    def run(self, task: str) -> Coroutine[object, None, ExecutionOutcome]:
         """Run the agent on `task` until a stop condition; see the class docstring.
+
+        `task` becomes the environment's objective (unless the environment was prepared for
+        this first run: an objective set and no history yet), the task status becomes "in
+        progress", and a plan made for another objective is cleared.
+
+        The run is claimed when `run` is called, before the returned coroutine starts: a
+        `cancel` right after ``asyncio.create_task(agent.run(...))`` cancels it.
 
         Cancelling the task running this coroutine cancels tools in flight, closes the
         history consistently and re-raises; `cancel` instead ends the run with
         `StopReason.CANCELLED` and returns its outcome.
-        """
-        if self.environment.task.objective == "":
-            self.environment.update_section(
-                "task", objective=task, status=TaskStatus.IN_PROGRESS.value
-            )
-        return await self._execute(task)
 
-    async def send(self, message: str) -> ExecutionOutcome:
-        """Continue the conversation with a new user message (e.g. answering a question)."""
-        return await self._execute(message)
+        Raises:
+            UserError: The agent is already running (raised by this call, not when awaited).
+        """
+        return self._claimed(task, objective=task)
+
+    def send(self, message: str) -> Coroutine[object, None, ExecutionOutcome]:
+        """Continue the conversation with a new user message (e.g. answering a question).
+
+        A task "waiting" for the user's answer goes back to "in progress". Claimed when
+        called, like `run`.
+
+        Raises:
+            UserError: The agent is already running.
+        """
+        return self._claimed(message, objective=None)
 
     def cancel(self) -> None:
-        """Cancel the current run: tools in flight are cancelled, `run` returns CANCELLED."""
-        if self._run is not None:
+        """Cancel the current run: tools in flight are cancelled, `run` returns CANCELLED.
+
+        A run whose task has not started yet ends as CANCELLED as soon as it starts.
+        """
+        if self._running() and self._run is not None:
             self._run.cancel()
 
     # -- the run -----------------------------------------------------------------------
 
-    async def _execute(self, message: str) -> ExecutionOutcome:
-        if self._run is not None:
+    def _claimed(
+        self, message: str, *, objective: str | None
+    ) -> Coroutine[object, None, ExecutionOutcome]:
+        """Claim the next run now and return the coroutine that will execute it."""
+        if self._running():
             raise UserError("this agent is already running; await the current run first")
-        run = _Run(self, run_id=uuid.uuid4().hex, task=asyncio.current_task())
+        run = _Run(self, run_id=uuid.uuid4().hex)
+        coroutine = self._execute(run, message, objective=objective)
+        run.coroutine = weakref.ref(coroutine)
         self._run = run
+        return coroutine
+
+    def _running(self) -> bool:
+        """Whether a run is under way, or claimed by a coroutine that may still start it."""
+        run = self._run
+        if run is None or run.task is not None:
+            return run is not None
+        # Claimed, never started: the claim holds while its coroutine can still run. One that
+        # was dropped unawaited, or whose task was cancelled before it ran, frees the agent.
+        coroutine = run.coroutine() if run.coroutine is not None else None
+        if coroutine is None or inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED:
+            self._run = None
+            return False
+        return True
+
+    async def _execute(self, run: _Run, message: str, *, objective: str | None) -> ExecutionOutcome:
         try:
+            self._set_task(objective)
             return await run.execute(message)
         finally:
-            self._run = None
+            if self._run is run:
+                self._run = None
+
+    def _set_task(self, objective: str | None) -> None:
+        task = self.environment.task
+        if objective is None:
+            if task.status is TaskStatus.WAITING:
+                self.environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
+            return
+        prepared = task.objective != "" and len(self.history) == 0
+        if prepared or objective == task.objective:
+            if task.status is not TaskStatus.IN_PROGRESS:
+                self.environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
+            return
+        # A new task: the plan made for the previous one no longer applies.
+        self.environment.update_section(
+            "task",
+            objective=objective,
+            status=TaskStatus.IN_PROGRESS.value,
+            plan=[],
+            steps_total=0,
+            steps_completed=0,
+            current_step=None,
+        )
+
+    def _run_ended(self) -> None:
+        """End the subscriptions of the run that ended: the whole bus only if it is ours."""
+        if self._owns_bus:
+            self.events.close()
+        for ref in self._subscriptions:
+            subscription = ref()
+            if subscription is not None:
+                subscription.end()
+        self._subscriptions = []
 
     async def _emit(self, kind: Callable[..., AgentEvent], /, **fields: object) -> None:
         """Publish an event of the current run; without a run there is nothing to report."""

@@ -117,6 +117,7 @@ class History:
         self._pinned: list[int] = []
         self._pinned_total = 0
         self._version = 0
+        self._replaced_version = 0
         self._has_first_user = False
         # Builder of the last unit; None until needed again after units were replaced.
         self._open: _UnitBuilder | None = None
@@ -135,6 +136,14 @@ class History:
     def version(self) -> int:
         """A number that grows with every change (add, prune, summarize)."""
         return self._version
+
+    @property
+    def replaced_version(self) -> int:
+        """The `version` at which entries were last replaced (prune, fold, summarize); 0 if never.
+
+        Up to `version`, entries were only appended since then.
+        """
+        return self._replaced_version
 
     @property
     def entries(self) -> Sequence[HistoryEntry]:
@@ -405,6 +414,7 @@ class History:
         self._open = None
         self._tail_start = len(self._messages) - (len(merged[-1].messages) if merged else 0)
         self._version += 1
+        self._replaced_version = self._version
 
     # -- persistence -------------------------------------------------------------------
 

@@ -12,22 +12,25 @@ what a reader finds, because a step is one transaction.
 
 Cost of a step. `save_step` writes what is new, not the session: the store remembers, per
 session, the entries it saved last (the very objects), the `History` and `Environment` objects
-it saw and their versions. When the same history only grew since (its version rose by exactly
-the number of entries added and the last saved entry is still in place) the new entries are
-appended; otherwise (pruned, summarized, elided, or another history object) the saved entries
-are compared with the history's and the rows from the first difference on are rewritten, in
-the same transaction. This relies on `History.add` raising the version by one per entry and
-on pruning never lengthening the history (true of every built-in strategy). Events are
-appended. The environment is kept as its latest snapshot *without* its change log, plus the
-change log as rows: a step writes the snapshot and the changes made since the last step (none
-of it when the version did not move), and trims changes that fell out of ``max_changes``, so
-`load` rebuilds an environment whose `Environment.to_json` is exactly what was saved.
+it saw and their versions. When the same history only grew since (nothing replaced since that
+save, per `History.replaced_version`) the new entries are appended; otherwise (pruned,
+summarized, elided — whatever a strategy returned, shorter, longer or rewritten — or another
+history object) the saved entries are compared with the history's and the rows from the first
+difference on are rewritten, in the same transaction. Events are appended. The environment is
+kept as its latest snapshot *without* its change log, plus the change log as rows: a step
+writes the snapshot and the changes made since the last step (none of it when the version did
+not move), and trims changes that fell out of ``max_changes``, so `load` rebuilds an
+environment whose `Environment.to_json` is exactly what was saved.
+
+When to save is the `StepRecorder`'s call (`recorder.SessionRecorder`, which an
+`AgentExecutor` given a store uses): it creates the session on the first run, saves every
+step and the run's end with its status, and lets a write finish when the run is cancelled.
 
 Modules: `models` (`SessionInfo`, `SessionState`, `SessionStatus`), `protocol`
-(`SessionStore`, `default_store_path`), `export` (the export format), `sqlite` (durability,
-concurrency and the storage schema are described there) and `memory`; privately, `_backend`
-(the rows a backend stores), `_planner` (what a step writes) and `_base` (the async store
-shared by both implementations).
+(`SessionStore`, `StepRecorder`, `default_store_path`), `recorder` (`SessionRecorder`),
+`export` (the export format), `sqlite` (durability, concurrency and the storage schema are
+described there) and `memory`; privately, `_backend` (the rows a backend stores), `_planner`
+(what a step writes) and `_base` (the async store shared by both implementations).
 
 `SQLiteSessionStore` and `SCHEMA_VERSION` are loaded on first use, so that importing
 `agent_flow` (which imports this package for the `SessionStore` protocol) does not import
@@ -50,9 +53,10 @@ from agent_flow.sessions.export import (
 )
 from agent_flow.sessions.memory import InMemorySessionStore
 from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
-from agent_flow.sessions.protocol import SessionStore, default_store_path
+from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
 
 if TYPE_CHECKING:
+    from agent_flow.sessions.recorder import SessionRecorder
     from agent_flow.sessions.sqlite import SCHEMA_VERSION, SQLiteSessionStore
 
 __all__ = [
@@ -68,9 +72,11 @@ __all__ = [
     "SQLiteSessionStore",
     "SessionHeaderLine",
     "SessionInfo",
+    "SessionRecorder",
     "SessionState",
     "SessionStatus",
     "SessionStore",
+    "StepRecorder",
     "default_store_path",
 ]
 
@@ -83,4 +89,9 @@ def __getattr__(name: str) -> object:
         from agent_flow.sessions import sqlite
 
         return getattr(sqlite, name)
+    # The recorder imports the agent package, which imports this one: load it when used.
+    if name == "SessionRecorder":
+        from agent_flow.sessions.recorder import SessionRecorder
+
+        return SessionRecorder
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,9 +34,13 @@ def _kept_entries(tracked: _Tracked, history: History) -> int:
     saved = tracked.entries
     entries = history.entries
     grown = len(entries) - len(saved)
+    # The same history, with nothing replaced since the last save, only had entries appended.
+    # (Version arithmetic alone is not proof: a pruning that rewrites an old entry and adds
+    # one more unit than it drops looks like an append of the same length.)
     if (
         tracked.history is not None
         and tracked.history() is history
+        and history.replaced_version <= tracked.history_version
         and grown >= 0
         and history.version - tracked.history_version == grown
         and (not saved or entries[len(saved) - 1] is saved[-1])

@@ -1,4 +1,9 @@
-"""The `SessionStore` protocol every session store implements, and `default_store_path`."""
+"""The persistence protocols `SessionStore` and `StepRecorder`, and `default_store_path`.
+
+`SessionStore` is what a store does; `StepRecorder` is what the agent loop calls at step
+boundaries. The agent loop depends on `StepRecorder` only;
+`agent_flow.sessions.recorder.SessionRecorder` implements it over any `SessionStore`.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +16,11 @@ from typing import IO, Protocol, Self
 
 from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
-from agent_flow.events import AgentEvent
+from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
 from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
 
-__all__ = ["SessionStore", "default_store_path"]
+__all__ = ["SessionStore", "StepRecorder", "default_store_path"]
 
 
 def default_store_path() -> Path:
@@ -159,3 +164,47 @@ class SessionStore(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class StepRecorder(Protocol):
+    """What the agent loop calls to persist a run, at step boundaries only.
+
+    The loop calls `start` when a run starts, `record` for every event it publishes, `step`
+    after every completed step (each tool call answered), and `finish` once at the end, with
+    the run's `RunFinished` event, before publishing it. A recorder decides where and how;
+    the loop only relies on this: once `step` or `finish` returned, what they were given is
+    saved, and a cancellation delivered meanwhile waits for the write (then is re-raised).
+    """
+
+    @property
+    def session_id(self) -> str | None:
+        """The session written to (None until `start` created one)."""
+        ...
+
+    async def start(self, *, agent: str, task: str) -> None:
+        """A run of `agent` starts on the user message `task`: create the session if none.
+
+        Raises:
+            StoreError: The session cannot be created.
+        """
+        ...
+
+    def record(self, event: AgentEvent) -> None:
+        """Keep `event`, published by the run, for the next save."""
+        ...
+
+    async def step(self, history: History, environment: Environment) -> None:
+        """Save a completed step: the history and environment now and the recorded events.
+
+        Raises:
+            StoreError: The store failed; the events stay recorded for the next save.
+        """
+        ...
+
+    async def finish(self, history: History, environment: Environment, final: RunFinished) -> None:
+        """Save the run's end: the state, the recorded events, `final`, and the final status.
+
+        Raises:
+            StoreError: The store failed; `final` is dropped, the other events stay recorded.
+        """
+        ...

@@ -1,0 +1,192 @@
+"""The save policy of a run: `SessionRecorder` (sessions/recorder.py).
+
+A recorder shields its writes: a cancelled run still saves its step and its end, and a write
+that was cancelled or failed loses no event (the next write carries it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from agent_flow.agent import StopReason
+from agent_flow.environment import Environment
+from agent_flow.errors import StoreError
+from agent_flow.events import RunFinished, TextDelta
+from agent_flow.history import AgentMessage, History, UserMessage
+from agent_flow.sessions import InMemorySessionStore, SessionStatus
+from agent_flow.sessions.recorder import SessionRecorder, session_status
+from agent_flow.tokens import ApproxCounter
+
+COUNTER = ApproxCounter()
+
+
+class GatedStore(InMemorySessionStore):
+    """An in-memory store whose writes can be held at a gate, to cancel them mid-way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.fail_with: Exception | None = None
+
+    async def save_step(self, session_id: str, **kwargs: Any) -> Any:
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.gate is not None:
+            self.entered.set()
+            await self.gate.wait()
+        return await super().save_step(session_id, **kwargs)
+
+
+def text(seq: int) -> TextDelta:
+    return TextDelta(run_id="r", seq=seq, text=f"t{seq}")
+
+
+def finished(seq: int, reason: StopReason) -> RunFinished:
+    return RunFinished(
+        run_id="r",
+        seq=seq,
+        stop_reason=reason.value,
+        final_text="",
+        iterations=1,
+        prompt_tokens=0,
+        completion_tokens=0,
+        duration_ms=1.0,
+    )
+
+
+def one_step(history: History) -> None:
+    history.add(UserMessage(content="go"))
+    history.add(AgentMessage(content="done"))
+
+
+async def stored_events(store: InMemorySessionStore, session_id: str) -> list[int]:
+    return [event.seq for event in await store.events(session_id)]
+
+
+# -- the recorder -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        (StopReason.COMPLETED, "completed"),
+        (StopReason.ANSWERED, "completed"),
+        (StopReason.CONVERSE, "completed"),
+        (StopReason.WAITING_FOR_USER, "waiting"),
+        (StopReason.CANCELLED, "cancelled"),
+        (StopReason.ERROR, "failed"),
+        (StopReason.MAX_ITERATIONS, "failed"),
+        (StopReason.OUTPUT_INVALID, "failed"),
+    ],
+)
+def test_the_final_status_follows_the_stop_reason(reason: StopReason, status: str) -> None:
+    assert session_status(reason.value) == status
+
+
+def test_every_stop_reason_leaves_a_session_status() -> None:
+    statuses: set[SessionStatus] = {session_status(reason.value) for reason in StopReason}
+    assert statuses == {"completed", "waiting", "cancelled", "failed"}
+
+
+async def test_the_recorder_creates_the_session_once_and_saves_steps_then_the_end() -> None:
+    store = InMemorySessionStore()
+    recorder = SessionRecorder(store)
+    history, environment = History(counter=COUNTER), Environment()
+    await recorder.start(agent="helper", task="a task " * 40)
+    session_id = recorder.session_id
+    assert session_id is not None
+    await recorder.start(agent="helper", task="another")
+    assert recorder.session_id == session_id
+    one_step(history)
+    recorder.record(text(0))
+    await recorder.step(history, environment)
+    assert (await store.info(session_id)).status == "active"
+    recorder.record(text(1))
+    await recorder.finish(history, environment, finished(2, StopReason.WAITING_FOR_USER))
+    info = await store.info(session_id)
+    assert (info.status, info.agent, len(info.title) <= 80) == ("waiting", "helper", True)
+    assert await stored_events(store, session_id) == [0, 1, 2]
+    assert recorder.unsaved_events == ()
+
+
+async def test_a_step_write_cancelled_while_queued_completes_and_loses_no_event() -> None:
+    """A save cancelled while it waits (behind another write, or inside the store) must not
+    drop the step's events: the write is let finish, then the cancellation goes on.
+    """
+    store = GatedStore()
+    recorder = SessionRecorder(store)
+    history, environment = History(counter=COUNTER), Environment()
+    await recorder.start(agent="a", task="t")
+    assert recorder.session_id is not None
+    one_step(history)
+    recorder.record(text(0))
+    recorder.record(text(1))
+    store.gate = asyncio.Event()
+    saving = asyncio.create_task(recorder.step(history, environment))
+    await store.entered.wait()
+    saving.cancel()
+    store.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await saving
+    assert await stored_events(store, recorder.session_id) == [0, 1]
+    assert (await store.load(recorder.session_id)).entries == tuple(history.entries)
+    assert recorder.unsaved_events == ()
+
+
+async def test_a_cancel_during_the_final_write_still_saves_the_final_status() -> None:
+    store = GatedStore()
+    recorder = SessionRecorder(store)
+    history, environment = History(counter=COUNTER), Environment()
+    await recorder.start(agent="a", task="t")
+    assert recorder.session_id is not None
+    one_step(history)
+    store.gate = asyncio.Event()
+    ending = asyncio.create_task(
+        recorder.finish(history, environment, finished(0, StopReason.COMPLETED))
+    )
+    await store.entered.wait()
+    ending.cancel()
+    ending.cancel()  # a second cancel while the first one waits for the write
+    store.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await ending
+    assert (await store.info(recorder.session_id)).status == "completed"
+
+
+async def test_a_failed_write_keeps_its_events_for_the_next_one_but_drops_the_final_event() -> None:
+    store = GatedStore()
+    recorder = SessionRecorder(store)
+    history, environment = History(counter=COUNTER), Environment()
+    await recorder.start(agent="a", task="t")
+    assert recorder.session_id is not None
+    one_step(history)
+    recorder.record(text(0))
+    store.fail_with = StoreError("disk full")
+    with pytest.raises(StoreError, match="disk full"):
+        await recorder.step(history, environment)
+    with pytest.raises(StoreError, match="disk full"):
+        await recorder.finish(history, environment, finished(1, StopReason.COMPLETED))
+    assert [e.seq for e in recorder.unsaved_events] == [0]
+    store.fail_with = None
+    await recorder.step(history, environment)
+    assert await stored_events(store, recorder.session_id) == [0]
+
+
+async def test_without_a_session_the_recorder_keeps_events_for_the_session_to_come() -> None:
+    store = GatedStore()
+    store.fail_with = StoreError("unreachable")
+    recorder = SessionRecorder(store)
+    history, environment = History(counter=COUNTER), Environment()
+    recorder.record(text(0))
+    await recorder.step(history, environment)  # nothing to write to: not a second failure
+    await recorder.finish(history, environment, finished(1, StopReason.ERROR))
+    store.fail_with = None
+    await recorder.start(agent="a", task="t")
+    assert recorder.session_id is not None
+    one_step(history)
+    await recorder.step(history, environment)
+    assert await stored_events(store, recorder.session_id) == [0]
