@@ -101,9 +101,7 @@ def rust_o200k() -> Any:
 @given(st.text(max_size=300))
 def test_o200k_matches_the_independent_rust_encoder_of_bpe_openai(text: str) -> None:
     theirs = rust_o200k()
-    assert TiktokenCounter("gpt-4o")._encoding.encode_ordinary(text) == theirs.encode_ordinary(
-        text
-    )
+    assert TiktokenCounter("gpt-4o")._encoding.encode_ordinary(text) == theirs.encode_ordinary(text)
 
 
 def test_the_split_pattern_and_special_tokens_are_tiktokens_own(
