@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from agent_flow.cli._chat import _chat_command
 from agent_flow.cli._exit import EXIT_USAGE
+from agent_flow.cli._prompt import EDITING_HELP
 from agent_flow.cli._run import _demo_command, _run_command
 from agent_flow.cli._sessions import (
     _sessions_delete,
@@ -165,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run_command)
 
-    chat = sub("chat", "talk with an agent: one session, one message per line", [agent_options])
+    chat = sub("chat", "talk with an agent over one session, message by message", [agent_options])
+    chat.description = f"Talk with an agent over one session. At a terminal: {EDITING_HELP}."
     chat.set_defaults(handler=_chat_command)
 
     demo = sub("demo", "a complete agent run, offline, with a scripted model and no API key")
