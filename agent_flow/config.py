@@ -397,8 +397,13 @@ def _describe(
     for item in err.errors():
         loc = tuple(str(p) for p in item["loc"])
         where = ".".join(loc) or "(top level)"
-        # A variable set this field, or a field inside the section that failed as a whole.
-        names = [name for path, name in environ.items() if path[: len(loc)] == loc]
+        # A variable set this field (or a part of it: a union's member), or a field inside
+        # a section that failed as a whole.
+        names = [
+            name
+            for path, name in environ.items()
+            if path[: len(loc)] == loc or loc[: len(path)] == path
+        ]
         if names:
             from_variables += 1
             where = f"{' and '.join(sorted(names))} (sets {where})"

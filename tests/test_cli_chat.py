@@ -193,9 +193,7 @@ async def test_long_lines_wrap_at_word_boundaries_to_the_terminal(
     await terminal.prompt()
     assert await terminal.leave() == 0
     lines = [
-        line.strip()
-        for line in terminal.screen.split("\r\n")
-        if line.strip().startswith("word")
+        line.strip() for line in terminal.screen.split("\r\n") if line.strip().startswith("word")
     ]
     assert len(lines) > 1
     for line in lines:

@@ -107,6 +107,7 @@ async def _open_session(
     if isinstance(own, AgentExecutor):
         _refuse_flags_for_an_executor(args)
         config, llm = own.config, own.llm
+        _close_at_exit(llm, stack)
     else:
         config = _agent_config(args, warn, base=own)
         llm_config = _llm_config(config, args)
@@ -178,6 +179,13 @@ async def _open_session(
     )
     agent.events.on(None, JsonLinesWriter(streams.stdout) if mode == "json" else renderer)
     return _Session(agent, llm, store, renderer, bool(args.session), asker, mode)
+
+
+def _close_at_exit(llm: object, stack: contextlib.AsyncExitStack) -> None:
+    """Close an --agent's model client when the command ends (it lives as long)."""
+    close = getattr(llm, "aclose", None)
+    if callable(close):
+        stack.push_async_callback(close)
 
 
 def _refuse_flags_for_an_executor(args: argparse.Namespace) -> None:

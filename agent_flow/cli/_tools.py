@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from agent_flow.agent import AgentExecutor
 from agent_flow.cli._build import _load_config, _tools
 from agent_flow.cli._exit import EXIT_OK, _Streams
+from agent_flow.cli._run import _close_at_exit
 from agent_flow.errors import UserError
 from agent_flow.llm import LLMConfig
 from agent_flow.llm.base import Completion, LLMRequest, StreamEvent
@@ -65,6 +66,8 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
             update={"llm": LLMConfig(model=args.model), "llm_overrides": None}
         )
     async with contextlib.AsyncExitStack() as stack:
+        if isinstance(own, AgentExecutor):
+            _close_at_exit(own.llm, stack)
         into = own.tools if isinstance(own, AgentExecutor) else None
         tools = await _tools(args, config, stack, into=into)
         agent = (
