@@ -300,9 +300,7 @@ def test_no_model_is_a_usage_error() -> None:
     assert "no model is configured: pass --model NAME" in result.err
 
 
-def test_an_unreachable_endpoint_is_said_once_exits_with_3_and_keeps_no_session(
-    tmp_path: Path,
-) -> None:
+def test_an_unreachable_endpoint_is_said_once_exits_3_and_keeps_no_session(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     db = tmp_path / "d"
     for flags in ([], ["--trace"]):
@@ -312,10 +310,8 @@ def test_an_unreachable_endpoint_is_said_once_exits_with_3_and_keeps_no_session(
         assert result.err.startswith("agent-flow: error: could not reach the model server at")
         # Said once: the trace marks the fatal error without repeating it; no resume hint.
         assert "could not reach" not in result.out and "--session" not in result.out
-        if flags:
-            assert "error ModelConnectionError [fatal]" in result.out
-        else:
-            assert result.out == ""
+        trace = "  ✗ error ModelConnectionError [fatal]\n" in result.out
+        assert trace if flags else result.out == ""
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (0,)
 

@@ -30,8 +30,9 @@ _EPILOG = """\
 exit codes:
   0    the run finished: task completed, answered, or the agent waits for your reply
   1    the run ended without finishing (a limit, stuck, invalid output) or the store failed
-  2    usage or configuration error: bad flag or config key, no API key, unknown session,
-       a workspace or MCP server that cannot be used
+  2    usage or configuration error: bad flag, config key or AGENT_FLOW_* value, no API
+       key, unknown session, a budget too small for the tools, a workspace, store or MCP
+       server that cannot be used
   3    the model endpoint failed: unreachable, timed out, refused the key or the request
   130  cancelled with Ctrl-C (the session is kept: continue it with --session ID)
 
