@@ -111,8 +111,9 @@ class ReadingRenderer:
             case ToolCallCompleted():
                 self._show(f"{event.name} done · {self._context}")
             case ApprovalRequired():
-                preview = _short(event.arguments, max(self.console.width - 40, 20))
-                self.line(f"? {event.name} {preview}: {event.reason}", "bold yellow")
+                room = self.console.width - len(event.name) - len(event.reason) - 7
+                preview = _short(event.arguments, max(room, 10))
+                self.line(f"? {event.name} {preview} ({event.reason})", "bold yellow")
             case ApprovalResolved():
                 verdict = "approved" if event.approved else "refused"
                 reason = f" ({event.reason})" if event.reason else ""
