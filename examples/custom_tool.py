@@ -12,7 +12,11 @@ call a weather API in ``run``.
     python examples/custom_tool.py
 
 Uses a scripted model unless OPENAI_BASE_URL or OPENAI_API_KEY is set (then OPENAI_MODEL,
-default gpt-4o-mini, gets the same tool and question).
+default gpt-4o-mini, gets the same tool and question). A real model may ask about other
+cities, or none: the handler records what came back and the report says what is missing.
+Run with ``agent-flow``::
+
+    agent-flow chat --agent examples/custom_tool.py:build_agent
 """
 
 from __future__ import annotations
@@ -68,8 +72,9 @@ class WeatherTool(BaseTool):
 def weather_handler(env: Environment, call: ToolCall, result: ToolResult) -> None:
     """Keep each reading in the environment, keyed by location."""
     data = result.data
-    assert isinstance(data, dict)
-    location = str(data["location"])
+    if result.is_error or not isinstance(data, dict):
+        return  # an unknown city: the model reads the error, there is nothing to keep
+    location = str(data.get("location", "?"))
     env.set(f"/extensions/weather/{location.lower()}", data)
     env.set(
         "/knowledge/discovered_facts/-",
@@ -101,15 +106,21 @@ def choose_model(script: list[ScriptStep]) -> LLMClient:
     return ScriptedLLM(script)
 
 
-async def main() -> None:
+def build_agent(llm: LLMClient | None = None) -> AgentExecutor:
+    """The weather agent: its tool, its handler, its budget (``--agent`` calls it bare)."""
     handlers = HandlerRegistry.with_defaults()
     handlers.register("get_weather", weather_handler)
     tools = ToolExecutor([WeatherTool()], handlers=handlers)
-    llm = choose_model(SCRIPT)
-    print(f"model: {type(llm).__name__}")
-    agent = AgentExecutor(
-        llm, config=AgentConfig(context=ContextConfig(max_tokens=8_000)), tools=tools
+    return AgentExecutor(
+        llm if llm is not None else choose_model(SCRIPT),
+        config=AgentConfig(name="weather", context=ContextConfig(max_tokens=8_000)),
+        tools=tools,
     )
+
+
+async def main() -> None:
+    agent = build_agent()
+    print(f"model: {type(agent.llm).__name__}")
     changes = agent.subscribe(kinds=["environment_updated"])
 
     async def watch() -> None:
@@ -122,9 +133,17 @@ async def main() -> None:
         group.create_task(watch())
         outcome = await agent.run("What's the weather in Paris and Tokyo?")
 
-    print(f"answer: {outcome.final_text}")
-    weather = agent.environment.get("/extensions/weather")
+    print(f"answer: {outcome.final_text or '(none: the run ' + outcome.stop_reason.value + ')'}")
+    # Read with a default: a real model may not have asked for any weather at all.
+    weather = (
+        agent.environment.get("/extensions/weather")
+        if agent.environment.has("/extensions/weather")
+        else {}
+    )
     print(f"environment /extensions/weather: {weather}")
+    missing = [city for city in ("paris", "tokyo") if city not in weather]
+    if missing:
+        print(f"not checked by the model: {', '.join(missing)}")
     print(f"facts: {agent.environment.knowledge.discovered_facts}")
 
 

@@ -9,7 +9,9 @@ model sees the extension in every prompt, so later steps need not re-read the ra
     python examples/data_analysis.py
 
 Uses a scripted model unless OPENAI_BASE_URL or OPENAI_API_KEY is set (then OPENAI_MODEL,
-default gpt-4o-mini, gets the same tools and task).
+default gpt-4o-mini, gets the same tools and task). A real model may skip a step or call the
+tools in another order: the handlers record whatever comes back, and the report reads the
+extension with defaults and says what is missing.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from agent_flow import (
     TaskState,
     ToolCall,
 )
+from agent_flow.errors import ToolError
 from agent_flow.llm import LLMClient, LLMRequest, OpenAIClient
 from agent_flow.testing import Reply, ScriptedLLM, ScriptStep, call, reply
 from agent_flow.tools import HandlerRegistry, ToolExecutor, ToolResult, tool
@@ -68,7 +71,12 @@ def write_sales_data(path: Path, rows: int = 1250) -> None:
 
 
 def load(path: str) -> list[dict[str, str]]:
-    with (DATA / path).open(newline="") as handle:
+    file = DATA / path
+    if not file.is_file():
+        # A ToolError is an answer the model can act on, not a crash of the tool.
+        there = ", ".join(sorted(p.name for p in DATA.glob("*.csv"))) or "nothing"
+        raise ToolError(f"no file {path!r} in the data directory; it has: {there}")
+    with file.open(newline="") as handle:
         return list(csv.DictReader(handle))
 
 
@@ -107,28 +115,53 @@ def analyze_data(dataset: str) -> ToolResult:
         "avg_profit_margin": round(profit / total, 3),
         "sales_by_region": dict(sorted(by_region.items())),
     }
-    data: dict[str, Any] = {"dataset": dataset, "summary_stats": stats}
+    data: dict[str, Any] = {
+        "dataset": dataset,
+        "rows": len(rows),
+        "columns": list(rows[0]) if rows else [],
+        "summary_stats": stats,
+    }
     return ToolResult(content=json.dumps(data), data=data)
+
+
+def known_datasets(env: Environment) -> dict[str, Dataset]:
+    """The ``datasets`` extension, empty until a tool result has filled it."""
+    if not env.has("/extensions/datasets"):
+        return {}
+    return env.get_extension("datasets", dict[str, Dataset])
+
+
+def save_datasets(env: Environment, datasets: dict[str, Dataset]) -> None:
+    env.set_extension("datasets", {key: value.model_dump() for key, value in datasets.items()})
 
 
 def dataset_loaded(env: Environment, call: ToolCall, result: ToolResult) -> None:
     """read_csv: register the dataset in the typed extension."""
     data = result.data
-    assert isinstance(data, dict)
-    datasets = (
-        env.get_extension("datasets", dict[str, Dataset]) if env.has("/extensions/datasets") else {}
-    )
+    if result.is_error or not isinstance(data, dict):
+        return  # a file that could not be read: the model sees the error
+    datasets = known_datasets(env)
     name = Path(str(data["path"])).stem
-    datasets[name] = Dataset(name=name, rows=data["rows"], columns=data["columns"])
-    env.set_extension("datasets", {key: value.model_dump() for key, value in datasets.items()})
+    stats = datasets[name].summary_stats if name in datasets else {}
+    datasets[name] = Dataset(
+        name=name, rows=data["rows"], columns=data["columns"], summary_stats=stats
+    )
+    save_datasets(env, datasets)
 
 
 def stats_computed(env: Environment, call: ToolCall, result: ToolResult) -> None:
-    """analyze_data: store the statistics with their dataset."""
+    """analyze_data: store the statistics with their dataset (registered if it was not)."""
     data = result.data
-    assert isinstance(data, dict)
+    if result.is_error or not isinstance(data, dict):
+        return
+    datasets = known_datasets(env)
     name = Path(str(data["dataset"])).stem
-    env.set(f"/extensions/datasets/{name}/summary_stats", data["summary_stats"])
+    # A model may analyze without loading first: the statistics still have a home.
+    dataset = datasets.get(name) or Dataset(
+        name=name, rows=int(data.get("rows", 0)), columns=list(data.get("columns", []))
+    )
+    datasets[name] = dataset.model_copy(update={"summary_stats": data["summary_stats"]})
+    save_datasets(env, datasets)
 
 
 def write_report(request: LLMRequest) -> Reply:
@@ -190,10 +223,19 @@ async def main() -> None:
     outcome = await agent.run("Analyze sales_data.csv and report the key figures.")
 
     print(f"outcome: {outcome.stop_reason.value}: {outcome.final_text}")
-    datasets = agent.environment.get_extension("datasets", dict[str, Dataset])
-    sales = datasets["sales_data"]
-    print(f"Analyzing {sales.rows} rows of sales data; columns: {', '.join(sales.columns)}")
-    print(f"summary stats: {json.dumps(sales.summary_stats, sort_keys=True)}")
+    # Read with defaults: a real model may have skipped a step or named the file otherwise.
+    datasets = known_datasets(agent.environment)
+    sales = datasets.get("sales_data")
+    if sales is None:
+        print(f"the model did not load sales_data.csv (datasets known: {sorted(datasets)})")
+    else:
+        if sales.rows:
+            columns = ", ".join(sales.columns)
+            print(f"Analyzing {sales.rows} rows of sales data; columns: {columns}")
+        if sales.summary_stats:
+            print(f"summary stats: {json.dumps(sales.summary_stats, sort_keys=True)}")
+        else:
+            print("the model did not analyze sales_data.csv (no summary stats)")
     print(f"task status: {agent.environment.task.status.value}")
 
 

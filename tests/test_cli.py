@@ -125,7 +125,7 @@ async def test_run_renders_the_stream_runs_tools_and_stores_the_session(
         sse_reply(text_chunks("The launch code is 1234.")),
     )
     db = tmp_path / "s.db"
-    args = ["run", "what is the code?", *model_flags(openai_server)]
+    args = ["run", "what is the code?", *model_flags(openai_server), "--trace"]
     result = await invoke_async([*args, "--workspace", str(workspace), "--db", str(db)])
 
     assert result.code == 0, result.err
@@ -219,6 +219,7 @@ async def test_a_write_needing_approval_is_refused_without_a_terminal_and_approv
                 str(workspace),
                 "--db",
                 str(tmp_path / "s.db"),
+                "--trace",
                 *flag,
             ]
         )
@@ -298,13 +299,20 @@ def test_no_model_is_a_usage_error() -> None:
     assert "no model is configured: pass --model NAME" in result.err
 
 
-def test_an_unreachable_endpoint_exits_with_3(tmp_path: Path) -> None:
+def test_an_unreachable_endpoint_is_said_once_exits_3_and_keeps_no_session(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    result = invoke(["run", "task", "--model", "m", "--base-url", url, "--db", str(tmp_path / "d")])
-    assert result.code == 3
-    assert result.err.count("\n") == 1
-    assert result.err.startswith("agent-flow: error: could not reach the model server at")
-    assert "error ModelConnectionError" in result.out and "[fatal]" in result.out
+    db = tmp_path / "d"
+    for flags in ([], ["--trace"]):
+        result = invoke(["run", "task", "--model", "m", "--base-url", url, "--db", str(db), *flags])
+        assert result.code == 3
+        assert result.err.count("\n") == 1
+        assert result.err.startswith("agent-flow: error: could not reach the model server at")
+        # Said once: the trace marks the fatal error without repeating it; no resume hint.
+        assert "could not reach" not in result.out and "--session" not in result.out
+        trace = "  ✗ error ModelConnectionError [fatal]\n" in result.out
+        assert trace if flags else result.out == ""
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (0,)
 
 
 def test_a_bad_config_key_names_the_key_and_the_file(tmp_path: Path) -> None:
@@ -318,26 +326,18 @@ def test_a_bad_config_key_names_the_key_and_the_file(tmp_path: Path) -> None:
     assert "context.max_tokens" in result.err
 
 
-def test_a_budget_too_small_for_the_tools_ends_the_run_with_1(tmp_path: Path) -> None:
+def test_a_budget_too_small_for_the_tools_is_a_usage_error(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
+    db = tmp_path / "d"
     result = invoke(
-        [
-            "run",
-            "t",
-            "--budget",
-            "200",
-            "--model",
-            "m",
-            "--base-url",
-            url,
-            "--db",
-            str(tmp_path / "d"),
-        ]
+        ["run", "t", "--budget", "200", "--model", "m", "--base-url", url, "--db", str(db)]
     )
-    assert result.code == 1
-    assert "context [" not in result.out  # no prompt could be built
-    assert "error ContextBudgetError" in result.out
-    assert "the run stopped: context_budget" in result.out
+    assert result.code == 2
+    assert result.out == "" and result.err.count("\n") == 1
+    assert "--budget 200 is too small for this agent" in result.err
+    assert "the system prompt and the tool schemas alone need" in result.err
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (0,)
     missing = invoke(["tools", "--config", str(tmp_path / "missing.toml")])
     assert missing.code == 2 and "does not exist" in missing.err
 
@@ -495,7 +495,7 @@ def test_the_budget_flag_scales_an_unset_reserve_and_refuses_a_set_one_too_big(
     tmp_path: Path,
 ) -> None:
     flags = argparse.Namespace(config=None, max_iterations=None, budget=1000)
-    assert _agent_config(flags).context.reserve_output_tokens == 250
+    assert _agent_config(flags, print).context.reserve_output_tokens == 250
     config = tmp_path / "agent.toml"
     config.write_text("[agent.context]\nreserve_output_tokens = 2048\n")
     url = f"http://127.0.0.1:{closed_port()}/v1"
@@ -535,6 +535,7 @@ async def test_ctrl_c_cancels_the_run_keeps_the_session_and_exits_130(
         "--json",
         "--db",
         str(db),
+        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=script_env(),

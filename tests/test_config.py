@@ -210,7 +210,7 @@ def test_an_invalid_budget_is_reported_once_not_also_as_the_reserve_it_defaults(
     with pytest.raises(ConfigError) as info:
         load_config(None, environ={"AGENT_FLOW_CONTEXT__MAX_TOKENS": "0"})
     message = str(info.value)
-    assert "context.max_tokens: Input should be greater than 0" in message
+    assert "AGENT_FLOW_CONTEXT__MAX_TOKENS (sets context.max_tokens): Input should" in message
     assert "reserve_output_tokens" not in message and "default factory" not in message
 
 

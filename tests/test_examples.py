@@ -1,7 +1,9 @@
-"""Every example runs as a script, offline (OPENAI_* unset: the scripted model), and says so."""
+"""Every example runs as a script, offline (OPENAI_* unset: the scripted model), and says so;
+and against a model that makes other calls than the script, without crashing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -10,6 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.openai_server import (
+    OpenAIServer,
+    sse_reply,
+    text_chunks,
+    tool_call_chunks,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = ("coding_agent", "data_analysis", "custom_tool", "event_consumers", "pruning_strategies")
@@ -129,3 +138,115 @@ def test_the_pruning_strategies_keep_different_things(outputs: dict[str, str]) -
         # How many full results fit depends on the fixed costs (the system prompt names the
         # task); every strategy keeps the newest ones.
         assert re.search(r"error lines remain for days (\d\d, )*08, 09, 10\.", section)
+
+
+# -- against a model that does not follow the script ---------------------------------------
+#
+# The strict scripted server of `tests.openai_server` plays a real model that makes other
+# calls than the examples' own scripts (and answers 500 to anything unscripted): an example
+# must read what it got with defaults and say what is missing, never crash with a traceback.
+
+
+async def run_against(server: OpenAIServer, example: str, tmp_path: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AGENT_FLOW_"))}
+    env.update(
+        PYTHONPATH=str(REPO),
+        TMPDIR=str(tmp_path),
+        OPENAI_BASE_URL=server.base_url,
+        OPENAI_API_KEY="test",
+        AGENT_FLOW_MODEL_RETRIES="0",
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "examples" / f"{example}.py"),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    assert err.decode() == ""
+    assert server.unexpected == [], "the example asked the model more than was scripted"
+    text = out.decode()
+    assert text.startswith("model: OpenAIClient")
+    return text
+
+
+async def test_the_custom_tool_example_reports_a_model_that_never_calls_the_tool(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.script(sse_reply(text_chunks("I cannot look up the weather.")))
+    out = await run_against(openai_server, "custom_tool", tmp_path)
+    assert "answer: I cannot look up the weather." in out
+    assert "environment /extensions/weather: {}" in out
+    assert "not checked by the model: paris, tokyo" in out
+
+
+async def test_the_custom_tool_example_keeps_what_other_calls_returned(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    calls = [
+        ("w1", "get_weather", json.dumps({"location": "Reykjavik"})),
+        ("w2", "get_weather", json.dumps({"location": "Atlantis"})),  # unknown: an error result
+    ]
+    openai_server.script(
+        sse_reply(tool_call_chunks(calls)),
+        sse_reply(text_chunks("Windy in Reykjavik; Atlantis is unknown.")),
+    )
+    out = await run_against(openai_server, "custom_tool", tmp_path)
+    assert "answer: Windy in Reykjavik; Atlantis is unknown." in out
+    weather = next(line for line in out.splitlines() if line.startswith("environment /ext"))
+    assert "'reykjavik': {'temperature': 41" in weather and "atlantis" not in weather.lower()
+    assert "not checked by the model: paris, tokyo" in out
+    assert "facts: ['weather in Reykjavik: windy, 41°F']" in out
+
+
+async def test_the_data_analysis_example_handles_analysis_without_loading_first(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.script(
+        sse_reply(tool_call_chunks([("a1", "analyze_data", '{"dataset": "sales_data.csv"}')])),
+        sse_reply(text_chunks("Sales are spread evenly across regions.")),
+    )
+    out = await run_against(openai_server, "data_analysis", tmp_path)
+    assert "outcome: answered: Sales are spread evenly across regions." in out
+    assert "Analyzing 1250 rows of sales data; columns: date, product, region" in out
+    stats = json.loads(out.split("summary stats: ", 1)[1].splitlines()[0])
+    assert stats["total_sales"] == sum(stats["sales_by_region"].values())
+
+
+async def test_the_data_analysis_example_says_what_a_model_that_read_the_wrong_file_missed(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.script(
+        sse_reply(tool_call_chunks([("r1", "read_csv", '{"path": "sales.csv"}')])),
+        sse_reply(text_chunks("There is no sales.csv.")),
+    )
+    out = await run_against(openai_server, "data_analysis", tmp_path)
+    assert "outcome: answered: There is no sales.csv." in out
+    assert "the model did not load sales_data.csv (datasets known: [])" in out
+    assert "Traceback" not in out
+
+
+async def test_the_custom_tool_agent_runs_from_the_command_line(
+    openai_server: OpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_cli import invoke_async
+
+    for name in list(os.environ):
+        if name.startswith(("OPENAI_", "AGENT_FLOW_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("OPENAI_BASE_URL", openai_server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    openai_server.script(
+        sse_reply(tool_call_chunks([("w1", "get_weather", '{"location": "Paris"}')])),
+        sse_reply(text_chunks("Sunny in Paris.")),
+    )
+    spec = f"{REPO / 'examples' / 'custom_tool.py'}:build_agent"
+    result = await invoke_async(
+        ["run", "weather in Paris?", "-q", "--agent", spec, "--db", str(tmp_path / "d")]
+    )
+    assert (result.code, result.out, result.err) == (0, "Sunny in Paris.\n", "")
+    assert openai_server.bodies[1]["messages"][-1]["content"] == "Paris: 72°F, sunny"

@@ -66,3 +66,53 @@ def test_the_readme_configuration_reference_loads(tmp_path: Path) -> None:
     assert config.resolved_llm().model == "qwen2.5-coder"
     assert config.resolved_llm().temperature == 0.1
     assert config.skill("review").allowed_tools == ("read_file", "search_text")
+
+
+# Repository paths: a folder of the project, then more path; or a file at the top level.
+_PATH = re.compile(
+    r"(?<![\w/.$~<-])((?:agent_flow|examples|tests|benchmarks|\.ci)/[\w./-]*[\w]"
+    r"|[\w-]+\.(?:toml|md|cfg|ini))(?![\w/])"
+)
+
+
+def named_paths(text: str) -> set[str]:
+    return {match.group(1) for match in _PATH.finditer(text)}
+
+
+def test_every_path_the_readme_names_exists() -> None:
+    text = README.read_text()
+    names = named_paths(text)
+    # The check sees what it should: examples, modules, scripts, CI (and not URLs or pointers).
+    assert {"examples/pruning_strategies.py", "agent_flow/config.py", ".ci/run"} <= names
+    assert not any(name.startswith(("http", "/")) for name in names)
+    root = README.parent
+    # Files the reader creates themselves, named as examples of a flag's value.
+    theirs = {"agent.toml", "notes.txt", "summary.md"}
+    missing = sorted(name for name in names - theirs if not (root / name).exists())
+    assert missing == [], f"the README names paths that do not exist: {missing}"
+
+
+def test_the_path_check_catches_a_missing_example() -> None:
+    assert named_paths("see `examples/tuning_pruning.py` and agent_flow/llm/config.py.") == {
+        "examples/tuning_pruning.py",
+        "agent_flow/llm/config.py",
+    }
+
+
+def test_every_flag_the_readme_names_is_a_real_flag() -> None:
+    from agent_flow.cli import build_parser
+
+    parser = build_parser()
+    known: set[str] = set()
+    stack = [parser]
+    while stack:
+        current = stack.pop()
+        for action in current._actions:
+            known.update(action.option_strings)
+            choices = getattr(action, "choices", None)
+            if isinstance(choices, dict):
+                stack.extend(choices.values())
+    section = README.read_text().split("## The command", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-q)\b", section))
+    assert {"--trace", "-q", "--json", "--agent"} <= named
+    assert named - known == set()

@@ -3,12 +3,16 @@
 ::
 
     agent-flow run "task" [--model M] [--base-url URL] [--workspace DIR] [--mcp "cmd args"] ...
-    agent-flow chat [same options]            a REPL over one session
+    cat notes.txt | agent-flow run "summarize" -q   piped text follows the task; -q: answer only
+    agent-flow chat [same options]            a conversation over one session, line-edited
     agent-flow demo [--slow]                  a complete run offline, with a scripted model
     agent-flow sessions list | show ID | export ID [--output FILE] | import FILE | delete ID
     agent-flow tools [--workspace DIR] [--mcp "cmd args"]   what an agent is offered, in tokens
 
-Runs talk to any OpenAI-compatible endpoint; the key comes from ``OPENAI_API_KEY`` (or the
+A run shows a status line, then the answer as Markdown; ``--trace`` prints every event,
+``-q`` only the answer, ``--json`` the events as JSON lines. ``--agent MODULE:ATTR`` runs an
+agent defined in Python (`agent_flow.cli._user_agent`). Runs talk to any OpenAI-compatible
+endpoint; the key comes from ``OPENAI_API_KEY`` (or the
 variable named by ``--api-key-env``) and is never printed. Every run is stored as it goes in
 a SQLite session store (``--db``, default `agent_flow.sessions.default_store_path`), so a run
 that is interrupted can be continued with ``--session ID``.
@@ -18,8 +22,9 @@ Exit codes:
 - 0: the run finished: the task was completed, answered, or the agent waits for a reply;
 - 1: the run ended without finishing (iteration, token or cost limit, stuck, invalid output),
   or the session store failed;
-- 2: a usage or configuration error: a bad flag or config key (named with its file), no API
-  key, an unknown session, a workspace or MCP server that cannot be used;
+- 2: a usage or configuration error: a bad flag, config key (named with its file) or
+  ``AGENT_FLOW_*`` value (named), no API key, an unknown session, a budget too small for the
+  tools, a workspace, store path or MCP server that cannot be used;
 - 3: the model endpoint failed: unreachable, timed out, or it refused the key or the request;
 - 130: cancelled with Ctrl-C; the session is kept.
 

@@ -12,7 +12,8 @@ import contextlib
 import os
 import re
 import shlex
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +21,8 @@ from pydantic import ValidationError
 
 from agent_flow.agent import AgentExecutor, tool_executor_from_config
 from agent_flow.cli._exit import EXIT_USAGE, _Failure
-from agent_flow.config import AgentConfig, load_config
-from agent_flow.errors import ConfigError
+from agent_flow.config import AgentConfig, ConfigWarning, load_config
+from agent_flow.errors import ConfigError, ContextBudgetError
 from agent_flow.llm import LLMConfig, LLMOverrides, resolve_llm_config
 from agent_flow.tools import (
     MCPServerConfig,
@@ -33,9 +34,28 @@ from agent_flow.tools import (
 )
 
 
-def _agent_config(args: argparse.Namespace) -> AgentConfig:
-    """The config file (or defaults) with AGENT_FLOW_* variables, then the flags on top."""
-    config = load_config(args.config)
+def _load_config(path: str | None, warn: Callable[[str], None]) -> AgentConfig:
+    """`load_config`, with each `ConfigWarning` (a misspelt variable) passed to `warn`."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        config = load_config(path)
+    for warning in caught:
+        if issubclass(warning.category, ConfigWarning):
+            warn(str(warning.message))
+        else:  # not ours to swallow
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    return config
+
+
+def _agent_config(
+    args: argparse.Namespace,
+    warn: Callable[[str], None],
+    base: AgentConfig | None = None,
+) -> AgentConfig:
+    """The config (`base`, else the file or defaults with AGENT_FLOW_* variables), flags on top."""
+    config = base if base is not None else _load_config(args.config, warn)
     updates: dict[str, object] = {}
     flags: list[str] = []
     if getattr(args, "max_iterations", None) is not None:
@@ -78,7 +98,21 @@ def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
     return resolve_llm_config(overrides=LLMOverrides.model_validate(merged))
 
 
-def _check_credentials(llm: LLMConfig) -> None:
+def _check_credentials(llm: LLMConfig, flag: str | None) -> None:
+    """Refuse early when the key the run would send is missing.
+
+    Args:
+        llm: The model config.
+        flag: The ``--api-key-env`` value, if given.
+    """
+    if llm.api_key_env and not os.environ.get(llm.api_key_env):
+        # A variable named on purpose is never silently skipped, even for a local server.
+        named = "--api-key-env" if flag else "api_key_env (in the config)"
+        raise _Failure(
+            EXIT_USAGE,
+            f"{named}: the environment variable {llm.api_key_env} is not set; export it, or "
+            f"leave out {named.split(' ')[0]} for a server that needs no key",
+        )
     base_url = llm.resolved_base_url() or os.environ.get("OPENAI_BASE_URL")
     key_env = llm.resolved_api_key_env()
     if base_url is None and not os.environ.get(key_env):
@@ -88,6 +122,31 @@ def _check_credentials(llm: LLMConfig) -> None:
             f"no API key: the environment variable {key_env} is not set; export it{hint}, or "
             "point --base-url at a local server such as http://localhost:11434/v1",
         )
+
+
+def _check_budget(fixed: Callable[[], object], args: argparse.Namespace, budget: int) -> None:
+    """Refuse a budget the system prompt and the tool schemas alone do not fit (a usage error).
+
+    Args:
+        fixed: Computes what is left after the fixed parts; raises `ContextBudgetError`.
+        args: The flags (to say where the budget came from).
+        budget: The budget in force.
+    """
+    try:
+        fixed()
+    except ContextBudgetError as err:
+        where = (
+            f"--budget {args.budget}"
+            if getattr(args, "budget", None) is not None
+            else f"the context budget max_tokens = {budget}"
+        )
+        raise _Failure(
+            EXIT_USAGE,
+            f"{where} is too small for this agent: the system prompt and the tool schemas "
+            f"alone need {err.needed:,} tokens and it leaves {err.available:,} after the "
+            f"output reserve; give a budget well above {budget - err.available + err.needed:,}"
+            " tokens",
+        ) from err
 
 
 _NAME = re.compile(r"^([A-Za-z0-9_-]{1,40})=(.+)$", re.DOTALL)
@@ -169,11 +228,27 @@ class _Tools:
     sources: dict[str, str]
 
 
-def _tools(args: argparse.Namespace, config: AgentConfig) -> _Tools:
-    """The tool executor with the workspace tools, and the config with the flags' servers."""
-    executor = tool_executor_from_config(config.model_copy(update={"workspace": None}))
+def _tools(
+    args: argparse.Namespace, config: AgentConfig, *, into: ToolExecutor | None = None
+) -> _Tools:
+    """The tool executor with the workspace tools, and the config with the flags' servers.
+
+    The MCP servers are not started here: the agent starts those of its config when it is
+    entered (`_start_agent`), the same path a Python user takes.
+
+    Args:
+        args: The flags (``--workspace``, ``--mcp``, ``--mcp-http``).
+        config: The agent's config (its workspace and MCP servers).
+        into: Add the tools to this executor (an ``--agent``'s own) instead of a new one.
+    """
+    executor = (
+        into
+        if into is not None
+        else tool_executor_from_config(config.model_copy(update={"workspace": None}))
+    )
     sources: dict[str, str] = {}
-    directory = args.workspace or config.workspace
+    # An --agent's own executor has its configured workspace tools already.
+    directory = args.workspace or (config.workspace if into is None else None)
     workspace = Workspace(directory) if directory else None
     if workspace is not None:
         for name in executor.register_all(workspace_tools(workspace)):

@@ -1,8 +1,9 @@
 """The interactive parts of the command: reading stdin, asking approvals, and Ctrl-C.
 
 `_LineReader` reads lines without blocking the event loop, `_read_or_stop` waits on one or on
-a stop request, `_Approver` answers approval requests (``--yes``, a terminal prompt, or a
-refusal), and `_Interrupts` turns the first Ctrl-C into a cancel and the second into a quit.
+a stop request, `_Approver` answers approval requests (``--yes``, a question to the person
+at the terminal, or a refusal), and `_Interrupts` turns the first Ctrl-C into a cancel and
+the second into a quit.
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
 if TYPE_CHECKING:
-    from agent_flow.cli.render import EventRenderer
+    from agent_flow.cli._prompt import _Prompter
+
+_T = TypeVar("_T")
 
 
 class _LineReader:
@@ -66,34 +69,34 @@ class _LineReader:
 
 
 class _Approver:
-    """Answers approval requests: --yes approves, a terminal asks, anything else refuses."""
+    """Answers approval requests: --yes approves, a terminal asks, anything else refuses.
+
+    Args:
+        auto: Approve everything (``--yes``).
+        prompter: Who is asked (`agent_flow.cli._prompt`).
+        before_asking: Called first (stops a spinner that would draw over the question).
+    """
 
     def __init__(
-        self, *, auto: bool, reader: _LineReader, stdin: IO[str], renderer: EventRenderer
+        self, *, auto: bool, prompter: _Prompter, before_asking: Callable[[], None]
     ) -> None:
         self.auto = auto
-        self.reader = reader
-        self.stdin = stdin
-        self.renderer = renderer
+        self.prompter = prompter
+        self.before_asking = before_asking
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
         if self.auto:
             return ApprovalResponse(approved=True, reason="approved by --yes")
-        try:
-            interactive = self.stdin.isatty()
-        except (AttributeError, ValueError):
-            interactive = False
-        if not interactive:
+        if not self.prompter.interactive:
             return ApprovalResponse(
                 approved=False,
                 reason="nobody could be asked (stdin is not a terminal); rerun with --yes to "
                 "approve such calls",
             )
-        self.renderer.stop_spinner()
-        self.renderer.console.print(
-            f"  allow {request.tool_name} ({request.risk.value} risk)? [y/N] ", end=""
+        self.before_asking()
+        answer = await self.prompter.answer(
+            f"  allow {request.tool_name} ({request.risk.value} risk)? [y/N] "
         )
-        answer = await self.reader.readline()
         approved = (answer or "").strip().lower() in ("y", "yes")
         return ApprovalResponse(
             approved=approved,
@@ -137,11 +140,15 @@ class _Interrupts:
             self._loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _read_or_stop(reader: _LineReader, stop: asyncio.Event) -> str | None:
-    read = asyncio.ensure_future(reader.readline())
+async def _read_or_stop(read: Awaitable[_T], stop: asyncio.Event) -> _T | None:
+    """What `read` gives, or None as soon as `stop` is set (the read is then cancelled)."""
+    reading = asyncio.ensure_future(read)
     stopped = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (read, stopped):
+    done, _ = await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (reading, stopped):
         if task not in done:
             task.cancel()
-    return read.result() if read in done else None
+    if reading not in done:
+        await asyncio.gather(reading, return_exceptions=True)
+        return None
+    return reading.result()

@@ -12,8 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from agent_flow.cli._chat import _chat_command
 from agent_flow.cli._exit import EXIT_USAGE
-from agent_flow.cli._run import _chat_command, _demo_command, _run_command
+from agent_flow.cli._prompt import EDITING_HELP
+from agent_flow.cli._run import _demo_command, _run_command
 from agent_flow.cli._sessions import (
     _sessions_delete,
     _sessions_export,
@@ -28,8 +30,9 @@ _EPILOG = """\
 exit codes:
   0    the run finished: task completed, answered, or the agent waits for your reply
   1    the run ended without finishing (a limit, stuck, invalid output) or the store failed
-  2    usage or configuration error: bad flag or config key, no API key, unknown session,
-       a workspace or MCP server that cannot be used
+  2    usage or configuration error: bad flag, config key or AGENT_FLOW_* value, no API
+       key, unknown session, a budget too small for the tools, a workspace, store or MCP
+       server that cannot be used
   3    the model endpoint failed: unreachable, timed out, refused the key or the request
   130  cancelled with Ctrl-C (the session is kept: continue it with --session ID)
 
@@ -75,6 +78,7 @@ def _agent_options() -> _Parser:
     )
     agent = options.add_argument_group("agent")
     agent.add_argument("--config", metavar="FILE", help="an agent.toml file ([agent], [llms.*])")
+    agent.add_argument("--agent", metavar="MODULE:ATTR", help=_AGENT_HELP)
     agent.add_argument(
         "--workspace", metavar="DIR", help="give the agent the built-in file tools on DIR"
     )
@@ -99,11 +103,25 @@ def _agent_options() -> _Parser:
     agent.add_argument("--session", metavar="ID", help="continue this stored session")
     agent.add_argument("--yes", action="store_true", help="approve every tool call that asks")
     agent.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
-    output = options.add_argument_group("output")
+    output = options.add_argument_group(
+        "output (default: a status line while it runs, then the answer as Markdown)"
+    ).add_mutually_exclusive_group()
+    output.add_argument(
+        "--trace", action="store_true", help="print every event: tools, context bar, changes"
+    )
+    output.add_argument(
+        "-q", "--quiet", action="store_true", help="print the answer alone (for scripts)"
+    )
     output.add_argument(
         "--json", action="store_true", help="print events as JSON lines instead of rendering"
     )
     return options
+
+
+_AGENT_HELP = (
+    "your own agent, defined in Python: an AgentExecutor, an AgentConfig, or a function "
+    "returning one (my_agents:build, or path/to/file.py:agent)"
+)
 
 
 def _db_hint() -> str:
@@ -141,10 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
         return command
 
     run = sub("run", "run an agent on a task until it finishes", [agent_options])
-    run.add_argument("task", help="what the agent should do (or your reply, with --session)")
+    run.add_argument(
+        "task",
+        nargs="?",
+        help="what the agent should do (or your reply, with --session); text piped into "
+        "stdin is added after it, or is the task when none is given",
+    )
     run.set_defaults(handler=_run_command)
 
-    chat = sub("chat", "talk with an agent: one session, one message per line", [agent_options])
+    chat = sub("chat", "talk with an agent over one session, message by message", [agent_options])
+    chat.description = f"Talk with an agent over one session. At a terminal: {EDITING_HELP}."
     chat.set_defaults(handler=_chat_command)
 
     demo = sub("demo", "a complete agent run, offline, with a scripted model and no API key")
@@ -200,4 +224,5 @@ def _tools_options() -> _Parser:
     options.add_argument("--mcp", action="append", default=[], metavar='"[NAME=]COMMAND ARGS"')
     options.add_argument("--mcp-http", action="append", default=[], metavar="[NAME=]URL")
     options.add_argument("--model", help="count tokens with this model's tokenizer")
+    options.add_argument("--agent", metavar="MODULE:ATTR", help=_AGENT_HELP)
     return options

@@ -1,8 +1,9 @@
-"""The commands that run an agent: `run` (one task), `chat` (a REPL over one session), `demo`.
+"""The commands that run an agent: `run` (one task) and `demo`; `chat` is in `_chat`.
 
-`_open_session` builds what `run` and `chat` share (config, model, store, tools, approvals,
-rendering); `_report` says how a run ended and how to continue it. The openai SDK and rich
-are imported here only when a command runs, so ``agent-flow --help`` does not load them.
+`_open_session` builds what `run` and `chat` share (config or the user's own agent, model,
+store, tools, approvals, and the output mode: reading, ``--trace``, ``-q`` or ``--json``);
+`_report` says how a run ended and how to continue it. The openai SDK and rich are imported
+here only when a command runs, so ``agent-flow --help`` does not load them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import contextlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from agent_flow import errors
 from agent_flow.agent import AgentExecutor, ExecutionOutcome, StopReason
 from agent_flow.cli._build import (
     _agent_config,
+    _check_budget,
     _check_credentials,
     _llm_config,
     _start_agent,
@@ -34,55 +36,123 @@ from agent_flow.cli._exit import (
     _Failure,
     _Streams,
 )
-from agent_flow.cli._interactive import _Approver, _Interrupts, _LineReader, _read_or_stop
+from agent_flow.cli._interactive import _Approver, _Interrupts
+from agent_flow.cli._prompt import _isatty, _PlainPrompter, _Prompter
+from agent_flow.cli._sessions import _check_db
 from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import ModelError
-from agent_flow.sessions import SQLiteSessionStore
+from agent_flow.llm.base import LLMClient
+from agent_flow.sessions import SessionRecorder, SQLiteSessionStore
 
 if TYPE_CHECKING:
+    from agent_flow.cli._reading import QuietRenderer, ReadingRenderer
     from agent_flow.cli.render import EventRenderer
-    from agent_flow.llm import OpenAIClient
 
 _OK_REASONS = frozenset(
     {StopReason.COMPLETED, StopReason.ANSWERED, StopReason.CONVERSE, StopReason.WAITING_FOR_USER}
 )
+# A run that ended so, without a single model answer, never reached the model.
+_UNREACHED = frozenset({StopReason.ERROR, StopReason.CONTEXT_BUDGET})
+
+Mode = Literal["read", "trace", "quiet", "json"]
 
 
 @dataclass
 class _Session:
     agent: AgentExecutor
-    llm: OpenAIClient
+    llm: LLMClient
     store: SQLiteSessionStore
-    renderer: EventRenderer
+    renderer: EventRenderer | ReadingRenderer | QuietRenderer
     resumed: bool
-    reader: _LineReader
+    prompter: _Prompter
+    mode: Mode
+
+
+def _mode(args: argparse.Namespace) -> Mode:
+    if args.json:
+        return "json"
+    if getattr(args, "quiet", False):
+        return "quiet"
+    return "trace" if getattr(args, "trace", False) else "read"
+
+
+def _model_name(llm: LLMClient) -> str:
+    return str(getattr(llm, "model", "") or type(llm).__name__)
 
 
 async def _open_session(
-    args: argparse.Namespace, streams: _Streams, stack: contextlib.AsyncExitStack
+    args: argparse.Namespace,
+    streams: _Streams,
+    stack: contextlib.AsyncExitStack,
+    *,
+    prompter: _Prompter | None = None,
 ) -> _Session:
-    """Everything `run` and `chat` share: config, model, store, tools, approvals, rendering."""
-    # Imported here, not at the top: `agent-flow --help` needs neither the openai SDK nor rich.
-    from agent_flow.cli.render import EventRenderer, JsonLinesWriter, make_console
-    from agent_flow.llm import OpenAIClient
+    """Everything `run` and `chat` share: config, model, store, tools, approvals, rendering.
 
-    config = _agent_config(args)
-    llm_config = _llm_config(config, args)
-    _check_credentials(llm_config)
-    config = config.model_copy(update={"llm": llm_config, "llm_overrides": None})
-    llm = OpenAIClient.from_config(llm_config)
-    stack.push_async_callback(llm.aclose)
+    Args:
+        args: The flags.
+        streams: The command's streams.
+        stack: Closes what is opened here.
+        prompter: Who approvals ask (default: lines from stdin).
+    """
+    # Imported here, not at the top: `agent-flow --help` needs neither the openai SDK nor rich.
+    from agent_flow.cli._reading import QuietRenderer, ReadingRenderer
+    from agent_flow.cli._user_agent import load_user_agent
+    from agent_flow.cli.render import EventRenderer, JsonLinesWriter, make_console
+
+    def warn(message: str) -> None:
+        streams.stderr.write(f"agent-flow: warning: {message}\n")
+
+    _check_db(args.db)
+    own = await load_user_agent(args.agent) if args.agent else None
+    if isinstance(own, AgentExecutor):
+        _refuse_flags_for_an_executor(args)
+        config, llm = own.config, own.llm
+        _close_at_exit(llm, stack)
+    else:
+        config = _agent_config(args, warn, base=own)
+        llm_config = _llm_config(config, args)
+        _check_credentials(llm_config, args.api_key_env)
+        config = config.model_copy(update={"llm": llm_config, "llm_overrides": None})
+        from agent_flow.llm import OpenAIClient
+
+        client = OpenAIClient.from_config(llm_config)
+        stack.push_async_callback(client.aclose)
+        llm = client
     store = await stack.enter_async_context(SQLiteSessionStore(args.db))
-    tools = _tools(args, config)
+    tools = _tools(args, config, into=own.tools if isinstance(own, AgentExecutor) else None)
     config = tools.config
-    console = make_console(streams.stderr if args.json else streams.stdout)
-    renderer = EventRenderer(console)
-    reader = _LineReader(streams.stdin)
-    approver = _Approver(auto=args.yes, reader=reader, stdin=streams.stdin, renderer=renderer)
+    mode = _mode(args)
+    console = make_console(streams.stderr if mode in ("json", "quiet") else streams.stdout)
+    renderer: EventRenderer | ReadingRenderer | QuietRenderer
+    if mode == "quiet":
+        renderer = QuietRenderer(streams.stdout, console)
+    elif mode == "read":
+        renderer = ReadingRenderer(console)
+    else:
+        # The command's error line states a fatal error once; the trace only marks it.
+        renderer = EventRenderer(console, fatal_detail=False)
+    asker = prompter if prompter is not None else _PlainPrompter(streams.stdin, console)
+    approver = _Approver(auto=args.yes, prompter=asker, before_asking=renderer.stop_spinner)
     if args.session:
         agent = await AgentExecutor.resume(
-            store, args.session, llm, config=config, tools=tools.executor, approval=approver
+            store,
+            args.session,
+            llm,
+            config=config,
+            tools=tools.executor,
+            approval=approver,
+            output_type=own.output_type if isinstance(own, AgentExecutor) else None,
         )
+    elif isinstance(own, AgentExecutor):
+        agent = own
+        # The flags' MCP servers join the agent's own; it starts them all when entered.
+        agent.config = config
+        agent.approval = approver
+        if agent.recorder is None:
+            agent.recorder = SessionRecorder(store)
+        if tools.workspace is not None and not agent.environment.system.working_directory:
+            agent.environment.update_section("system", working_directory=str(tools.workspace.root))
     else:
         environment = Environment()
         if tools.workspace is not None:
@@ -105,8 +175,42 @@ async def _open_session(
             store=store,
         )
     await _start_agent(agent, tools, stack)
-    agent.events.on(None, JsonLinesWriter(streams.stdout) if args.json else renderer)
-    return _Session(agent, llm, store, renderer, bool(args.session), reader)
+    _check_budget(
+        lambda: agent.context.history_budget(tools=agent.offered_tools()),
+        args,
+        agent.context.max_tokens,
+    )
+    agent.events.on(None, JsonLinesWriter(streams.stdout) if mode == "json" else renderer)
+    return _Session(agent, llm, store, renderer, bool(args.session), asker, mode)
+
+
+def _close_at_exit(llm: object, stack: contextlib.AsyncExitStack) -> None:
+    """Close an --agent's model client when the command ends (it lives as long)."""
+    close = getattr(llm, "aclose", None)
+    if callable(close):
+        stack.push_async_callback(close)
+
+
+def _refuse_flags_for_an_executor(args: argparse.Namespace) -> None:
+    given = [
+        flag
+        for flag, value in (
+            ("--model", args.model),
+            ("--base-url", args.base_url),
+            ("--api-key-env", args.api_key_env),
+            ("--config", args.config),
+            ("--max-iterations", args.max_iterations),
+            ("--budget", args.budget),
+        )
+        if value is not None
+    ]
+    if given:
+        raise _Failure(
+            EXIT_USAGE,
+            f"--agent {args.agent} is an AgentExecutor with its own model and config, which "
+            f"{', '.join(given)} cannot change; return an AgentConfig (or build the agent "
+            "from one) to take these flags",
+        )
 
 
 def _exit_code(outcome: ExecutionOutcome) -> int:
@@ -134,16 +238,51 @@ def _failure_message(outcome: ExecutionOutcome) -> str | None:
     return f"the run failed: {error.type}: {error.message}"
 
 
-def _report(
-    outcome: ExecutionOutcome, session: _Session, streams: _Streams, json_mode: bool
-) -> int:
+async def _forget_if_unreached(
+    outcome: ExecutionOutcome, session: _Session, *, fresh: bool
+) -> bool:
+    """Delete the new session of a run that never got a model answer; say whether it did.
+
+    Such a session holds only the task; a resume hint for it could not help (run the same
+    command again once the cause is fixed). A session that had runs before (`fresh` false)
+    is kept as it is.
+    """
+    agent = session.agent
+    if (
+        not fresh
+        or outcome.stop_reason not in _UNREACHED
+        or outcome.usage_per_call
+        or agent.session_id is None
+        or agent.store is not session.store
+    ):
+        return False
+    await session.store.delete(agent.session_id)
+    # A later message in a chat starts a new session rather than writing to the deleted one.
+    agent.recorder = SessionRecorder(session.store)
+    return True
+
+
+async def _report(outcome: ExecutionOutcome, session: _Session, streams: _Streams) -> int:
     """Print how the run ended and how to continue; return the exit code."""
     say = session.renderer.line
+    message = _failure_message(outcome)
+    if await _forget_if_unreached(outcome, session, fresh=not session.resumed):
+        # The error line says what is wrong, once; nothing was kept to continue.
+        if message is not None:
+            _error_line(streams, message)
+        return _exit_code(outcome)
     session_id = session.agent.session_id or "?"
+    if session.agent.store is not session.store:  # an --agent with a store of its own
+        if message is not None:
+            _error_line(streams, message)
+        return _exit_code(outcome)
     where = shlex.quote(str(session.store.path))
     again = f"agent-flow run --session {session_id} --db {where}"
     reason = outcome.stop_reason
-    if reason is StopReason.WAITING_FOR_USER:
+    if session.mode == "quiet":
+        if reason not in _OK_REASONS and reason is not StopReason.ERROR:
+            _error_line(streams, f'the run stopped: {reason.value}; continue with  {again} "..."')
+    elif reason is StopReason.WAITING_FOR_USER:
         say(f"the agent asks: {outcome.final_text}", "bold")
         say(f'answer with:  {again} "your answer"')
     elif reason is StopReason.CANCELLED:
@@ -152,18 +291,36 @@ def _report(
         say(f'the session is kept; once fixed, continue with  {again} "..."', "dim")
     elif reason not in _OK_REASONS:
         say(f'the run stopped: {reason.value}; continue with  {again} "..."', "yellow")
-    if json_mode or reason in _OK_REASONS:
+    if session.mode == "json" or (session.mode != "quiet" and reason in _OK_REASONS):
         say(f"session {session_id} saved in {session.store.path}", "dim")
-    message = _failure_message(outcome)
     if message is not None:
         _error_line(streams, message)
     return _exit_code(outcome)
+
+
+async def _read_task(args: argparse.Namespace, streams: _Streams) -> str:
+    """The task: the argument, with what is piped into stdin after it (or stdin alone)."""
+    task: str = args.task or ""
+    piped = ""
+    if not _isatty(streams.stdin):
+        with contextlib.suppress(OSError, ValueError):
+            piped = await asyncio.to_thread(streams.stdin.read)
+    if piped.strip():
+        task = f"{task}\n\n{piped.rstrip()}" if task.strip() else piped.rstrip()
+    if not task.strip():
+        raise _Failure(
+            EXIT_USAGE,
+            'run needs a task: agent-flow run "what to do" (or pipe text in: '
+            'cat notes.txt | agent-flow run "summarize this")',
+        )
+    return task
 
 
 # -- commands ------------------------------------------------------------------------------
 
 
 async def _run_command(args: argparse.Namespace, streams: _Streams) -> int:
+    task = await _read_task(args, streams)
     async with contextlib.AsyncExitStack() as stack:
         session = await _open_session(args, streams, stack)
         agent = session.agent
@@ -174,75 +331,10 @@ async def _run_command(args: argparse.Namespace, streams: _Streams) -> int:
 
         with _Interrupts(cancel):
             if session.resumed:
-                outcome = await agent.send(args.task)
+                outcome = await agent.send(task)
             else:
-                outcome = await agent.run(args.task)
-        return _report(outcome, session, streams, args.json)
-
-
-_CHAT_HELP = "type a message; /env shows the environment, /exit (or end of input) leaves"
-
-
-async def _chat_command(args: argparse.Namespace, streams: _Streams) -> int:
-    async with contextlib.AsyncExitStack() as stack:
-        session = await _open_session(args, streams, stack)
-        agent, say = session.agent, session.renderer.line
-        stop = asyncio.Event()
-        turn: asyncio.Task[ExecutionOutcome] | None = None
-
-        def interrupt() -> None:
-            if turn is not None and not turn.done():
-                say("cancelling this turn… (Ctrl-C again quits)", "yellow")
-                agent.cancel()
-            else:
-                stop.set()
-
-        started = session.resumed
-        code = EXIT_OK
-        what = f"session {args.session}" if session.resumed else "a new session"
-        say(f"chat with {session.llm.model} in {what}; {_CHAT_HELP}", "dim")
-        with _Interrupts(interrupt) as interrupts:
-            while True:
-                session.renderer.console.print("you> ", end="")
-                line = await _read_or_stop(session.reader, stop)
-                if stop.is_set():
-                    session.renderer.console.print()
-                    code = EXIT_CANCELLED
-                    break
-                if line is None:
-                    session.renderer.console.print()
-                    break
-                message = line.strip()
-                if not message:
-                    continue
-                if message in ("/exit", "/quit"):
-                    break
-                if message == "/env":
-                    counter = agent.context.counter
-                    say(agent.environment.render(agent.context.max_tokens, counter) or "(empty)")
-                    continue
-                if message == "/help":
-                    say(_CHAT_HELP)
-                    continue
-                turn = asyncio.ensure_future(agent.send(message) if started else agent.run(message))
-                started = True
-                outcome = await turn
-                turn = None
-                interrupts.count = 0
-                code = _chat_turn_report(outcome, session, streams)
-        if agent.session_id is not None:
-            say(f"session {agent.session_id} saved in {session.store.path}", "dim")
-        return code
-
-
-def _chat_turn_report(outcome: ExecutionOutcome, session: _Session, streams: _Streams) -> int:
-    if outcome.stop_reason is StopReason.WAITING_FOR_USER:
-        session.renderer.line(f"the agent asks: {outcome.final_text}", "bold")
-    message = _failure_message(outcome)
-    if message is not None:
-        _error_line(streams, message)
-    code = _exit_code(outcome)
-    return EXIT_OK if code == EXIT_CANCELLED else code
+                outcome = await agent.run(task)
+        return await _report(outcome, session, streams)
 
 
 async def _demo_command(args: argparse.Namespace, streams: _Streams) -> int:
@@ -259,6 +351,7 @@ async def _demo_command(args: argparse.Namespace, streams: _Streams) -> int:
         for line in real_endpoint_commands(workdir)[1:]:
             console.print(f"  {line}")
         return EXIT_OK
+    _check_db(args.db)
     db = Path(args.db) if args.db else None
     outcome = await run_demo(console, workdir=workdir, db=db, slow=args.slow)
     return EXIT_OK if outcome.stop_reason is StopReason.COMPLETED else EXIT_RUN_FAILED

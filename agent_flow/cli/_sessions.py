@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from agent_flow.cli._exit import EXIT_OK, _Streams
+from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.sessions import SQLiteSessionStore
 
 
+def _check_db(db: str | None) -> None:
+    """Refuse a ``--db`` that names a directory (a usage mistake, not a store failure)."""
+    if db is not None and Path(db).is_dir():
+        raise _Failure(
+            EXIT_USAGE,
+            f"--db {db} is a directory; give the store's file, e.g. --db "
+            f"{Path(db) / 'sessions.db'}",
+        )
+
+
 def _store(args: argparse.Namespace) -> SQLiteSessionStore:
+    _check_db(args.db)
     return SQLiteSessionStore(args.db)
 
 
@@ -124,7 +136,18 @@ async def _sessions_export(args: argparse.Namespace, streams: _Streams) -> int:
     return EXIT_OK
 
 
+def _check_export_file(file: str) -> None:
+    """Refuse an import path that is not a file (a usage mistake, not a store failure)."""
+    if not Path(file).is_file():
+        what = "is a directory" if Path(file).is_dir() else "does not exist"
+        raise _Failure(
+            EXIT_USAGE,
+            f"{file} {what}; give a file written by `agent-flow sessions export ID -o FILE`",
+        )
+
+
 async def _sessions_import(args: argparse.Namespace, streams: _Streams) -> int:
+    _check_export_file(args.file)
     async with _store(args) as store:
         info = await store.import_(args.file, session_id=args.id)
     streams.stdout.write(

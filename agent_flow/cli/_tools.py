@@ -1,4 +1,8 @@
-"""`agent-flow tools`: the tools an agent would be offered, with what their schemas cost."""
+"""`agent-flow tools`: the tools an agent is offered, what `run` does with each, their cost.
+
+The POLICY column is the run's own policy engine's verdict for the tool: ``asks approval``
+is exactly what `run` and `chat` will ask before calling it (unless ``--yes``).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from agent_flow.agent import AgentExecutor
-from agent_flow.cli._build import _start_agent, _tools
+from agent_flow.cli._build import _load_config, _start_agent, _tools
 from agent_flow.cli._exit import EXIT_OK, _Streams
-from agent_flow.config import load_config
+from agent_flow.cli._run import _close_at_exit
 from agent_flow.errors import UserError
 from agent_flow.llm import LLMConfig
 from agent_flow.llm.base import Completion, LLMRequest, StreamEvent
+from agent_flow.tools import PolicyEngine, RegisteredTool
 
 
 class _NoModel:
@@ -28,19 +33,54 @@ class _NoModel:
         yield  # pragma: no cover - makes this an async generator, as the protocol wants
 
 
+def _policy(engine: PolicyEngine, tool: RegisteredTool) -> str:
+    """What a run does with `tool`: its risk, and whether it asks first or is refused."""
+    policy = tool.policy
+    traits = "read-only" if policy.read_only else f"{policy.risk.value} risk"
+    verdict = engine.evaluate(tool.name, policy, {}).verdict
+    if verdict == "denied":
+        return f"{traits}, refused by policy"
+    if verdict == "requires_approval":
+        return f"{traits}, asks approval"
+    if policy.command_argument is not None and engine.dangerous_commands:
+        return f"{traits}, asks approval for risky commands"
+    return traits
+
+
 async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
-    config = load_config(args.config)
+    from agent_flow.cli._user_agent import load_user_agent
+
+    def warn(message: str) -> None:
+        streams.stderr.write(f"agent-flow: warning: {message}\n")
+
+    own = await load_user_agent(args.agent) if args.agent else None
+    config = (
+        own.config
+        if isinstance(own, AgentExecutor)
+        else own
+        if own is not None
+        else _load_config(args.config, warn)
+    )
     if args.model:
         config = config.model_copy(
             update={"llm": LLMConfig(model=args.model), "llm_overrides": None}
         )
     async with contextlib.AsyncExitStack() as stack:
-        tools = _tools(args, config)
-        agent = AgentExecutor(_NoModel(), config=tools.config, tools=tools.executor)
+        if isinstance(own, AgentExecutor):
+            _close_at_exit(own.llm, stack)
+        into = own.tools if isinstance(own, AgentExecutor) else None
+        tools = _tools(args, config, into=into)
+        if isinstance(own, AgentExecutor) and not args.model:
+            agent = own
+            agent.config = tools.config
+        else:
+            agent = AgentExecutor(_NoModel(), config=tools.config, tools=tools.executor)
         await _start_agent(agent, tools, stack)
         offered = agent.offered_tools()
         counter = agent.context.counter
+        # Copied while the MCP servers run: leaving the block unregisters their tools.
         registered = dict(tools.executor.tools)
+        engine = tools.executor.policy
         fixed = agent.context.fixed_tokens(tools=offered)
         budget = agent.context.max_tokens - agent.context.reserve_output_tokens
     out = streams.stdout
@@ -49,15 +89,12 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
         return EXIT_OK
     rows = []
     for definition in offered:
-        policy = registered[definition.name].policy
-        traits = "read-only" if policy.read_only else f"{policy.risk.value} risk"
-        if policy.requires_approval:
-            traits += ", asks approval"
         source = tools.sources.get(
-            definition.name, "control" if definition.name in _CONTROL else "config"
+            definition.name, "control" if definition.name in _CONTROL else "python"
         )
         tokens = counter.count_tools([definition])
-        rows.append((definition.name, source, traits, f"{tokens:,}"))
+        policy = _policy(engine, registered[definition.name])
+        rows.append((definition.name, source, policy, f"{tokens:,}"))
     header = ("TOOL", "FROM", "POLICY", "TOKENS")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
     for row in [header, *rows]:
@@ -73,7 +110,8 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
     total = counter.count_tools(offered)
     out.write(
         f"{len(offered)} tools; their schemas cost {total:,} tokens in every prompt "
-        f"(counted with {counter.name}); with the system prompt, every prompt spends "
+        f"(counted with {counter.name}); `run` asks before calling those marked 'asks "
+        "approval' (--yes approves them); with the system prompt, every prompt spends "
         f"{fixed:,} of its {budget:,} tokens before the environment and history\n"
     )
     return EXIT_OK

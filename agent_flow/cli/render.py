@@ -5,8 +5,10 @@ it runs in order with the run, before an approval prompt asks anything) and prin
 streamed text and thinking inline, tool calls as their arguments stream in, tool results,
 environment changes, pruning notices, plan updates, approvals, warnings and errors, and a
 token-budget bar with the per-section split of every prompt. On a terminal a spinner shows
-while the model is being waited on; elsewhere (a pipe, a file, a test) output is plain,
-uncoloured and never wrapped, so it reads the same every time.
+while the model is being waited on, long lines (streamed text too) wrap at word boundaries
+to the terminal's width, and argument and result previews are cut to fit one line of it;
+elsewhere (a pipe, a file, a test) output is plain, uncoloured and never wrapped, so it reads
+the same every time.
 
 `JsonLinesWriter` is the ``--json`` alternative: one `event_to_json` line per event.
 """
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections import Counter
 from typing import IO
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.status import Status
 from rich.text import Text
@@ -85,11 +89,16 @@ _SECTIONS = (
 )
 
 
-def make_console(stream: IO[str] | None = None, *, force_terminal: bool | None = None) -> Console:
+def make_console(
+    stream: IO[str] | None = None,
+    *,
+    force_terminal: bool | None = None,
+    width: int | None = None,
+) -> Console:
     """A console for the command: colour and a spinner on a terminal, plain text elsewhere.
 
-    Output that is not a terminal is never wrapped (so it reads the same at any width) and
-    has no colour codes.
+    On a terminal, lines wrap at word boundaries to its width (or `width`). Output that is not
+    a terminal is never wrapped (so it reads the same at any width) and has no colour codes.
     """
     file = stream if stream is not None else sys.stdout
     is_tty = force_terminal if force_terminal is not None else _isatty(file)
@@ -97,8 +106,8 @@ def make_console(stream: IO[str] | None = None, *, force_terminal: bool | None =
         file=file,
         force_terminal=is_tty,
         color_system="auto" if is_tty else None,
-        width=None if is_tty else 120,
-        soft_wrap=True,
+        width=width if is_tty else 120,
+        soft_wrap=not is_tty,
         highlight=False,
         emoji=False,
         markup=False,
@@ -148,8 +157,11 @@ class EventRenderer:
         console: Where to print (see `make_console`).
         spinner: Show a spinner while waiting on the model (only on a terminal).
         show_thinking: Print the model's streamed reasoning.
-        max_arguments: Characters of a tool call's arguments shown while they stream.
-        max_result: Characters of a tool result shown.
+        max_arguments: Characters of a tool call's arguments shown while they stream
+            (default: what fits the rest of a terminal line; 160 elsewhere).
+        max_result: Characters of a tool result shown (default as for `max_arguments`).
+        fatal_detail: Print a fatal error's message; off where the caller reports it once
+            itself (the command's error line).
     """
 
     def __init__(
@@ -158,14 +170,22 @@ class EventRenderer:
         *,
         spinner: bool = True,
         show_thinking: bool = True,
-        max_arguments: int = 160,
-        max_result: int = 160,
+        max_arguments: int | None = None,
+        max_result: int | None = None,
+        fatal_detail: bool = True,
     ) -> None:
         self.console = console
         self.spinner = spinner and console.is_terminal
         self.show_thinking = show_thinking
-        self.max_arguments = max_arguments
-        self.max_result = max_result
+        self._max_arguments = max_arguments
+        self._max_result = max_result
+        self.fatal_detail = fatal_detail
+        # On a terminal streamed text is wrapped here, word by word: rich wraps whole lines
+        # only, and does not know where a line it did not print ends.
+        self._wrap = console.is_terminal and not console.soft_wrap
+        self._column = 0
+        self._indent = 0
+        self._partial = ""
         #: How many events of each kind were rendered.
         self.counts: Counter[str] = Counter()
         encoding = (getattr(console.file, "encoding", None) or "utf-8").lower()
@@ -183,10 +203,65 @@ class EventRenderer:
         glyph, fallback = _GLYPHS[name]
         return fallback if self._ascii else glyph
 
+    def _room(self, used: int, limit: int | None) -> int:
+        """Characters a preview may take: `limit`, else the rest of a terminal line."""
+        if limit is not None:
+            return limit
+        if not self.console.is_terminal:
+            return 160
+        return max(10, self.console.width - used - 1)
+
+    @property
+    def max_arguments(self) -> int:
+        """Characters of a tool call's arguments shown on one line."""
+        return self._room(24, self._max_arguments)
+
+    @property
+    def max_result(self) -> int:
+        """Characters of a tool result shown on one line."""
+        return self._room(32, self._max_result)
+
     def _close_line(self) -> None:
+        self._flush_partial()
         if self._open is not None:
             self.console.print()
             self._open = None
+        self._column = 0
+
+    def _write(self, text: str, style: str = "") -> None:
+        """Continue the open line with `text`, wrapping at word boundaries on a terminal."""
+        if not self._wrap:
+            self.console.print(Text(text, style=style), end="")
+            return
+        # A word may arrive in pieces: hold its start until it ends, then place it.
+        pieces = re.split(r"(\s+)", self._partial + text)
+        self._partial = pieces.pop() if pieces and pieces[-1] and not text[-1:].isspace() else ""
+        for piece in pieces:
+            self._place(piece, style)
+
+    def _flush_partial(self) -> None:
+        if self._partial:
+            partial, self._partial = self._partial, ""
+            self._place(partial, "")
+
+    def _place(self, piece: str, style: str) -> None:
+        if not piece:
+            return
+        width = self.console.width
+        if piece.isspace():
+            if "\n" in piece:
+                self.console.print(end="\n" * piece.count("\n") + " " * self._indent)
+                self._column = self._indent
+            elif self._column + len(piece) < width and self._column > self._indent:
+                self.console.print(Text(piece), end="", soft_wrap=True)
+                self._column += len(piece)
+            return
+        size = cell_len(piece)
+        if self._column + size > width and self._column > self._indent:
+            self.console.print(end="\n" + " " * self._indent)
+            self._column = self._indent
+        self.console.print(Text(piece, style=style), end="", soft_wrap=True)
+        self._column += size
 
     def _safe(self, text: str) -> str:
         """`text` as the console can encode it (non-ASCII becomes '?' on an ASCII console)."""
@@ -218,9 +293,12 @@ class EventRenderer:
         if self._open != kind:
             self._close_line()
             if prefix is not None:
-                self.console.print(prefix, end="")
+                self.console.print(prefix, end="", soft_wrap=True)
+                self._column = self._indent = prefix.cell_len
+            else:
+                self._indent = 0
             self._open = kind
-        self.console.print(Text(self._safe(text), style=style), end="")
+        self._write(self._safe(text), style)
 
     # -- the hook ----------------------------------------------------------------------------
 
@@ -265,10 +343,11 @@ class EventRenderer:
                     "dim",
                 )
             case ToolCallStarted():
+                used = 14 + len(event.name)
                 shown = (
                     ""
                     if event.call_id in self._streamed_calls
-                    else " " + _short(event.arguments, self.max_arguments)
+                    else " " + _short(event.arguments, self._room(used, self._max_arguments))
                 )
                 self.line(f"  {self._g('tool')} running {event.name}{shown}", "cyan")
             case ToolCallCompleted():
@@ -288,9 +367,11 @@ class EventRenderer:
                     current = "  <- current" if step.description == event.current_step else ""
                     self.line(f"      {mark} {step.description}{current}", "blue")
             case ApprovalRequired():
+                used = 24 + len(event.name) + len(event.reason)
+                preview = _short(event.arguments, self._room(used, 100 if self._wrap else None))
                 self.line(
-                    f"  {self._g('ask')} approval needed for {event.name} "
-                    f"{_short(event.arguments, 100)}: {event.reason}",
+                    f"  {self._g('ask')} approval needed for {event.name} {preview}: "
+                    f"{event.reason}",
                     "bold yellow",
                 )
             case ApprovalResolved():
@@ -306,8 +387,9 @@ class EventRenderer:
                 self.line(f"  {self._g('warn')} warning{source}: {event.message}", "yellow")
             case ExecutionError():
                 what = "fatal" if event.fatal else "the run goes on"
+                message = f": {event.message}" if self.fatal_detail or not event.fatal else ""
                 self.line(
-                    f"  {self._g('fail')} error {event.error_type}: {event.message} [{what}]",
+                    f"  {self._g('fail')} error {event.error_type}{message} [{what}]",
                     "bold red" if event.fatal else "red",
                 )
             case RunFinished():
@@ -331,23 +413,26 @@ class EventRenderer:
             label = event.name or f"call #{event.index}"
             self.stop_spinner()
             self._close_line()
-            self.console.print(
-                Text(self._safe(f"  {self._g('call')} {label} "), style="cyan"), end=""
-            )
+            prefix = Text(self._safe(f"  {self._g('call')} {label} "), style="cyan")
+            self.console.print(prefix, end="", soft_wrap=True)
+            self._column = prefix.cell_len
             self._open = key
         shown = self._arguments_shown.get(event.index, 0)
-        if shown >= self.max_arguments:
+        limit = self._room(self._column - shown, self._max_arguments)
+        if shown >= limit:
             return
         piece = event.delta.replace("\n", " ")
-        room = self.max_arguments - shown
+        room = limit - shown
         if len(piece) > room:
             piece = piece[:room] + "…"
         self._arguments_shown[event.index] = shown + len(piece)
-        self.console.print(Text(self._safe(piece), style="dim"), end="")
+        self.console.print(Text(self._safe(piece), style="dim"), end="", soft_wrap=True)
+        self._column += len(piece)
 
     def _completed(self, event: ToolCallCompleted) -> None:
         extra = " [truncated for the model]" if event.truncated else ""
-        summary = _short(event.content, self.max_result)
+        used = 20 + len(event.name) + len(extra)
+        summary = _short(event.content, self._room(used, self._max_result))
         if event.is_error:
             self.line(
                 f"  {self._g('fail')} {event.name} reported an error: {summary}{extra}", "yellow"

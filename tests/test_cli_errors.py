@@ -1,0 +1,206 @@
+"""Mistakes at the command line: said once, naming the cause, with the right exit code.
+
+Usage mistakes exit 2 before anything runs; a run that never reached the model leaves no
+session with a resume hint that could not help.
+"""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.openai_server import (
+    OpenAIServer,
+    sse_reply,
+    text_chunks,
+    tool_call_chunks,
+)
+
+# The autouse fixture that clears OPENAI_* / AGENT_FLOW_* and points AGENT_FLOW_HOME at tmp.
+from tests.test_cli import clean_environment as clean_environment
+from tests.test_cli import closed_port, invoke, invoke_async, model_flags
+
+
+def sessions_in(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        (count,) = conn.execute("SELECT count(*) FROM sessions").fetchone()
+    return int(count)
+
+
+async def test_an_api_key_variable_that_is_not_set_is_refused_by_name(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    # With a base URL no key is needed, but a variable named on purpose must not be skipped.
+    result = await invoke_async(
+        ["run", "t", *model_flags(openai_server), "--api-key-env", "MY_PROVIDER_KEY"]
+    )
+    assert result.code == 2
+    assert result.err == (
+        "agent-flow: error: --api-key-env: the environment variable MY_PROVIDER_KEY is not "
+        "set; export it, or leave out --api-key-env for a server that needs no key\n"
+    )
+    assert openai_server.requests == []
+
+
+async def test_a_named_api_key_variable_that_is_set_is_sent(
+    openai_server: OpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_PROVIDER_KEY", "sk-mine")
+    openai_server.script(sse_reply(text_chunks("ok")))
+    result = await invoke_async(
+        [
+            "run",
+            "t",
+            *model_flags(openai_server),
+            "--api-key-env",
+            "MY_PROVIDER_KEY",
+            "--db",
+            str(tmp_path / "d"),
+        ]
+    )
+    assert result.code == 0, result.err
+    assert openai_server.requests[0].headers["authorization"] == "Bearer sk-mine"
+
+
+def test_a_bad_agent_flow_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_FLOW_MAX_ITERATIONS", "lots")
+    result = invoke(["run", "t", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    assert result.code == 2
+    assert result.err.count("\n") == 1
+    assert "AGENT_FLOW_MAX_ITERATIONS (sets max_iterations): Input should be a valid" in result.err
+    assert "fix or unset the variable" in result.err
+
+
+async def test_a_misspelt_agent_flow_variable_is_warned_about_and_the_run_goes_on(
+    openai_server: OpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_FLOW_MAX_ITERATINS", "3")
+    openai_server.script(sse_reply(text_chunks("ok")))
+    result = await invoke_async(
+        ["run", "t", *model_flags(openai_server), "--db", str(tmp_path / "d")]
+    )
+    assert result.code == 0
+    assert result.err == (
+        "agent-flow: warning: AGENT_FLOW_MAX_ITERATINS is ignored: it names no agent config "
+        "field; did you mean AGENT_FLOW_MAX_ITERATIONS?\n"
+    )
+    tools = await invoke_async(["tools"])
+    assert "AGENT_FLOW_MAX_ITERATINS is ignored" in tools.err and tools.code == 0
+
+
+def test_a_db_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    for argv in (
+        ["run", "t", "--model", "m", "--base-url", url, "--db", str(tmp_path)],
+        ["chat", "--model", "m", "--base-url", url, "--db", str(tmp_path)],
+        ["sessions", "list", "--db", str(tmp_path)],
+        ["sessions", "show", "x", "--db", str(tmp_path)],
+    ):
+        result = invoke(argv)
+        assert result.code == 2, argv
+        assert result.err == (
+            f"agent-flow: error: --db {tmp_path} is a directory; give the store's file, e.g. "
+            f"--db {tmp_path / 'sessions.db'}\n"
+        )
+
+
+def test_importing_a_missing_export_is_a_usage_error(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    missing = invoke(["sessions", "import", str(tmp_path / "missing.jsonl"), "--db", db])
+    assert missing.code == 2
+    assert missing.err == (
+        f"agent-flow: error: {tmp_path / 'missing.jsonl'} does not exist; give a file written "
+        "by `agent-flow sessions export ID -o FILE`\n"
+    )
+    directory = invoke(["sessions", "import", str(tmp_path), "--db", db])
+    assert directory.code == 2 and "is a directory" in directory.err
+
+
+def test_a_run_without_a_task_is_a_usage_error() -> None:
+    result = invoke(["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    assert result.code == 2
+    assert result.err.startswith('agent-flow: error: run needs a task: agent-flow run "what')
+
+
+def test_a_config_budget_too_small_names_the_setting(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text("[agent.context]\nmax_tokens = 300\nreserve_output_tokens = 50\n")
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    db = tmp_path / "d"
+    result = invoke(
+        ["run", "t", "--config", str(config), "--model", "m", "--base-url", url, "--db", str(db)]
+    )
+    assert result.code == 2
+    assert "the context budget max_tokens = 300 is too small for this agent" in result.err
+    assert sessions_in(db) == 0
+
+
+async def test_a_chat_whose_endpoint_is_unreachable_says_so_once_per_message(
+    tmp_path: Path,
+) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    db = tmp_path / "d"
+    result = await invoke_async(
+        ["chat", "--model", "m", "--base-url", url, "--db", str(db)],
+        stdin=io.StringIO("hello\nhello again\n"),
+    )
+    assert result.code == 3
+    lines = result.err.splitlines()
+    assert len(lines) == 2 and all("could not reach the model server" in line for line in lines)
+    assert "could not reach" not in result.out and "--session" not in result.out
+    assert sessions_in(db) == 0
+
+
+# -- tools says what run will do -----------------------------------------------------------
+
+NOTES_SERVER = textwrap.dedent(
+    """
+    from mcp.server.mcpserver import MCPServer
+    from mcp_types import ToolAnnotations
+
+    server = MCPServer("notes")
+
+
+    @server.tool(annotations=ToolAnnotations(destructive_hint=True))
+    def erase(name: str) -> str:
+        return f"erased {name}"
+
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def look(name: str) -> str:
+        return f"{name}: a note"
+
+
+    server.run()
+    """
+)
+
+
+async def test_tools_marks_an_mcp_write_tool_as_asking_approval_and_run_asks(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    script = tmp_path / "notes_server.py"
+    script.write_text(NOTES_SERVER)
+    mcp = ["--mcp", f"notes={sys.executable} {script}"]
+
+    listing = await invoke_async(["tools", *mcp])
+    assert listing.code == 0, listing.err
+    rows = {line.split("  ")[0]: line for line in listing.out.splitlines()[1:-1]}
+    assert "high risk, asks approval" in rows["notes_erase"]
+    assert "read-only" in rows["notes_look"] and "asks" not in rows["notes_look"]
+
+    openai_server.script(
+        sse_reply(tool_call_chunks([("e1", "notes_erase", '{"name": "todo"}')])),
+        sse_reply(text_chunks("I could not erase it.")),
+    )
+    run = await invoke_async(
+        ["run", "erase todo", *model_flags(openai_server), *mcp, "--db", str(tmp_path / "d")]
+    )
+    assert run.code == 0, run.err
+    assert "notes_erase" in run.out and "has high risk" in run.out
+    assert "refused: notes_erase (nobody could be asked" in run.out

