@@ -164,7 +164,7 @@ async def _tools(
     directory = args.workspace or config.workspace
     workspace = Workspace(directory) if directory else None
     if workspace is not None:
-        for name in executor.register_all(workspace_tools(workspace)):
+        for name in executor.register_all(workspace_tools(workspace, shell=config.shell)):
             sources[name] = "workspace"
     servers = _mcp_servers(config, args.mcp, args.mcp_http)
     if servers:
