@@ -234,6 +234,37 @@ async def test_a_write_needing_approval_is_refused_without_a_terminal_and_approv
             assert not (workspace / "out.txt").exists()
 
 
+async def test_yes_does_not_approve_a_high_risk_tool_but_yes_all_does(
+    openai_server: OpenAIServer, workspace: Path, tmp_path: Path
+) -> None:
+    command = '{"command": "echo hi > made.txt"}'
+    for flag in ("--yes", "--yes-all"):
+        openai_server.script(
+            sse_reply(tool_call_chunks([("c1", "run_command", command)])),
+            sse_reply(text_chunks("Done.")),
+        )
+        argv = ["run", "make it", *model_flags(openai_server), "--workspace", str(workspace)]
+        result = await invoke_async([*argv, "--db", str(tmp_path / "s.db"), flag])
+        assert result.code == 0, result.err
+        if flag == "--yes":
+            assert "✗ refused: run_command (run_command is a high-risk tool" in result.out
+            assert "rerun with --yes-all to approve it too" in result.out
+            assert not (workspace / "made.txt").exists()
+        else:
+            assert "✓ approved: run_command (approved by --yes-all)" in result.out
+            assert (workspace / "made.txt").read_text() == "hi\n"
+    # With --yes on a terminal, a high-risk call is asked rather than refused.
+    openai_server.script(
+        sse_reply(tool_call_chunks([("c1", "run_command", command)])),
+        sse_reply(text_chunks("Done.")),
+    )
+    asked = await invoke_async(
+        [*argv, "--db", str(tmp_path / "s.db"), "--yes"], stdin=TerminalInput("n\n")
+    )
+    assert "allow run_command (high risk)? [y/N]" in asked.out
+    assert "refused at the terminal" in asked.out
+
+
 async def test_an_approval_is_asked_on_a_terminal(
     openai_server: OpenAIServer, workspace: Path, tmp_path: Path
 ) -> None:
@@ -438,7 +469,8 @@ def test_tools_lists_what_is_offered_with_token_costs(workspace: Path) -> None:
         ]
     )
     assert result.code == 0, result.err
-    rows = {line.split()[0]: line.split() for line in result.out.splitlines()[1:-1]}
+    *table, footer, boundary = result.out.splitlines()
+    rows = {line.split()[0]: line.split() for line in table[1:]}
     assert set(rows) == {
         "read_file",
         "write_file",
@@ -459,9 +491,12 @@ def test_tools_lists_what_is_offered_with_token_costs(workspace: Path) -> None:
     assert "asks" in rows["write_file"]
     costs = [int(row[-1].replace(",", "")) for row in rows.values()]
     assert all(cost > 10 for cost in costs)
-    footer = result.out.splitlines()[-1]
     total = int(footer.split("cost ")[1].split(" tokens")[0].replace(",", ""))
     assert footer.startswith("12 tools;") and total < sum(costs)
+    # What a shell command can reach here, plainly: confined by bubblewrap or not at all.
+    assert boundary.startswith(
+        ("run_command: Commands run confined by bubblewrap", "run_command: Commands are NOT")
+    )
 
 
 def test_tools_without_anything_lists_the_control_tools() -> None:

@@ -97,7 +97,18 @@ def _agent_options() -> _Parser:
         "--budget", type=_positive, metavar="TOKENS", help="the hard token budget of every prompt"
     )
     agent.add_argument("--session", metavar="ID", help="continue this stored session")
-    agent.add_argument("--yes", action="store_true", help="approve every tool call that asks")
+    agent.add_argument(
+        "--yes",
+        action="store_true",
+        help="approve tool calls that ask, except high-risk ones (run_command, destructive MCP "
+        "tools): those are asked at the terminal, or refused without one",
+    )
+    agent.add_argument(
+        "--yes-all",
+        action="store_true",
+        help="approve every tool call that asks, high-risk ones included (shell commands run "
+        "unconfined unless bubblewrap is installed: see `agent-flow tools`)",
+    )
     agent.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
     output = options.add_argument_group("output")
     output.add_argument(

@@ -71,7 +71,13 @@ async def _open_session(
     console = make_console(streams.stderr if args.json else streams.stdout)
     renderer = EventRenderer(console)
     reader = _LineReader(streams.stdin)
-    approver = _Approver(auto=args.yes, reader=reader, stdin=streams.stdin, renderer=renderer)
+    approver = _Approver(
+        auto=args.yes or args.yes_all,
+        auto_high_risk=args.yes_all,
+        reader=reader,
+        stdin=streams.stdin,
+        renderer=renderer,
+    )
     if args.session:
         agent = await AgentExecutor.resume(
             store, args.session, llm, config=config, tools=tools.executor, approval=approver

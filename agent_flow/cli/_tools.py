@@ -1,4 +1,8 @@
-"""`agent-flow tools`: the tools an agent would be offered, with what their schemas cost."""
+"""`agent-flow tools`: the tools an agent would be offered, with what their schemas cost.
+
+When ``run_command`` is among them, a last line says what its commands can reach here:
+confined by bubblewrap, or not confined at all.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from agent_flow.config import load_config
 from agent_flow.errors import UserError
 from agent_flow.llm import LLMConfig
 from agent_flow.llm.base import Completion, LLMRequest, StreamEvent
+from agent_flow.tools import shell_boundary
 
 
 class _NoModel:
@@ -72,6 +77,8 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
         f"{len(offered)} tools; their schemas cost {total:,} tokens in every prompt "
         f"(counted with {counter.name})\n"
     )
+    if any(definition.name == "run_command" for definition in offered):
+        out.write(f"run_command: {shell_boundary(config.shell)}\n")
     return EXIT_OK
 
 
