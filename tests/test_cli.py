@@ -234,37 +234,6 @@ async def test_a_write_needing_approval_is_refused_without_a_terminal_and_approv
             assert not (workspace / "out.txt").exists()
 
 
-async def test_yes_does_not_approve_a_high_risk_tool_but_yes_all_does(
-    openai_server: OpenAIServer, workspace: Path, tmp_path: Path
-) -> None:
-    command = '{"command": "echo hi > made.txt"}'
-    for flag in ("--yes", "--yes-all"):
-        openai_server.script(
-            sse_reply(tool_call_chunks([("c1", "run_command", command)])),
-            sse_reply(text_chunks("Done.")),
-        )
-        argv = ["run", "make it", *model_flags(openai_server), "--workspace", str(workspace)]
-        result = await invoke_async([*argv, "--db", str(tmp_path / "s.db"), flag])
-        assert result.code == 0, result.err
-        if flag == "--yes":
-            assert "✗ refused: run_command (run_command is a high-risk tool" in result.out
-            assert "rerun with --yes-all to approve it too" in result.out
-            assert not (workspace / "made.txt").exists()
-        else:
-            assert "✓ approved: run_command (approved by --yes-all)" in result.out
-            assert (workspace / "made.txt").read_text() == "hi\n"
-    # With --yes on a terminal, a high-risk call is asked rather than refused.
-    openai_server.script(
-        sse_reply(tool_call_chunks([("c1", "run_command", command)])),
-        sse_reply(text_chunks("Done.")),
-    )
-    asked = await invoke_async(
-        [*argv, "--db", str(tmp_path / "s.db"), "--yes"], stdin=TerminalInput("n\n")
-    )
-    assert "allow run_command (high risk)? [y/N]" in asked.out
-    assert "refused at the terminal" in asked.out
-
-
 async def test_an_approval_is_asked_on_a_terminal(
     openai_server: OpenAIServer, workspace: Path, tmp_path: Path
 ) -> None:
