@@ -97,7 +97,9 @@ class _Run:
         try:
             if self.agent.store is not None and self.agent.session_id is None:
                 title = textwrap.shorten(message, width=80, placeholder=" …")
-                info = await self.agent.store.create(agent=self.agent.config.name, title=title)
+                info = await self.agent.store.create(
+                    agent=self.agent.config.name, title=title, task=message
+                )
                 self.agent.session_id = info.id
             self._close_pending("the previous run ended before this call finished")
             self.agent.history.add(UserMessage(content=message))
