@@ -62,6 +62,7 @@ from agent_flow._defaults import (
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
 from agent_flow.llm.config import LLMConfig, LLMOverrides, resolve_llm_config
+from agent_flow.tools._sandbox import ShellSettings
 from agent_flow.tools.mcp_config import MCPServerHTTP, MCPServerStdio
 from agent_flow.tools.policy import RiskLevel
 
@@ -219,6 +220,11 @@ class AgentConfig(BaseModel):
         skills: Named modes; see `Skill`.
         policy: Tool policy settings.
         workspace: A directory the built-in file tools work in (``None``: no file tools).
+        shell: How ``run_command`` runs commands: the environment variables they inherit,
+            and their confinement (see `agent_flow.tools.ShellSettings`).
+        secret_env: Environment variables whose values are redacted from every tool result,
+            besides the model's key variable and every variable whose name looks secret
+            (``*API_KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ...).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -250,6 +256,8 @@ class AgentConfig(BaseModel):
     skills: tuple[Skill, ...] = ()
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     workspace: str | None = None
+    shell: ShellSettings = Field(default_factory=ShellSettings)
+    secret_env: tuple[str, ...] = ()
 
     @field_validator("output_schema")
     @classmethod

@@ -24,6 +24,7 @@ AgentFlowError
 ├── ToolError                   a tool failed (turned into an error result for the model)
 │   ├── ToolTimeoutError        a tool call ran past its timeout
 │   └── MCPServerError          an MCP server could not be started or reached
+│       └── MCPServerTimeoutError   it did not answer in time while starting
 ├── RunError                    an agent run ended abnormally
 │   └── OutputValidationError   the final answer never matched the output schema
 └── StoreError                  the session store failed
@@ -53,6 +54,7 @@ __all__ = [
     "EnvironmentValidationError",
     "IncompleteStreamError",
     "MCPServerError",
+    "MCPServerTimeoutError",
     "MalformedChunkError",
     "ModelAuthenticationError",
     "ModelBadRequestError",
@@ -232,6 +234,10 @@ class ToolTimeoutError(ToolError):
 
 class MCPServerError(ToolError):
     """An MCP server could not be started, reached, or kept alive."""
+
+
+class MCPServerTimeoutError(MCPServerError):
+    """An MCP server did not answer within its ``connect_timeout`` while starting."""
 
 
 class RunError(AgentFlowError):

@@ -437,7 +437,8 @@ def test_tools_lists_what_is_offered_with_token_costs(workspace: Path) -> None:
         ]
     )
     assert result.code == 0, result.err
-    rows = {line.split()[0]: line.split() for line in result.out.splitlines()[1:-1]}
+    *table, footer, boundary = result.out.splitlines()
+    rows = {line.split()[0]: line.split() for line in table[1:]}
     assert set(rows) == {
         "read_file",
         "write_file",
@@ -458,9 +459,12 @@ def test_tools_lists_what_is_offered_with_token_costs(workspace: Path) -> None:
     assert "asks" in rows["write_file"]
     costs = [int(row[-1].replace(",", "")) for row in rows.values()]
     assert all(cost > 10 for cost in costs)
-    footer = result.out.splitlines()[-1]
     total = int(footer.split("cost ")[1].split(" tokens")[0].replace(",", ""))
     assert footer.startswith("12 tools;") and total < sum(costs)
+    # What a shell command can reach here, plainly: confined by bubblewrap or not at all.
+    assert boundary.startswith(
+        ("run_command: Commands run confined by bubblewrap", "run_command: Commands are NOT")
+    )
 
 
 def test_tools_without_anything_lists_the_control_tools() -> None:

@@ -22,6 +22,7 @@ from agent_flow.tools import (
     HandlerRegistry,
     PolicyEngine,
     RiskLevel,
+    Tool,
     ToolContext,
     ToolExecutor,
     ToolHooks,
@@ -101,6 +102,63 @@ def test_register_all_is_all_or_nothing() -> None:
 
 def test_names_with_invalid_characters_are_made_provider_safe() -> None:
     assert provider_tool_name("read.file", namespace="my server") == "my_server_read_file"
+
+
+def named(name: str) -> Tool:
+    @tool(name=name)
+    def function(x: int) -> str:
+        """Return which tool ran."""
+        return f"{name} {x}"
+
+    return function
+
+
+@given(
+    names=st.lists(
+        st.sampled_from(["get_sum", "get.sum", "get/sum", "get sum", "get-sum"]),
+        min_size=1,
+        max_size=5,
+        unique=True,
+    ),
+    one_by_one=st.booleans(),
+)
+def test_names_that_differ_only_in_refused_characters_are_all_registered_apart(
+    names: list[str], one_by_one: bool
+) -> None:
+    executor = ToolExecutor()
+    tools = [named(n) for n in names]
+    if one_by_one:
+        for item in tools:
+            executor.register(item, namespace="srv")
+    else:
+        executor.register_all(tools, namespace="srv")
+    registered = executor.tools
+    assert len(registered) == len(names)
+    assert all(NAME_RE.match(n) for n in registered)
+    by_source = {r.source_name: n for n, r in registered.items()}
+    # Whatever the order: a name that needs no change keeps it; look-alikes get a suffix.
+    for name in names:
+        exposed = by_source[f"srv_{name}"]
+        if name in ("get_sum", "get-sum"):
+            assert exposed == f"srv_{name}"
+        elif "get_sum" in names:
+            assert re.fullmatch(r"srv_get_sum_[0-9a-f]{8}", exposed)
+        else:
+            assert re.fullmatch(r"srv_get_sum(_[0-9a-f]{8})?", exposed)
+
+
+async def test_a_tool_moved_by_a_look_alike_is_called_under_its_new_name() -> None:
+    executor = ToolExecutor()
+    first = executor.register(named("get.sum"))
+    assert first == "get_sum"
+    assert executor.register(named("get_sum")) == "get_sum"
+    (moved,) = [n for n in executor.names if n != "get_sum"]
+    assert moved.startswith("get_sum_")
+    assert executor.definitions(names=[moved])[0].name == moved
+    call = ToolCall(id="1", name=moved, arguments='{"x": 1}')
+    assert (await executor.execute_one(call)).result.content == "get.sum 1"
+    with pytest.raises(DuplicateToolError):
+        executor.register(named("get.sum"))
 
 
 def test_long_names_are_shortened_deterministically_and_stay_distinct() -> None:

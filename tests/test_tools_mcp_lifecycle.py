@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from agent_flow.errors import MCPServerError, ToolDefinitionError
+from agent_flow.errors import MCPServerError, MCPServerTimeoutError, ToolDefinitionError
 from agent_flow.messages import ToolCall
 from agent_flow.tools import MCPConnection, MCPServers, MCPServerStdio, ToolExecutor, ToolHooks
 from tests.helpers import stdio_server
@@ -127,3 +129,79 @@ async def test_two_servers_with_one_name_are_rejected() -> None:
     config = MCPServerStdio(name="same", command="x")
     with pytest.raises(ToolDefinitionError, match="two MCP servers are named 'same'"):
         MCPServers([config, config])
+
+
+async def test_a_server_that_died_while_idle_is_restarted_before_the_next_call() -> None:
+    async with MCPConnection(
+        stdio_server("crashy", "crash_server.py", max_restarts=1)
+    ) as connection:
+        session = connection._session
+        assert session is not None
+        exited = asyncio.Event()
+        session.output.on_closed = exited.set  # told when the server's stream ends
+        pid = int((await connection.call_tool("pid", {})).content)
+        os.kill(pid, signal.SIGKILL)
+        await exited.wait()
+        assert not connection.connected
+        # Not "closed the connection during the call": noticed and restarted first.
+        result = await connection.call_tool("echo", {"text": "back"})
+        assert not result.is_error, result.content
+        assert result.content == "back"
+        assert connection.restarts == 1
+        assert connection.last_error == "the server exited while idle"
+
+
+def failing_server(*lines: str) -> MCPServerStdio:
+    script = "import sys\n" + "".join(f"print({line!r}, file=sys.stderr)\n" for line in lines)
+    return MCPServerStdio(
+        name="broken", command=sys.executable, args=("-c", script + "sys.exit(2)")
+    )
+
+
+async def test_a_server_that_fails_to_start_shows_its_last_stderr_lines(tmp_path: Path) -> None:
+    lines = [f"starting step {i}" for i in range(8)] + ["error: config file /etc/x.toml missing"]
+    with pytest.raises(MCPServerError) as caught:
+        async with MCPConnection(failing_server(*lines)):
+            pass
+    message = str(caught.value)
+    assert message.startswith("MCP server 'broken' could not be started: ")
+    assert message.endswith(
+        "; its stderr ended with: starting step 4 | starting step 5 | starting step 6 | "
+        "starting step 7 | error: config file /etc/x.toml missing"
+    )
+    # Also when the lines go to a log file.
+    log = tmp_path / "broken.log"
+    logged = failing_server("error: no token").model_copy(update={"stderr_log": str(log)})
+    with pytest.raises(MCPServerError, match=r"its stderr ended with: error: no token$"):
+        async with MCPConnection(logged):
+            pass
+    assert log.read_text() == "error: no token\n"
+
+
+async def test_a_server_that_never_answers_says_what_timed_out_after_how_long() -> None:
+    silent = MCPServerStdio(
+        name="silent",
+        command=sys.executable,
+        args=("-c", "import sys; print('waiting', file=sys.stderr, flush=True); sys.stdin.read()"),
+        connect_timeout=0.5,
+    )
+    with pytest.raises(MCPServerTimeoutError) as caught:
+        async with MCPConnection(silent):
+            pass
+    assert str(caught.value) == (
+        "MCP server 'silent' did not answer its initialization and tool listing within 0.5s "
+        "(its connect_timeout); a server that is slow to start needs a longer connect_timeout; "
+        "its stderr ended with: waiting"
+    )
+
+
+async def test_tools_whose_names_differ_only_in_dots_are_both_offered() -> None:
+    executor = ToolExecutor()
+    async with MCPServers([stdio_server("env", "env_server.py")]) as servers:
+        names = servers.register(executor)
+        assert "env_get_sum" in names
+        (dotted,) = [n for n in names if n.startswith("env_get_sum_")]
+        plain = await executor.execute_one(call("env_get_sum", '{"a": 1, "b": 2}'))
+        other = await executor.execute_one(call(dotted, '{"a": 1, "b": 2}'))
+    assert plain.result.content == "plain 3"
+    assert other.result.content == "dotted 3"

@@ -15,6 +15,7 @@ from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     PolicyEngine,
     RiskLevel,
+    ShellSettings,
     Tool,
     ToolContext,
     ToolExecutor,
@@ -23,6 +24,10 @@ from agent_flow.tools import (
     Workspace,
     workspace_tools,
 )
+
+# The process-group tests below read pids the command writes: only meaningful unconfined
+# (a confined command has its own pid namespace); tests/test_tools_shell.py covers bubblewrap.
+UNCONFINED = ShellSettings(sandbox="none")
 
 
 @pytest.fixture
@@ -66,7 +71,7 @@ def workspace(root: Path) -> Workspace:
 
 @pytest.fixture
 def tools(workspace: Workspace) -> dict[str, Tool]:
-    return {t.name: t for t in workspace_tools(workspace, command_timeout=5.0)}
+    return {t.name: t for t in workspace_tools(workspace, command_timeout=5.0, shell=UNCONFINED)}
 
 
 async def run(tools: dict[str, Tool], name: str, **arguments: object) -> ToolResult:
@@ -484,7 +489,10 @@ async def test_run_command_returns_exit_code_and_output_in_the_working_directory
 
 
 async def test_run_command_keeps_head_and_tail_of_long_output(workspace: Workspace) -> None:
-    small = {t.name: t for t in workspace_tools(workspace, max_command_output_bytes=400)}
+    small = {
+        t.name: t
+        for t in workspace_tools(workspace, max_command_output_bytes=400, shell=UNCONFINED)
+    }
     result = await run(small, "run_command", command="seq 1 2000")
     assert result.content.startswith("exit code 0\n1\n2\n3\n")
     assert result.content.endswith("1999\n2000\n")
@@ -533,7 +541,9 @@ async def test_run_command_kills_background_children_when_the_command_ends(
 
 
 async def test_cancelling_a_command_kills_it(workspace: Workspace, root: Path) -> None:
-    executor = ToolExecutor(workspace_tools(workspace), policy=PolicyEngine(auto_approve=True))
+    executor = ToolExecutor(
+        workspace_tools(workspace, shell=UNCONFINED), policy=PolicyEngine(auto_approve=True)
+    )
     os.mkfifo(root / "ready")
     command = "echo $$ > shell.pid; sleep 60 & echo $! > child.pid; echo go > ready; wait"
     call = ToolCall(id="1", name="run_command", arguments=json.dumps({"command": command}))

@@ -27,6 +27,7 @@ from agent_flow.tokens import (
 from agent_flow.tools import (
     ApprovalCallback,
     PolicyEngine,
+    SecretRedactor,
     ToolExecutor,
     Workspace,
     workspace_tools,
@@ -82,13 +83,21 @@ def tool_executor_from_config(
     """Build the tool executor `config` describes.
 
     It gets the configured policy (whose denied tools are ``config.deny_tools``), timeouts
-    and output limit, and the built-in file tools when ``config.workspace`` names a
-    directory. MCP servers need a running connection: the agent starts them (see
-    `AgentExecutor`).
+    and output limit, a `SecretRedactor` that knows the model's key and
+    ``config.secret_env`` besides every secret-looking variable, and the built-in file tools
+    (with ``config.shell``) when ``config.workspace`` names a directory. MCP servers need a
+    running connection: the agent starts them (see `AgentExecutor`).
 
     Raises:
         ToolError: The workspace directory cannot be used.
+        UserError: ``config.shell`` asks for a confinement this machine cannot give.
     """
+    secrets = SecretRedactor.from_environment(names=config.secret_env)
+    try:
+        if config.llm is not None:
+            secrets.add_env(config.resolved_llm().resolved_api_key_env())
+    except ConfigError:
+        pass  # no model configured yet: the secret-looking variables are still covered
     policy = config.policy
     executor = ToolExecutor(
         policy=PolicyEngine(
@@ -101,9 +110,10 @@ def tool_executor_from_config(
         approval=approval,
         default_timeout=config.tool_timeout,
         max_output_tokens=config.max_tool_output_tokens,
+        secrets=secrets,
     )
     if config.workspace is not None:
-        executor.register_all(workspace_tools(Workspace(config.workspace)))
+        executor.register_all(workspace_tools(Workspace(config.workspace), shell=config.shell))
     return executor
 
 

@@ -34,7 +34,7 @@ from agent_flow.context import ContextManager
 from agent_flow.environment import Environment, TaskStatus
 from agent_flow.errors import UserError
 from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscription
-from agent_flow.history import History
+from agent_flow.history import History, UserMessage
 from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
@@ -320,6 +320,9 @@ class AgentExecutor:
     ) -> AgentExecutor:
         """Rebuild an agent from a stored session; continue it with `send`.
 
+        A session stopped before its first step was saved resumes with the task it was
+        created for (`SessionInfo.task`) as its first message and objective.
+
         Args:
             store: The session store.
             session_id: The session to continue.
@@ -338,6 +341,13 @@ class AgentExecutor:
         settings = config if config is not None else AgentConfig()
         history = state.history(counter=_make_counter(settings)[0])
         environment = state.environment if state.environment is not None else Environment()
+        if state.info.task and not state.entries:
+            # Stopped before its first step was saved: take up the task it was created for.
+            history.add(UserMessage(content=state.info.task))
+            if environment.task.objective == "":
+                environment.update_section(
+                    "task", objective=state.info.task, status=TaskStatus.IN_PROGRESS.value
+                )
         return cls(
             llm,
             config=settings,

@@ -150,6 +150,8 @@ def _check_budget(fixed: Callable[[], object], args: argparse.Namespace, budget:
 
 
 _NAME = re.compile(r"^([A-Za-z0-9_-]{1,40})=(.+)$", re.DOTALL)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 _LAUNCHERS = frozenset({"python", "python3", "node", "npx", "uvx", "uv", "bun", "bunx", "deno"})
 
 
@@ -173,27 +175,82 @@ def _server_name(tokens: Sequence[str], taken: set[str]) -> str:
     return name
 
 
+def _split_mcp_spec(spec: str) -> tuple[str | None, dict[str, str], list[str]]:
+    """``[name=][VAR=value ...] command args`` → the name, the environment, the command line.
+
+    A lower-case (or dashed) ``name=`` prefix names the server, as before; ``UPPER_CASE=value``
+    words before the command are environment variables, as in the shell.
+    """
+    try:
+        tokens = shlex.split(spec)
+    except ValueError as err:
+        raise _Failure(EXIT_USAGE, f"--mcp {spec!r} is not a valid command line: {err}") from err
+    name: str | None = None
+    named = _NAME.match(tokens[0]) if tokens else None
+    if named and not (_ENV_NAME.fullmatch(named.group(1)) and named.group(1).isupper()):
+        name = named.group(1)
+        tokens = [named.group(2), *tokens[1:]]
+    env: dict[str, str] = {}
+    while tokens and (assignment := _ASSIGNMENT.match(tokens[0])):
+        env[assignment.group(1)] = assignment.group(2)
+        tokens = tokens[1:]
+    if not tokens:
+        if env:
+            raise _Failure(
+                EXIT_USAGE,
+                f"--mcp {spec!r} sets {', '.join(env)} but names no command; an UPPER_CASE "
+                "prefix is an environment variable, as in the shell: name the server in "
+                "lower case (--mcp 'fs=CMD ARGS') and put variables before the command",
+            )
+        raise _Failure(EXIT_USAGE, "--mcp needs a command, e.g. --mcp 'npx -y server-x /tmp'")
+    return name, env, tokens
+
+
+def _mcp_env(specs: Sequence[str]) -> dict[str, str]:
+    """``--mcp-env NAME=VALUE`` (or ``NAME``: the agent's own value) as a mapping."""
+    env: dict[str, str] = {}
+    for spec in specs:
+        name, equals, value = spec.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            raise _Failure(
+                EXIT_USAGE,
+                f"--mcp-env {spec!r} is not NAME=VALUE with a variable name of letters, digits "
+                "and '_'",
+            )
+        if not equals:
+            if name not in os.environ:
+                raise _Failure(
+                    EXIT_USAGE,
+                    f"--mcp-env {name} passes the variable {name} on, but it is not set; set "
+                    f"it or give a value: --mcp-env {name}=VALUE",
+                )
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
 def _mcp_servers(
-    config: AgentConfig, stdio: Sequence[str], http: Sequence[str]
+    config: AgentConfig,
+    stdio: Sequence[str],
+    http: Sequence[str],
+    *,
+    env: Sequence[str] = (),
+    timeout: float | None = None,
 ) -> list[MCPServerConfig]:
+    """The servers of the config and of the flags, with --mcp-env and --mcp-timeout applied."""
     servers: list[MCPServerConfig] = list(config.mcp_servers)
     taken = {server.name for server in servers}
     for spec in stdio:
-        named = _NAME.match(spec.strip())
-        text = named.group(2) if named else spec
-        try:
-            tokens = shlex.split(text)
-        except ValueError as err:
-            raise _Failure(
-                EXIT_USAGE, f"--mcp {spec!r} is not a valid command line: {err}"
-            ) from err
-        if not tokens:
-            raise _Failure(EXIT_USAGE, "--mcp needs a command, e.g. --mcp 'npx -y server-x /tmp'")
-        name = named.group(1) if named else _server_name(tokens, taken)
+        given, variables, tokens = _split_mcp_spec(spec)
+        name = given or _server_name(tokens, taken)
         if name in taken:
             raise _Failure(EXIT_USAGE, f"two MCP servers are named {name!r}; use --mcp 'NAME=...'")
         taken.add(name)
-        servers.append(MCPServerStdio(name=name, command=tokens[0], args=tuple(tokens[1:])))
+        servers.append(
+            MCPServerStdio(
+                name=name, command=tokens[0], args=tuple(tokens[1:]), env=variables or None
+            )
+        )
     for spec in http:
         named = _NAME.match(spec.strip())
         url = named.group(2) if named else spec.strip()
@@ -206,7 +263,17 @@ def _mcp_servers(
             )
         taken.add(name)
         servers.append(MCPServerHTTP(name=name, url=url))
-    return servers
+    extra = _mcp_env(env)
+    adjusted: list[MCPServerConfig] = []
+    for server in servers:
+        updates: dict[str, object] = {}
+        if extra and isinstance(server, MCPServerStdio):
+            updates["env"] = {**(server.env or {}), **extra}
+        if timeout is not None:
+            updates["connect_timeout"] = timeout
+            updates["timeout"] = timeout
+        adjusted.append(server.model_copy(update=updates) if updates else server)
+    return adjusted
 
 
 @dataclass
@@ -251,9 +318,17 @@ def _tools(
     directory = args.workspace or (config.workspace if into is None else None)
     workspace = Workspace(directory) if directory else None
     if workspace is not None:
-        for name in executor.register_all(workspace_tools(workspace)):
+        for name in executor.register_all(workspace_tools(workspace, shell=config.shell)):
             sources[name] = "workspace"
-    servers = tuple(_mcp_servers(config, args.mcp, args.mcp_http))
+    servers = tuple(
+        _mcp_servers(
+            config,
+            args.mcp,
+            args.mcp_http,
+            env=getattr(args, "mcp_env", ()),
+            timeout=getattr(args, "mcp_timeout", None),
+        )
+    )
     return _Tools(config.model_copy(update={"mcp_servers": servers}), executor, workspace, sources)
 
 

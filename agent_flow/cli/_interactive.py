@@ -1,9 +1,9 @@
 """The interactive parts of the command: reading stdin, asking approvals, and Ctrl-C.
 
 `_LineReader` reads lines without blocking the event loop, `_read_or_stop` waits on one or on
-a stop request, `_Approver` answers approval requests (``--yes``, a question to the person
-at the terminal, or a refusal), and `_Interrupts` turns the first Ctrl-C into a cancel and
-the second into a quit.
+a stop request, `_Approver` answers approval requests (``--yes`` or ``--yes-all``, a terminal
+prompt, or a refusal), and `_Interrupts` turns the first Ctrl-C into a cancel and the second
+into a quit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from agent_flow.tools import ApprovalRequest, ApprovalResponse
+from agent_flow.tools import ApprovalRequest, ApprovalResponse, RiskLevel
 
 if TYPE_CHECKING:
     from agent_flow.cli._prompt import _Prompter
@@ -69,30 +69,50 @@ class _LineReader:
 
 
 class _Approver:
-    """Answers approval requests: --yes approves, a terminal asks, anything else refuses.
+    """Answers approval requests: the flags approve, a terminal asks, anything else refuses.
+
+    ``--yes`` approves low- and medium-risk calls; high-risk ones (``run_command``, tools an
+    MCP server marks destructive) need ``--yes-all`` or an answer at the terminal.
 
     Args:
-        auto: Approve everything (``--yes``).
+        auto: Approve low- and medium-risk calls (``--yes``).
         prompter: Who is asked (`agent_flow.cli._prompt`).
         before_asking: Called first (stops a spinner that would draw over the question).
+        auto_high_risk: Approve every call, high-risk ones included (``--yes-all``).
     """
 
     def __init__(
-        self, *, auto: bool, prompter: _Prompter, before_asking: Callable[[], None]
+        self,
+        *,
+        auto: bool,
+        prompter: _Prompter,
+        before_asking: Callable[[], None],
+        auto_high_risk: bool = False,
     ) -> None:
         self.auto = auto
+        self.auto_high_risk = auto_high_risk
         self.prompter = prompter
         self.before_asking = before_asking
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
-        if self.auto:
+        if self.auto_high_risk:
+            return ApprovalResponse(approved=True, reason="approved by --yes-all")
+        high = request.risk is RiskLevel.HIGH
+        if self.auto and not high:
             return ApprovalResponse(approved=True, reason="approved by --yes")
         if not self.prompter.interactive:
-            return ApprovalResponse(
-                approved=False,
-                reason="nobody could be asked (stdin is not a terminal); rerun with --yes to "
-                "approve such calls",
-            )
+            if self.auto:
+                reason = (
+                    f"{request.tool_name} is a high-risk tool, which --yes does not approve "
+                    "(stdin is not a terminal to ask); rerun with --yes-all to approve it too"
+                )
+            else:
+                flag = "--yes-all" if high else "--yes"
+                reason = (
+                    f"nobody could be asked (stdin is not a terminal); rerun with {flag} to "
+                    "approve such calls"
+                )
+            return ApprovalResponse(approved=False, reason=reason)
         self.before_asking()
         answer = await self.prompter.answer(
             f"  allow {request.tool_name} ({request.risk.value} risk)? [y/N] "

@@ -1,6 +1,14 @@
 """`main`: parse the arguments, run the command, and map what ended it to an exit code.
 
 The codes and their meaning are listed in `agent_flow.cli`; errors are one line on stderr.
+
+Logging goes through one handler that `main` installs for the command's duration (and
+removes after): by default agent_flow's own warnings and errors, one line each without
+tracebacks, and nothing from other libraries (the MCP SDK logs a traceback for every
+non-JSON line a server prints); ``-v`` adds info messages (a server's stderr lines among
+them) and other libraries' warnings, ``-vv`` debug messages and tracebacks. ``--log-file``
+sends the log, with times and tracebacks, to a file instead of stderr. Python warnings are
+routed through the same handler.
 """
 
 from __future__ import annotations
@@ -8,9 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from types import TracebackType
 from typing import IO
 
 from agent_flow.cli._exit import (
@@ -26,6 +36,7 @@ from agent_flow.cli._parser import build_parser
 from agent_flow.errors import (
     AgentFlowError,
     MCPServerError,
+    MCPServerTimeoutError,
     ModelError,
     SessionNotFoundError,
     StoreError,
@@ -55,6 +66,20 @@ def main(
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace, _Streams], Coroutine[None, None, int]] = args.handler
     try:
+        log = _Logging(getattr(args, "verbose", 0), getattr(args, "log_file", None), streams.stderr)
+    except OSError as err:
+        _error_line(streams, f"--log-file {args.log_file!r} cannot be written: {err.strerror}")
+        return EXIT_USAGE
+    with log:
+        return _run(handler, args, streams)
+
+
+def _run(
+    handler: Callable[[argparse.Namespace, _Streams], Coroutine[None, None, int]],
+    args: argparse.Namespace,
+    streams: _Streams,
+) -> int:
+    try:
         return asyncio.run(handler(args, streams))
     except KeyboardInterrupt:
         _error_line(streams, "cancelled")
@@ -77,6 +102,8 @@ def _describe_error(err: AgentFlowError) -> tuple[int, str]:
     """The exit code and the one-line message for an error that ended the command."""
     if isinstance(err, SessionNotFoundError):
         return EXIT_USAGE, f"{err} (see `agent-flow sessions list`)"
+    if isinstance(err, MCPServerTimeoutError):
+        return EXIT_USAGE, f"{err}: allow it longer with --mcp-timeout SECONDS"
     if isinstance(err, MCPServerError):
         return EXIT_USAGE, f"an MCP server could not be started: {err}; check its command or URL"
     if isinstance(err, UserError):
@@ -86,3 +113,65 @@ def _describe_error(err: AgentFlowError) -> tuple[int, str]:
     if isinstance(err, StoreError):
         return EXIT_RUN_FAILED, str(err)
     return EXIT_RUN_FAILED, f"{type(err).__name__}: {err}"
+
+
+class _OneLine(logging.Formatter):
+    """``agent-flow: warning: message``: one line, a traceback only when asked for."""
+
+    def __init__(self, *, tracebacks: bool) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = " ".join(record.getMessage().split())
+        where = "" if record.name.startswith("agent_flow") else f"{record.name}: "
+        line = f"agent-flow: {record.levelname.lower()}: {where}{message}"
+        if self.tracebacks and record.exc_info:
+            return f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+class _Logging:
+    """The command's one log handler, installed on the root logger while the command runs."""
+
+    def __init__(self, verbosity: int, log_file: str | None, stderr: IO[str]) -> None:
+        if verbosity >= 2:
+            self.level = logging.DEBUG
+        elif verbosity == 1 or log_file is not None:
+            self.level = logging.INFO
+        else:
+            self.level = logging.WARNING
+        self.handler: logging.Handler
+        if log_file is not None:
+            self.handler = logging.FileHandler(log_file, encoding="utf-8", delay=False)
+            self.handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
+        else:
+            self.handler = logging.StreamHandler(stderr)
+            self.handler.setFormatter(_OneLine(tracebacks=verbosity >= 2))
+            if verbosity == 0:
+                # Other libraries speak only when asked (-v): the CLI's errors are one line.
+                self.handler.addFilter(lambda record: record.name.startswith("agent_flow"))
+        self.handler.setLevel(self.level)
+        self._root_level = logging.WARNING
+
+    def __enter__(self) -> _Logging:
+        root = logging.getLogger()
+        self._root_level = root.level
+        root.addHandler(self.handler)
+        root.setLevel(min(self.level, root.level))
+        logging.captureWarnings(True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        logging.captureWarnings(False)
+        root = logging.getLogger()
+        root.removeHandler(self.handler)
+        root.setLevel(self._root_level)
+        self.handler.close()

@@ -82,26 +82,24 @@ def _agent_options() -> _Parser:
     agent.add_argument(
         "--workspace", metavar="DIR", help="give the agent the built-in file tools on DIR"
     )
-    agent.add_argument(
-        "--mcp",
-        action="append",
-        default=[],
-        metavar='"[NAME=]COMMAND ARGS"',
-        help="an MCP server started over stdio (repeatable); its tools are named NAME_tool",
-    )
-    agent.add_argument(
-        "--mcp-http",
-        action="append",
-        default=[],
-        metavar="[NAME=]URL",
-        help="an MCP server reached over streamable HTTP (repeatable)",
-    )
+    _mcp_options(agent)
     agent.add_argument("--max-iterations", type=_positive, metavar="N", help="model calls per run")
     agent.add_argument(
         "--budget", type=_positive, metavar="TOKENS", help="the hard token budget of every prompt"
     )
     agent.add_argument("--session", metavar="ID", help="continue this stored session")
-    agent.add_argument("--yes", action="store_true", help="approve every tool call that asks")
+    agent.add_argument(
+        "--yes",
+        action="store_true",
+        help="approve tool calls that ask, except high-risk ones (run_command, destructive MCP "
+        "tools): those are asked at the terminal, or refused without one",
+    )
+    agent.add_argument(
+        "--yes-all",
+        action="store_true",
+        help="approve every tool call that asks, high-risk ones included (shell commands run "
+        "unconfined unless bubblewrap is installed: see `agent-flow tools`)",
+    )
     agent.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
     output = options.add_argument_group(
         "output (default: a status line while it runs, then the answer as Markdown)"
@@ -124,6 +122,67 @@ _AGENT_HELP = (
 )
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from err
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return value
+
+
+def _mcp_options(group: argparse._ActionsContainer) -> None:
+    group.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar='"[name=][VAR=value ...] COMMAND ARGS"',
+        help="an MCP server started over stdio (repeatable); its tools are named NAME_tool; "
+        "UPPER_CASE=value words before the command are its environment, as in the shell",
+    )
+    group.add_argument(
+        "--mcp-env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="an environment variable for every stdio MCP server (repeatable); NAME alone "
+        "passes on this process's value (servers otherwise get only HOME, PATH, SHELL, TERM...)",
+    )
+    group.add_argument(
+        "--mcp-http",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="an MCP server reached over streamable HTTP (repeatable)",
+    )
+    group.add_argument(
+        "--mcp-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how long an MCP server may take to start, and to answer a call (default 30 s "
+        "to start, 60 s per call)",
+    )
+
+
+def _logging_options(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: the flags may come before or after the command without one hiding the other.
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log more to stderr: -v library and MCP server messages, -vv debug details "
+        "with tracebacks",
+    )
+    parser.add_argument(
+        "--log-file",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="write the log (with tracebacks) to FILE instead of stderr",
+    )
+
+
 def _db_hint() -> str:
     try:
         return str(default_store_path())
@@ -142,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"agent-flow {__version__}")
+    _logging_options(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     agent_options = _agent_options()
     db = _Parser(add_help=False)
@@ -156,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=_EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        _logging_options(command)
         return command
 
     run = sub("run", "run an agent on a task until it finishes", [agent_options])
@@ -221,8 +282,7 @@ def _tools_options() -> _Parser:
     options = _Parser(add_help=False)
     options.add_argument("--config", metavar="FILE", help="an agent.toml file")
     options.add_argument("--workspace", metavar="DIR", help="include the built-in file tools")
-    options.add_argument("--mcp", action="append", default=[], metavar='"[NAME=]COMMAND ARGS"')
-    options.add_argument("--mcp-http", action="append", default=[], metavar="[NAME=]URL")
+    _mcp_options(options)
     options.add_argument("--model", help="count tokens with this model's tokenizer")
     options.add_argument("--agent", metavar="MODULE:ATTR", help=_AGENT_HELP)
     return options

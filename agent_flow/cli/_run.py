@@ -133,7 +133,12 @@ async def _open_session(
         # The command's error line states a fatal error once; the trace only marks it.
         renderer = EventRenderer(console, fatal_detail=False)
     asker = prompter if prompter is not None else _PlainPrompter(streams.stdin, console)
-    approver = _Approver(auto=args.yes, prompter=asker, before_asking=renderer.stop_spinner)
+    approver = _Approver(
+        auto=args.yes or args.yes_all,
+        auto_high_risk=args.yes_all,
+        prompter=asker,
+        before_asking=renderer.stop_spinner,
+    )
     if args.session:
         agent = await AgentExecutor.resume(
             store,

@@ -1,7 +1,9 @@
 """`agent-flow tools`: the tools an agent is offered, what `run` does with each, their cost.
 
 The POLICY column is the run's own policy engine's verdict for the tool: ``asks approval``
-is exactly what `run` and `chat` will ask before calling it (unless ``--yes``).
+is exactly what `run` and `chat` will ask before calling it (unless ``--yes``; high-risk
+tools only with ``--yes-all``). When ``run_command`` is among them, a last line says what
+its commands can reach here: confined by bubblewrap, or not confined at all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from agent_flow.cli._run import _close_at_exit
 from agent_flow.errors import UserError
 from agent_flow.llm import LLMConfig
 from agent_flow.llm.base import Completion, LLMRequest, StreamEvent
-from agent_flow.tools import PolicyEngine, RegisteredTool
+from agent_flow.tools import PolicyEngine, RegisteredTool, shell_boundary
 
 
 class _NoModel:
@@ -114,6 +116,8 @@ async def _tools_command(args: argparse.Namespace, streams: _Streams) -> int:
         "approval' (--yes approves them); with the system prompt, every prompt spends "
         f"{fixed:,} of its {budget:,} tokens before the environment and history\n"
     )
+    if any(definition.name == "run_command" for definition in offered):
+        out.write(f"run_command: {shell_boundary(config.shell)}\n")
     return EXIT_OK
 
 

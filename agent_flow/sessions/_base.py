@@ -83,6 +83,7 @@ class _StoreBase:
         agent: str = "agent",
         title: str = "",
         metadata: JsonObject | None = None,
+        task: str | None = None,
     ) -> SessionInfo:
         """Create an empty session (status ``active``) and return its description.
 
@@ -91,6 +92,7 @@ class _StoreBase:
             agent: The name of the agent that runs it.
             title: A human title.
             metadata: Free JSON to keep with it.
+            task: The task it is created for, kept whole (`SessionInfo.task`).
 
         Raises:
             UserError: `session_id` is not a valid id, or `metadata` is not JSON.
@@ -111,6 +113,7 @@ class _StoreBase:
                 event_count=0,
                 environment_version=0,
                 metadata=metadata or {},
+                task=task,
             )
         except ValidationError as err:
             raise UserError(f"cannot create session {sid!r}: {_problem(err)}") from err

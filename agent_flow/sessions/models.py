@@ -43,6 +43,8 @@ class SessionInfo(BaseModel):
         event_count: Events stored, over all runs.
         environment_version: The stored environment's version (0 before the first step).
         metadata: Free JSON the caller attached at creation.
+        task: The task the session was created for, whole (the title may be shortened); kept
+            so that a session stopped before its first step was saved still has it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -58,6 +60,7 @@ class SessionInfo(BaseModel):
     event_count: int = Field(ge=0)
     environment_version: int = Field(ge=0)
     metadata: JsonObject = Field(default_factory=dict)
+    task: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

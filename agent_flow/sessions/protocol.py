@@ -53,6 +53,7 @@ class SessionStore(Protocol):
         agent: str = "agent",
         title: str = "",
         metadata: JsonObject | None = None,
+        task: str | None = None,
     ) -> SessionInfo:
         """Create an empty session (status ``active``) and return its description.
 

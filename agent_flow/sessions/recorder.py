@@ -96,7 +96,7 @@ class SessionRecorder:
             return
         title = textwrap.shorten(task, width=80, placeholder=" …")
         async with self._lock:
-            info = await _to_the_end(self.store.create(agent=agent, title=title))
+            info = await _to_the_end(self.store.create(agent=agent, title=title, task=task))
         self._session_id = info.id
 
     def record(self, event: AgentEvent) -> None:

@@ -17,7 +17,8 @@ Storage (schema version `SCHEMA_VERSION`, kept in ``PRAGMA user_version``; openi
 file migrates it, a newer one raises `StoreError`)::
 
     sessions(id PK, agent, title, status, created_at, updated_at, metadata JSON, steps,
-             entry_count, event_count, environment_version, environment JSON, revision)
+             entry_count, event_count, environment_version, environment JSON, revision,
+             task)
     entries(session_id, position, entry_id, kind, data JSON)          PK (session_id, position)
     environment_changes(session_id, version, data JSON)               PK (session_id, version)
     events(session_id, position, run_id, seq, kind, data JSON)        PK (session_id, position)
@@ -104,16 +105,21 @@ def _create_v1(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _add_task_v2(conn: sqlite3.Connection) -> None:
+    """The task a session was created for (NULL for sessions stored before)."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN task TEXT")
+
+
 #: Migration ``i`` brings a store file from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1,)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1, _add_task_v2)
 
 #: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    "event_count, environment_version"
+    "event_count, environment_version, task"
 )
 
 
@@ -130,6 +136,7 @@ def _info_from_row(row: sqlite3.Row) -> SessionInfo:
         event_count=row["event_count"],
         environment_version=row["environment_version"],
         metadata=json.loads(row["metadata"]),
+        task=row["task"],
     )
 
 
@@ -235,7 +242,7 @@ class _SQLiteBackend:
     ) -> None:
         conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 info.id,
                 info.agent,
@@ -248,6 +255,7 @@ class _SQLiteBackend:
                 info.entry_count,
                 info.event_count,
                 info.environment_version,
+                info.task,
                 environment,
                 revision,
             ),

@@ -12,7 +12,9 @@ The pieces, by module:
 - `policy`: `ToolPolicy`, `PolicyEngine`, approval requests and responses;
 - `handlers`: `HandlerRegistry` and the built-in result handlers;
 - `mcp`: MCP server configs, `MCPConnection`, `MCPServers`, `MCPTool`;
-- `workspace`: `Workspace` and `workspace_tools`;
+- `workspace`: `Workspace`, `workspace_tools` and `ShellSettings` (the shell's environment
+  and confinement);
+- `SecretRedactor`: known secret values, redacted from every tool result by the executor;
 - `control`: ``task_completion``, ``ask_question``, ``converse`` and ``update_plan``.
 
 The modules starting with ``_`` hold the parts behind `executor` (registry, argument
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from agent_flow.tools._secrets import SecretRedactor, looks_secret
 from agent_flow.tools.base import (
     BaseTool,
     FunctionTool,
@@ -96,7 +99,17 @@ from agent_flow.tools.results import (
     ToolResult,
     UserQuestion,
 )
-from agent_flow.tools.workspace import DEFAULT_EXCLUDES, UnsafePathError, Workspace, workspace_tools
+from agent_flow.tools.workspace import (
+    DEFAULT_COMMAND_ENV,
+    DEFAULT_EXCLUDES,
+    DEFAULT_HIDDEN_PATHS,
+    SandboxMode,
+    ShellSettings,
+    UnsafePathError,
+    Workspace,
+    shell_boundary,
+    workspace_tools,
+)
 
 if _TYPE_CHECKING:
     from agent_flow.tools.mcp import MCPConnection, MCPServers, MCPTool, convert_call_result
@@ -116,9 +129,11 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "CONTROL_SIGNAL_ADAPTER",
     "CONTROL_TOOL_NAMES",
+    "DEFAULT_COMMAND_ENV",
     "DEFAULT_DANGEROUS_COMMANDS",
     "DEFAULT_EXCLUDES",
     "DEFAULT_FORBIDDEN_COMMANDS",
+    "DEFAULT_HIDDEN_PATHS",
     "MAX_TOOL_NAME_LENGTH",
     "MCP_SERVER_CONFIG_ADAPTER",
     "MIN_OUTPUT_TOKENS",
@@ -150,6 +165,9 @@ __all__ = [
     "RegisteredTool",
     "ResultHandler",
     "RiskLevel",
+    "SandboxMode",
+    "SecretRedactor",
+    "ShellSettings",
     "TaskCompletion",
     "Tool",
     "ToolArgumentsError",
@@ -169,11 +187,13 @@ __all__ = [
     "converse",
     "convert_call_result",
     "directory_tree_handler",
+    "looks_secret",
     "parse_docstring",
     "parse_text_tree",
     "provider_tool_name",
     "record_latest_result",
     "search_results_handler",
+    "shell_boundary",
     "task_completion",
     "to_tool_result",
     "tool",

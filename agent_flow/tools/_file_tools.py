@@ -12,15 +12,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
 
 from pydantic import Field
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ToolError
-from agent_flow.tools._safe_fs import _is_dir
 from agent_flow.tools.base import Tool, tool
 from agent_flow.tools.policy import RiskLevel, ToolPolicy
 from agent_flow.tools.results import ToolResult
@@ -112,20 +109,23 @@ def file_tools(workspace: Workspace, *, max_search_file_bytes: int) -> list[Tool
         Args:
             path: The directory, relative to the workspace root.
         """
-        directory = workspace.directory(path)
+        directory = workspace.resolve(path)
         entries: list[JsonValue] = []
         lines: list[str] = []
-        for relative, entry, _ in workspace.iter_entries(directory, max_depth=1):
-            kind = _entry_kind(entry)
-            size = _entry_size(entry)
-            item: JsonObject = {"path": relative, "name": entry.name, "kind": kind, "size": size}
-            if kind == "symlink":
-                item["target"] = _describe_link(workspace, Path(entry.path))
-                lines.append(f"{entry.name} -> {item['target']}")
-            elif kind == "directory":
+        for entry in workspace.iter_entries(directory, max_depth=1):
+            item: JsonObject = {
+                "path": entry.path,
+                "name": entry.name,
+                "kind": entry.kind,
+                "size": entry.size,
+            }
+            if entry.kind == "symlink":
+                item["target"] = entry.link_target
+                lines.append(f"{entry.name} -> {entry.link_target}")
+            elif entry.kind == "directory":
                 lines.append(f"{entry.name}/")
             else:
-                lines.append(f"{entry.name} ({size} bytes)")
+                lines.append(f"{entry.name} ({entry.size} bytes)")
             entries.append(item)
         shown = workspace.relative(directory)
         content = "\n".join(lines) if lines else f"{shown} is empty"
@@ -144,21 +144,24 @@ def file_tools(workspace: Workspace, *, max_search_file_bytes: int) -> list[Tool
             max_depth: How many levels to descend.
             max_entries: The most entries to list.
         """
-        directory = workspace.directory(path)
+        directory = workspace.resolve(path)
         root = workspace.relative(directory)
         entries: list[JsonValue] = []
         complete = True
         by_parent: dict[str, list[tuple[str, str]]] = {}
-        for relative, entry, depth in workspace.iter_entries(directory, max_depth=max_depth):
+        for entry in workspace.iter_entries(directory, max_depth=max_depth):
             if len(entries) >= max_entries:
                 complete = False
                 break
-            kind = _entry_kind(entry)
-            if kind == "directory" and depth == max_depth and _has_children(entry, workspace):
+            if (
+                entry.kind == "directory"
+                and entry.depth == max_depth
+                and workspace.has_children(entry)
+            ):
                 complete = False
-            entries.append({"path": relative, "kind": kind, "size": _entry_size(entry)})
-            parent = relative.rpartition("/")[0] or "."
-            by_parent.setdefault(parent, []).append((entry.name, kind))
+            entries.append({"path": entry.path, "kind": entry.kind, "size": entry.size})
+            parent = entry.path.rpartition("/")[0] or "."
+            by_parent.setdefault(parent, []).append((entry.name, entry.kind))
         lines = [f"{root}/" if root != "." else "./"]
         _render_tree(by_parent, root, "", lines)
         if not complete:
@@ -196,22 +199,20 @@ def file_tools(workspace: Workspace, *, max_search_file_bytes: int) -> list[Tool
         start = workspace.resolve(path)
         if start.is_dir():
             files = [
-                (relative, Path(entry.path))
-                for relative, entry, _ in workspace.iter_entries(start, max_depth=64)
-                if _entry_kind(entry) == "file"
+                (entry.path, entry.name)
+                for entry in workspace.iter_entries(start, max_depth=64)
+                if entry.kind == "file"
             ]
         elif start.is_file():
-            files = [(workspace.relative(start), start)]
+            files = [(workspace.relative(start), start.name)]
         else:
             raise ToolError(f"{path!r} does not exist")
         matches: list[JsonValue] = []
         lines: list[str] = []
         searched = 0
         truncated = False
-        for relative, file_path in files:
-            if glob and not (
-                fnmatch.fnmatch(relative, glob) or fnmatch.fnmatch(file_path.name, glob)
-            ):
+        for relative, name in files:
+            if glob and not (fnmatch.fnmatch(relative, glob) or fnmatch.fnmatch(name, glob)):
                 continue
             found = _search_file(workspace, relative, regex, max_search_file_bytes)
             if found is None:
@@ -240,25 +241,6 @@ def file_tools(workspace: Workspace, *, max_search_file_bytes: int) -> list[Tool
         )
 
     return [read_file, write_file, list_directory, directory_tree, search_text]
-
-
-def _entry_kind(entry: os.DirEntry[str]) -> Literal["file", "directory", "symlink", "other"]:
-    if entry.is_symlink():
-        return "symlink"
-    if _is_dir(entry):
-        return "directory"
-    try:
-        return "file" if entry.is_file(follow_symlinks=False) else "other"
-    except OSError:
-        return "other"
-
-
-def _entry_size(entry: os.DirEntry[str]) -> int | None:
-    try:
-        info = entry.stat(follow_symlinks=False)
-    except OSError:
-        return None
-    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def _looks_binary(chunk: bytes) -> bool:
@@ -306,21 +288,6 @@ def _read_lines(
             "truncated": stopped_early,
         },
     )
-
-
-def _describe_link(workspace: Workspace, link: Path) -> str:
-    target = Path(os.path.realpath(link))
-    if workspace.contains(target):
-        return workspace.relative(target)
-    return "(outside the workspace)"
-
-
-def _has_children(entry: os.DirEntry[str], workspace: Workspace) -> bool:
-    try:
-        with os.scandir(entry.path) as scan:
-            return any(child.name not in workspace.exclude for child in scan)
-    except OSError:
-        return False
 
 
 def _render_tree(

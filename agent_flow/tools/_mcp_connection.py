@@ -12,7 +12,12 @@ calls are made from any task through the session. Failures:
 - a server that crashes or closes the connection fails the calls in flight with a
   ``"server_unavailable"`` error result and is restarted on its next use, at most
   ``max_restarts`` times over the connection's life; after that every call fails at once
-  with a message saying so.
+  with a message saying so. A server that died while idle is noticed when its output
+  stream ends, so the next call restarts it first instead of failing;
+- a server that does not answer its initialization within ``connect_timeout`` is a
+  `MCPServerTimeoutError` naming the limit.
+
+Errors about a server end with the last lines it printed on stderr, when it printed any.
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ import mcp_types
 from mcp import ClientSession, MCPError
 
 from agent_flow._types import JsonObject
-from agent_flow.errors import MCPServerError
+from agent_flow.errors import MCPServerError, MCPServerTimeoutError
 from agent_flow.tools._mcp_tool import MCPTool, _jsonable, convert_call_result
-from agent_flow.tools._mcp_transport import _transport
+from agent_flow.tools._mcp_transport import ServerOutput, _transport
 from agent_flow.tools.base import ProgressCallback
 from agent_flow.tools.mcp_config import MCPServerConfig, MCPServerHTTP
 from agent_flow.tools.results import ToolResult
@@ -61,15 +66,22 @@ class _Session:
         self.tools: list[mcp_types.Tool] = []
         self.broken = False  # the connection failed: restart before the next call
         self.suspect = False  # a call timed out or was cancelled: ping before the next call
+        self.output = ServerOutput()  # its stderr tail; closed once its messages stop
 
     @property
     def usable(self) -> bool:
         return (
             self.client is not None
             and not self.broken
+            and not self.output.closed
             and self.task is not None
             and not self.task.done()
         )
+
+    def with_stderr(self, text: str) -> str:
+        """`text`, followed by the server's last stderr lines if it printed any."""
+        tail = self.output.tail()
+        return f"{text}; its stderr ended with: {tail}" if tail else text
 
 
 class MCPConnection:
@@ -172,7 +184,7 @@ class MCPConnection:
             return self._call_error(session, name, err, limit)
         except _TRANSPORT_ERRORS as err:
             session.broken = True
-            self.last_error = _describe(err)
+            self.last_error = session.with_stderr(_describe(err))
             return ToolResult.error(
                 f"the connection to MCP server {self.name!r} failed during the call to "
                 f"{name!r} ({type(err).__name__}); it will be restarted on the next call",
@@ -191,10 +203,10 @@ class MCPConnection:
     def _call_error(self, session: _Session, name: str, err: MCPError, limit: float) -> ToolResult:
         if err.code == _CONNECTION_CLOSED:
             session.broken = True
-            self.last_error = err.message
+            self.last_error = session.with_stderr(err.message)
             return ToolResult.error(
                 f"MCP server {self.name!r} closed the connection during the call to {name!r} "
-                f"({err.message}); it will be restarted on the next call",
+                f"({self.last_error}); it will be restarted on the next call",
                 kind="server_unavailable",
             )
         if err.code == _REQUEST_TIMEOUT:
@@ -228,6 +240,10 @@ class MCPConnection:
             return session
         async with self._lock:
             session = self._session
+            if session is not None and session.output.closed and not session.broken:
+                # It stopped between calls: say so, then restart it below.
+                session.broken = True
+                self.last_error = session.with_stderr("the server exited while idle")
             if session is not None and session.usable:
                 if not session.suspect or await self._answers_ping(session):
                     session.suspect = False
@@ -290,7 +306,11 @@ class MCPConnection:
             self._retire(session)
             raise
         except Exception as err:
-            self.last_error = _describe(err)
+            cause = _innermost(err)
+            if isinstance(cause, MCPServerTimeoutError):
+                self.last_error = session.with_stderr(str(cause))
+                raise MCPServerTimeoutError(self.last_error) from err
+            self.last_error = session.with_stderr(_describe(err))
             verb = "reached" if isinstance(self.config, MCPServerHTTP) else "started"
             raise MCPServerError(
                 f"MCP server {self.name!r} could not be {verb}: {self.last_error}"
@@ -301,11 +321,21 @@ class MCPConnection:
         """Own the transport and the client session for their whole life (one task)."""
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(_transport(self.config, stack))
+                read, write = await stack.enter_async_context(
+                    _transport(self.config, stack, session.output)
+                )
                 client = await stack.enter_async_context(ClientSession(read, write))
-                with anyio.fail_after(self.config.connect_timeout):
-                    await client.initialize()
-                    session.tools = await self._list_all_with(client)
+                limit = self.config.connect_timeout
+                try:
+                    with anyio.fail_after(limit):
+                        await client.initialize()
+                        session.tools = await self._list_all_with(client)
+                except TimeoutError as err:
+                    raise MCPServerTimeoutError(
+                        f"MCP server {self.name!r} did not answer its initialization and tool "
+                        f"listing within {limit:g}s (its connect_timeout); a server that is "
+                        "slow to start needs a longer connect_timeout"
+                    ) from err
                 session.client = client
                 ready.set_result(None)
                 await session.stop.wait()
@@ -317,7 +347,7 @@ class MCPConnection:
                 # Closing a session whose server is already gone fails noisily; that is expected.
                 logger.debug("MCP server %r session closed with: %s", self.name, _describe(err))
             else:
-                self.last_error = _describe(err)
+                self.last_error = session.with_stderr(_describe(err))
                 logger.warning("MCP server %r session ended: %s", self.name, self.last_error)
         except asyncio.CancelledError:
             session.broken = True
@@ -346,8 +376,14 @@ class MCPConnection:
             seen.add(cursor)
 
 
-def _describe(err: BaseException) -> str:
-    """``Type: message`` of the first real error, looking inside exception groups."""
+def _innermost(err: BaseException) -> BaseException:
+    """The first real error, looking inside exception groups."""
     while isinstance(err, BaseExceptionGroup) and err.exceptions:
         err = err.exceptions[0]
+    return err
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: message`` of the first real error, looking inside exception groups."""
+    err = _innermost(err)
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

@@ -1,18 +1,26 @@
 """Opening an MCP server's transport: a stdio child process or a streamable HTTP session.
 
-A stdio server's stderr never reaches the terminal: it goes to the file named by
-``stderr_log`` or, by default, line by line to the ``agent_flow.tools.mcp`` logger.
+A stdio server's stderr never reaches the terminal: each line goes to the file named by
+``stderr_log`` or, by default, to the ``agent_flow.tools.mcp`` logger (level INFO), and the
+last `STDERR_TAIL_LINES` are kept in a `ServerOutput`, so that an error about the server can
+say what it printed before it failed.
+
+The stream the server's messages arrive on is watched: when it ends (the process exited or
+closed its stdout, or the HTTP session broke) `ServerOutput.closed` is set at once, so that a
+server that died while idle is noticed and restarted before the next call is sent to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, TextIO
 
+import anyio
 import httpx2
 from mcp import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -20,18 +28,43 @@ from mcp.client.streamable_http import streamable_http_client
 from agent_flow.tools.mcp_config import MCPServerConfig, MCPServerHTTP
 
 if TYPE_CHECKING:
-    from mcp.client._transport import TransportStreams
+    from mcp.client._transport import ReadStream, TransportStreams
+    from mcp.shared.message import SessionMessage
 
 # Logged under the public module's name: users configure MCP logs (servers' stderr included)
 # on ``agent_flow.tools.mcp``.
 logger = logging.getLogger("agent_flow.tools.mcp")
 
+#: How many of a server's last stderr lines are kept for error messages.
+STDERR_TAIL_LINES = 20
+
+
+class ServerOutput:
+    """What one server session printed on stderr (the last lines), and whether it closed."""
+
+    def __init__(self) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.closed = False
+        self.on_closed: Callable[[], None] | None = None
+
+    def tail(self, lines: int = 5, *, max_chars: int = 600) -> str:
+        """The last `lines` non-empty stderr lines on one line (``" | "``-joined), or ``""``."""
+        kept = [line for line in self.lines if line.strip()][-lines:]
+        text = " | ".join(line.strip() for line in kept)
+        return text if len(text) <= max_chars else "…" + text[-max_chars:]
+
+    def _mark_closed(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.on_closed is not None:
+                self.on_closed()
+
 
 @contextlib.asynccontextmanager
 async def _transport(
-    config: MCPServerConfig, stack: contextlib.AsyncExitStack
+    config: MCPServerConfig, stack: contextlib.AsyncExitStack, output: ServerOutput
 ) -> AsyncIterator[TransportStreams]:
-    """Open the server's transport: streamable HTTP, or a stdio child with its stderr logged."""
+    """Open the server's transport: streamable HTTP, or a stdio child with its stderr kept."""
     if isinstance(config, MCPServerHTTP):
         http = await stack.enter_async_context(
             httpx2.AsyncClient(
@@ -39,26 +72,56 @@ async def _transport(
                 timeout=httpx2.Timeout(config.connect_timeout, read=max(config.timeout, 30.0)),
             )
         )
-        async with streamable_http_client(config.url, http_client=http) as streams:
-            yield streams
+        async with (
+            streamable_http_client(config.url, http_client=http) as streams,
+            _watch_closing(streams, output) as watched,
+        ):
+            yield watched
         return
     parameters = StdioServerParameters(
         command=config.command, args=list(config.args), env=config.env, cwd=config.cwd
     )
+    log_file: TextIO | None = None
     if config.stderr_log is not None:
-        log_file: TextIO = await asyncio.to_thread(open, config.stderr_log, "a", encoding="utf-8")
-        try:
-            async with stdio_client(parameters, errlog=log_file) as streams:
-                yield streams
-        finally:
+        log_file = await asyncio.to_thread(open, config.stderr_log, "a", encoding="utf-8")
+    try:
+        async with (
+            _stderr_reader(config.name, output, log_file) as errlog,
+            stdio_client(parameters, errlog=errlog) as streams,
+        ):
+            _close_quietly(errlog)  # the child has its own copy now
+            async with _watch_closing(streams, output) as watched:
+                yield watched
+    finally:
+        if log_file is not None:
             log_file.close()
-        return
-    async with (
-        _stderr_to_logger(config.name) as errlog,
-        stdio_client(parameters, errlog=errlog) as streams,
-    ):
-        _close_quietly(errlog)  # the child has its own copy now
-        yield streams
+
+
+@contextlib.asynccontextmanager
+async def _watch_closing(
+    streams: TransportStreams, output: ServerOutput
+) -> AsyncIterator[TransportStreams]:
+    """Pass the server's messages through, and mark `output` closed when they end."""
+    read, write = streams
+    sender, receiver = anyio.create_memory_object_stream["SessionMessage | Exception"](0)
+
+    async def forward(source: ReadStream[SessionMessage | Exception]) -> None:
+        try:
+            async with sender:
+                async for item in source:
+                    await sender.send(item)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            pass  # the session side went away first: we are shutting down
+        finally:
+            output._mark_closed()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(forward, read)
+        try:
+            yield receiver, write
+        finally:
+            group.cancel_scope.cancel()
+            receiver.close()
 
 
 def _close_quietly(handle: TextIO) -> None:
@@ -67,8 +130,13 @@ def _close_quietly(handle: TextIO) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _stderr_to_logger(server: str) -> AsyncIterator[TextIO]:
-    """A pipe whose write end becomes the server's stderr; its lines go to the logger."""
+async def _stderr_reader(
+    server: str, output: ServerOutput, log_file: TextIO | None
+) -> AsyncIterator[TextIO]:
+    """A pipe whose write end becomes the server's stderr; its lines are kept and logged.
+
+    Each line goes to `log_file` when given, else to the logger, and into `output.lines`.
+    """
     read_fd, write_fd = os.pipe()
     writer = os.fdopen(write_fd, "w", encoding="utf-8")
     loop = asyncio.get_running_loop()
@@ -78,8 +146,14 @@ async def _stderr_to_logger(server: str) -> AsyncIterator[TextIO]:
     )
 
     async def forward() -> None:
-        while line := await reader.readline():
-            logger.info("[%s] %s", server, line.decode("utf-8", errors="replace").rstrip())
+        while raw := await reader.readline():
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            output.lines.append(line)
+            if log_file is not None:
+                log_file.write(line + "\n")
+                log_file.flush()
+            else:
+                logger.info("[%s] %s", server, line)
 
     task = asyncio.create_task(forward(), name=f"mcp-stderr-{server}")
     try:

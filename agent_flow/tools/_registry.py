@@ -2,13 +2,17 @@
 
 Registered names always fit what providers accept, ``^[a-zA-Z0-9_-]{1,64}$``: characters
 outside that set become ``_`` and longer names are cut and suffixed with a hash of the full
-name, so they stay distinct (`provider_tool_name`). A name can be registered once; a second
-tool under it is a `DuplicateToolError`. Each tool's parameter schema is checked when it is
+name, so they stay distinct (`provider_tool_name`). Two tools whose names differ only in such
+characters (``get.sum`` and ``get_sum``, both legal in MCP) would meet under one name; then
+the one whose name had to change gets the hash suffix too (``get_sum_1a2b3c4d``), whatever
+the registration order, and the other keeps its name. A tool registered twice under the
+same name is a `DuplicateToolError`. Each tool's parameter schema is checked when it is
 registered, so a broken schema fails there, not on the model's first call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -45,8 +49,27 @@ def provider_tool_name(name: str, *, namespace: str | None = None) -> str:
     cleaned = _INVALID_NAME_CHARS.sub("_", full)
     if len(cleaned) <= MAX_TOOL_NAME_LENGTH:
         return cleaned
+    return _hashed(full)
+
+
+def _hashed(full: str) -> str:
+    """`full` made provider-safe, cut to fit, and suffixed with 8 hex digits of its SHA-256."""
+    cleaned = _INVALID_NAME_CHARS.sub("_", full)
     digest = hashlib.sha256(full.encode("utf-8")).hexdigest()[:8]
     return f"{cleaned[: MAX_TOOL_NAME_LENGTH - 9]}_{digest}"
+
+
+def _needs_change(name: str, namespace: str | None) -> bool:
+    full = f"{namespace}_{name}" if namespace else name
+    return bool(name) and provider_tool_name(name, namespace=namespace) != full
+
+
+def _as_tool(item: Tool | Callable[..., object]) -> Tool:
+    if isinstance(item, Tool):
+        return item
+    if callable(item):
+        return make_tool(item)
+    raise ToolDefinitionError(f"{item!r} is not a tool; pass a Tool or a typed function")
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,7 @@ class RegisteredTool:
         timeout: The effective timeout (``None``: the executor's default).
         max_output_tokens: The output limit (``None``: the executor's default).
         definition: What the model is told about it.
+        source_name: The name asked for (namespaced), before it was made provider-safe.
     """
 
     name: str
@@ -69,6 +93,16 @@ class RegisteredTool:
     max_output_tokens: int | None
     definition: ToolDefinition
     validator: jsonschema.protocols.Validator
+    source_name: str = ""
+
+    @property
+    def renamed(self) -> bool:
+        """Whether `name` differs from the name asked for (characters replaced or cut)."""
+        return bool(self.source_name) and self.source_name != self.name
+
+    def _under(self, name: str) -> RegisteredTool:
+        definition = self.definition.model_copy(update={"name": name})
+        return dataclasses.replace(self, name=name, definition=definition)
 
 
 class ToolRegistry:
@@ -105,17 +139,20 @@ class ToolRegistry:
             DuplicateToolError: A tool with the resulting name is already registered.
             ToolDefinitionError: The object is not a tool or its schema is invalid.
         """
-        if isinstance(tool, Tool):
-            resolved: Tool = tool
-        elif callable(tool):
-            resolved = make_tool(tool)
-        else:
-            raise ToolDefinitionError(f"{tool!r} is not a tool; pass a Tool or a typed function")
-        tool = resolved
+        tool = _as_tool(tool)
         _check_limit(max_output_tokens)
-        exposed = provider_tool_name(name or tool.name, namespace=namespace)
-        if exposed in self._tools:
-            existing = self._tools[exposed]
+        requested = name or tool.name
+        source = f"{namespace}_{requested}" if namespace else requested
+        exposed = provider_tool_name(requested, namespace=namespace)
+        existing = self._tools.get(exposed)
+        if existing is not None and existing.source_name != source:
+            # Distinct names that met only once made provider-safe: the renamed one moves.
+            if exposed != source:
+                exposed = _hashed(source)
+            elif existing.renamed:
+                self._move(existing, _hashed(existing.source_name))
+            existing = self._tools.get(exposed)
+        if existing is not None:
             raise DuplicateToolError(
                 f"a tool named {exposed!r} is already registered ({existing.tool!r}); "
                 "register the new one with another name or a namespace"
@@ -132,8 +169,23 @@ class ToolRegistry:
                 name=exposed, description=tool.description, parameters=parameters
             ),
             validator=validator,
+            source_name=source,
         )
         return exposed
+
+    def _move(self, registered: RegisteredTool, name: str) -> None:
+        """Register `registered` under `name` instead, keeping the registration order."""
+        if name in self._tools:
+            raise DuplicateToolError(
+                f"a tool named {name!r} is already registered; give one of the tools named "
+                f"like {registered.source_name!r} another name"
+            )
+        self._tools = {
+            (name if key == registered.name else key): (
+                registered._under(name) if key == registered.name else value
+            )
+            for key, value in self._tools.items()
+        }
 
     def register_all(
         self, tools: Iterable[Tool | Callable[..., object]], *, namespace: str | None = None
@@ -143,12 +195,22 @@ class ToolRegistry:
         Raises:
             DuplicateToolError: One of the names is taken (nothing is registered then).
         """
+        resolved = [_as_tool(item) for item in tools]
+        # Names that need no change first, so a look-alike (``get.sum`` beside ``get_sum``)
+        # is the one given a suffix, and no tool of this batch moves after its name is known.
+        order = sorted(
+            range(len(resolved)),
+            key=lambda i: _needs_change(resolved[i].name, namespace),
+        )
+        names: dict[int, str] = {}
         snapshot = dict(self._tools)
         try:
-            return [self.register(item, namespace=namespace) for item in tools]
+            for index in order:
+                names[index] = self.register(resolved[index], namespace=namespace)
         except BaseException:
             self._tools = snapshot
             raise
+        return [names[index] for index in range(len(resolved))]
 
     def unregister(self, name: str) -> None:
         """Remove the tool registered as `name`.

@@ -5,7 +5,10 @@ leave it: absolute paths (POSIX, Windows drives, UNC), ``..`` components (with e
 ``~``, NUL bytes, and symlinks — including symlinked parent directories and dangling links —
 whose target lies outside the root. Files are then opened one component at a time with
 ``O_NOFOLLOW`` from the root, so a symlink swapped in between the check and the open fails
-instead of being followed. Directory walks never follow symlinks either.
+instead of being followed. Directories are listed the same way: opened component by
+component with ``O_NOFOLLOW | O_DIRECTORY`` and read through their descriptor
+(``os.scandir(fd)``), never by name, so a directory swapped for a symlink during a listing is
+refused or skipped, never listed. Directory walks never follow symlinks.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Literal
 
 from agent_flow.errors import ToolError, UserError
 
@@ -103,7 +108,12 @@ class Workspace:
             )
         if not parts:
             return self.root
-        resolved = Path(os.path.realpath(self.root.joinpath(*parts)))
+        try:
+            resolved = Path(os.path.realpath(self.root.joinpath(*parts)))
+        except OSError as err:  # a link removed between realpath's lstat and its readlink
+            raise UnsafePathError(
+                f"path {path!r} changed while it was being checked; it was not followed"
+            ) from err
         if not self.contains(resolved):
             raise UnsafePathError(
                 f"path {path!r} leads outside the workspace through a symbolic link; "
@@ -196,46 +206,167 @@ class Workspace:
         return ToolError(f"cannot open {shown!r}: {err.strerror or err}")
 
     def directory(self, path: str) -> Path:
-        """Resolve `path` and check it is an existing directory.
+        """Resolve `path` and check it is an existing directory, without following links.
 
         Raises:
-            UnsafePathError: The path is unsafe.
+            UnsafePathError: The path is unsafe, or a symlink appeared under it meanwhile.
             ToolError: It does not exist or is not a directory.
         """
         resolved = self.resolve(path)
-        if not resolved.is_dir():
-            shown = self.relative(resolved)
-            if resolved.exists():
-                raise ToolError(f"{shown!r} is a file, not a directory; use read_file")
-            raise ToolError(f"directory {shown!r} does not exist")
+        os.close(self._open_directory(resolved))
         return resolved
 
-    def iter_entries(
-        self, directory: Path, *, max_depth: int
-    ) -> Iterator[tuple[str, os.DirEntry[str], int]]:
+    def _open_directory(self, resolved: Path) -> int:
+        """Open the directory `resolved` from the root without following symlinks.
+
+        Opens one component at a time with ``O_NOFOLLOW``; returns the descriptor (the caller
+        closes it). A component swapped for a symlink after `resolve` checked it fails here
+        instead of leading outside.
+        """
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parts = resolved.relative_to(self.root).parts
+        try:
+            for index, part in enumerate(parts):
+                try:
+                    next_fd = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
+                except OSError as err:
+                    raise self._directory_error(err, fd, part, Path(*parts[: index + 1])) from err
+                os.close(fd)
+                fd = next_fd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _directory_error(self, err: OSError, parent_fd: int, name: str, at: Path) -> ToolError:
+        shown = at.as_posix()
+        try:
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and stat.S_ISLNK(mode):
+            return UnsafePathError(
+                f"path {shown!r} is or passes through a symbolic link that changed after it "
+                "was checked; it was not followed"
+            )
+        if mode is not None and not stat.S_ISDIR(mode):
+            return ToolError(f"{shown!r} is a file, not a directory; use read_file")
+        if isinstance(err, FileNotFoundError):
+            return ToolError(f"directory {shown!r} does not exist")
+        return self._translate(err, self.root / at)
+
+    def iter_entries(self, directory: Path, *, max_depth: int) -> Iterator[WorkspaceEntry]:
         """Walk `directory` breadth-first without following symlinks, skipping excluded names.
 
-        Yields ``(relative path, entry, depth)`` with depth 1 for direct children.
+        Every directory is opened one component at a time from the root with ``O_NOFOLLOW``
+        and read through its descriptor, so a directory swapped for a symlink during the walk
+        is skipped (or, for `directory` itself, refused) instead of listed. Yields entries
+        with depth 1 for direct children.
+
+        Raises:
+            UnsafePathError: `directory` became a symlink after it was checked.
+            ToolError: `directory` is not a directory (any more).
         """
         queue: list[tuple[Path, int]] = [(directory, 1)]
+        first = True
         while queue:
             current, depth = queue.pop(0)
             try:
-                with os.scandir(current) as scan:
-                    entries = sorted(scan, key=lambda e: (not _is_dir(e), e.name))
-            except OSError:
-                continue
+                fd = self._open_directory(current)
+            except ToolError:
+                if first:
+                    raise
+                continue  # swapped or removed during the walk: not followed, not listed
+            first = False
+            try:
+                entries = self._scan(fd, current, depth)
+            finally:
+                os.close(fd)
             for entry in entries:
-                if entry.name in self.exclude:
-                    continue
-                relative = self.relative(Path(entry.path))
-                yield relative, entry, depth
-                if _is_dir(entry) and depth < max_depth:
-                    queue.append((Path(entry.path), depth + 1))
+                yield entry
+                if entry.kind == "directory" and depth < max_depth:
+                    queue.append((self.root / entry.path, depth + 1))
+
+    def _scan(self, fd: int, current: Path, depth: int) -> list[WorkspaceEntry]:
+        base = current.relative_to(self.root)
+        found: list[WorkspaceEntry] = []
+        try:
+            with os.scandir(fd) as scan:
+                for item in scan:
+                    if item.name in self.exclude:
+                        continue
+                    relative = (base / item.name).as_posix()
+                    kind = _entry_kind(item)
+                    target = self._link_target(relative) if kind == "symlink" else None
+                    found.append(
+                        WorkspaceEntry(relative, item.name, kind, _entry_size(item), depth, target)
+                    )
+        except OSError:
+            return found
+        found.sort(key=lambda e: (e.kind != "directory", e.name))
+        return found
+
+    def _link_target(self, relative: str) -> str:
+        """Where a symlink points, relative to the root, or that it leads outside."""
+        target = Path(os.path.realpath(self.root / relative))
+        return self.relative(target) if self.contains(target) else "(outside the workspace)"
+
+    def has_children(self, entry: WorkspaceEntry) -> bool:
+        """Whether the directory `entry` holds anything not excluded (False if unreadable)."""
+        try:
+            fd = self._open_directory(self.root / entry.path)
+        except ToolError:
+            return False
+        try:
+            with os.scandir(fd) as scan:
+                return any(child.name not in self.exclude for child in scan)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
 
-def _is_dir(entry: os.DirEntry[str]) -> bool:
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+EntryKind = Literal["file", "directory", "symlink", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceEntry:
+    """One entry met by `Workspace.iter_entries`.
+
+    Attributes:
+        path: Its POSIX path relative to the root.
+        name: Its name.
+        kind: ``file``, ``directory``, ``symlink`` (never followed) or ``other``.
+        size: Its size in bytes, for regular files.
+        depth: 1 for a direct child of the listed directory.
+        link_target: For a symlink: its target relative to the root, or
+            ``"(outside the workspace)"``.
+    """
+
+    path: str
+    name: str
+    kind: EntryKind
+    size: int | None
+    depth: int
+    link_target: str | None = None
+
+
+def _entry_kind(entry: os.DirEntry[str]) -> EntryKind:
     try:
-        return entry.is_dir(follow_symlinks=False)
+        if entry.is_symlink():
+            return "symlink"
+        if entry.is_dir(follow_symlinks=False):
+            return "directory"
+        return "file" if entry.is_file(follow_symlinks=False) else "other"
     except OSError:
-        return False
+        return "other"
+
+
+def _entry_size(entry: os.DirEntry[str]) -> int | None:
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None

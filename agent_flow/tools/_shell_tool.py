@@ -1,7 +1,8 @@
 """The built-in ``run_command`` tool: a shell command inside a `Workspace`.
 
 The command runs under ``/bin/sh`` in a working directory inside the workspace, with a
-timeout and an output limit (the head and the tail are kept). It runs in a process group of
+timeout and an output limit (the head and the tail are kept), a minimal environment and,
+where bubblewrap works, confined to the workspace (`_sandbox`). It runs in a process group of
 its own, which is killed on timeout or cancellation and once the command exits, so
 background children do not outlive it.
 """
@@ -19,6 +20,13 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from agent_flow._types import JsonObject
+from agent_flow.tools._sandbox import (
+    Confinement,
+    ShellSettings,
+    bwrap_argv,
+    command_environment,
+    resolve_confinement,
+)
 from agent_flow.tools.base import Tool, tool
 from agent_flow.tools.policy import RiskLevel, ToolPolicy
 from agent_flow.tools.results import ToolResult
@@ -30,7 +38,11 @@ _COMMAND = ToolPolicy(requires_approval=True, risk=RiskLevel.HIGH, command_argum
 
 
 def run_command_tool(
-    workspace: Workspace, *, command_timeout: float, max_command_output_bytes: int
+    workspace: Workspace,
+    *,
+    command_timeout: float,
+    max_command_output_bytes: int,
+    shell: ShellSettings | None = None,
 ) -> Tool:
     """Build ``run_command`` over `workspace` (see `workspace_tools`).
 
@@ -38,7 +50,13 @@ def run_command_tool(
         workspace: Where commands run.
         command_timeout: The longest a call may run (the model may ask for less).
         max_command_output_bytes: Output kept from a command (head and tail).
+        shell: The commands' environment and confinement (default `ShellSettings()`).
+
+    Raises:
+        UserError: ``shell.sandbox`` is ``"bwrap"`` and bubblewrap does not work here.
     """
+    settings = shell if shell is not None else ShellSettings()
+    confinement, bwrap = resolve_confinement(settings)
 
     @tool(policy=_COMMAND, timeout=command_timeout + 10.0)
     async def run_command(
@@ -55,8 +73,23 @@ def run_command_tool(
         """
         directory = workspace.directory(cwd)
         limit = min(timeout_seconds or command_timeout, command_timeout)
+        env = command_environment(settings)
+        argv: list[str] | None = None
+        if bwrap is not None:
+            env["TMPDIR"] = "/tmp"  # the only temporary directory a confined command can write
+            argv = bwrap_argv(
+                bwrap,
+                command,
+                root=workspace.root,
+                cwd=directory,
+                settings=settings,
+                home=env.get("HOME") or os.environ.get("HOME"),
+            )
         return await _run_shell(
             command,
+            argv=argv,
+            env=env,
+            confinement=confinement,
             cwd=directory,
             shown_cwd=workspace.relative(directory),
             limit_seconds=limit,
@@ -105,18 +138,29 @@ class _OutputBuffer:
 
 
 async def _run_shell(
-    command: str, *, cwd: Path, shown_cwd: str, limit_seconds: float, max_output_bytes: int
+    command: str,
+    *,
+    argv: list[str] | None,
+    env: dict[str, str],
+    confinement: Confinement,
+    cwd: Path,
+    shown_cwd: str,
+    limit_seconds: float,
+    max_output_bytes: int,
 ) -> ToolResult:
     started = time.monotonic()
+    options: dict[str, object] = {
+        "cwd": cwd,
+        "env": env,
+        "stdin": asyncio.subprocess.DEVNULL,
+        "stdout": asyncio.subprocess.PIPE,
+        "stderr": asyncio.subprocess.STDOUT,
+        "start_new_session": True,  # its own process group, so the whole tree can be killed
+    }
     spawn = asyncio.create_task(
-        asyncio.create_subprocess_shell(
-            command,
-            cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so the whole tree can be killed
-        )
+        asyncio.create_subprocess_exec(*argv, **options)  # type: ignore[arg-type]
+        if argv is not None
+        else asyncio.create_subprocess_shell(command, **options)  # type: ignore[arg-type]
     )
     try:
         process = await asyncio.shield(spawn)
@@ -172,6 +216,7 @@ async def _run_shell(
         "output_bytes": output.total,
         "output_truncated": output.omitted > 0,
         "duration_seconds": round(elapsed, 3),
+        "confinement": confinement,
     }
     if timed_out:
         return ToolResult(

@@ -12,9 +12,11 @@ the agent loop. For each `ToolCall` it:
    `ApprovalCallback`, with `ToolHooks` told before and after),
 5. runs the tool under its timeout (a per-tool timeout, else the executor's default), turning
    `ToolError`, any other exception and timeouts into error results,
-6. truncates the content to the tool's token limit with a visible marker (the full result
+6. replaces known secret values in the result with ``[REDACTED:NAME]`` (`SecretRedactor`),
+   so nothing a tool stumbles on reaches the model, the events or the store,
+7. truncates the content to the tool's token limit with a visible marker (the full result
    stays available), and
-7. once every call of the turn has finished, applies the result handlers to the environment
+8. once every call of the turn has finished, applies the result handlers to the environment
    in call order (successful results without a loop-control signal only); a handler that
    raises is reported in the outcome, the result is kept.
 
@@ -58,6 +60,7 @@ from agent_flow.tools._registry import (
     ToolRegistry,
     provider_tool_name,
 )
+from agent_flow.tools._secrets import SecretRedactor
 from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, cut_marker
 from agent_flow.tools._validation import _schema_problems
 from agent_flow.tools.base import Tool, ToolArgumentsError, ToolContext, to_tool_result
@@ -161,6 +164,10 @@ class ToolExecutor(ToolRegistry):
         counter: Counts tokens for truncation; defaults to `default_counter()`.
         max_concurrency: The most calls running at once (``None``: all of a turn).
         approval_timeout: Seconds to wait for an approval answer (``None``: no limit).
+        secrets: Redacts known secret values from every result (and progress message);
+            default: `SecretRedactor.from_environment()`, the values of this process's
+            environment variables whose names look secret. Pass ``SecretRedactor()`` for
+            none.
 
     Raises:
         UserError: A limit is out of range.
@@ -179,6 +186,7 @@ class ToolExecutor(ToolRegistry):
         counter: TokenCounter | None = None,
         max_concurrency: int | None = None,
         approval_timeout: float | None = None,
+        secrets: SecretRedactor | None = None,
     ) -> None:
         _check_limit(max_output_tokens)
         if max_concurrency is not None and max_concurrency < 1:
@@ -190,6 +198,7 @@ class ToolExecutor(ToolRegistry):
         self.default_timeout = default_timeout
         self.max_output_tokens = max_output_tokens
         self.approval_timeout = approval_timeout
+        self.secrets = secrets if secrets is not None else SecretRedactor.from_environment()
         self._counter = counter
         self._semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         super().__init__()
@@ -308,6 +317,7 @@ class ToolExecutor(ToolRegistry):
             logger.exception("running tool call %r failed inside the executor", call.name)
             message = f"the call to {call.name!r} failed before it could run: {err}"
             record = _Ran(self._error(call, message, "exception"))
+        record.result = self.secrets.redact_result(record.result)
         record.shown = self._truncate(record.result)
         await _hook(scope.hooks.call_finished(call, record.shown))
         return record
@@ -416,6 +426,8 @@ class ToolExecutor(ToolRegistry):
         self, call: ToolCall, hooks: ToolHooks
     ) -> Callable[[float, float | None, str | None], Awaitable[None]]:
         async def report(progress: float, total: float | None, message: str | None) -> None:
+            if message is not None:
+                message = self.secrets.redact(message)
             await _hook(hooks.progress(call, progress, total, message))
 
         return report

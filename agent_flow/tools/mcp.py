@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from agent_flow.errors import MCPServerError, ToolDefinitionError
+from agent_flow.errors import MCPServerError, MCPServerTimeoutError, ToolDefinitionError
 from agent_flow.tools._mcp_connection import MCPConnection
 from agent_flow.tools._mcp_tool import MCPTool, convert_call_result
 from agent_flow.tools.mcp_config import (
@@ -106,13 +106,15 @@ class MCPServers:
         """Start every server concurrently.
 
         Raises:
+            MCPServerTimeoutError: Required servers did not answer within their
+                ``connect_timeout``.
             MCPServerError: A required server could not be started.
         """
         connections = list(self.connections.values())
         outcomes = await asyncio.gather(
             *(connection.start() for connection in connections), return_exceptions=True
         )
-        errors: list[str] = []
+        errors: list[Exception] = []
         for connection, outcome in zip(connections, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
@@ -120,14 +122,17 @@ class MCPServers:
                     raise outcome
                 self.failed[connection.name] = str(outcome)
                 if connection.config.required:
-                    errors.append(str(outcome))
+                    errors.append(outcome)
                 else:
                     logger.warning("skipping optional MCP server: %s", outcome)
                     del self.connections[connection.name]
                     await connection.aclose()
         if errors:
             await self.aclose()
-            raise MCPServerError("; ".join(errors))
+            message = "; ".join(str(error) for error in errors)
+            if all(isinstance(error, MCPServerTimeoutError) for error in errors):
+                raise MCPServerTimeoutError(message)
+            raise MCPServerError(message)
 
     def tools(self) -> list[tuple[str, MCPTool]]:
         """Every offered tool, with its server's name (its namespace)."""
@@ -140,11 +145,18 @@ class MCPServers:
     def register(self, executor: ToolExecutor) -> list[str]:
         """Register every offered tool with `executor` as ``<server>_<tool>``; return the names.
 
+        A tool whose name differs from another's only in characters providers refuse
+        (``get.sum`` beside ``get_sum``) is registered with a hash suffix
+        (``<server>_get_sum_1a2b3c4d``).
+
         Raises:
             DuplicateToolError: A resulting name is taken.
             ToolDefinitionError: A server's tool has an invalid parameter schema.
         """
-        return [executor.register(tool, namespace=name) for name, tool in self.tools()]
+        names: list[str] = []
+        for server, connection in self.connections.items():
+            names += executor.register_all(connection.tools, namespace=server)
+        return names
 
     async def aclose(self) -> None:
         """Stop every server."""

@@ -18,23 +18,53 @@ check and the open fails instead of being followed.
   inside the workspace; needs approval; its whole process group is killed on timeout or
   cancellation.
 
+The shell's boundary. A command gets a minimal environment (`ShellSettings.inherit_env`), never
+the agent's secrets. Where bubblewrap works it runs confined: the filesystem read-only except
+the workspace and a private ``/tmp``, credential files hidden, its own process namespace.
+Without bubblewrap it runs with the user's own rights and can reach anything the user can;
+the path checks above bind the file tools, not what a command does. See `_sandbox`.
+
 The parts live in private modules: `Workspace` in `_safe_fs`, the file tools in
-`_file_tools`, ``run_command`` in `_shell_tool`.
+`_file_tools`, ``run_command`` in `_shell_tool`, its environment and confinement in
+`_sandbox`.
 """
 
 from __future__ import annotations
 
 from agent_flow.tools._file_tools import file_tools
 from agent_flow.tools._safe_fs import DEFAULT_EXCLUDES, UnsafePathError, Workspace
+from agent_flow.tools._sandbox import (
+    DEFAULT_COMMAND_ENV,
+    DEFAULT_HIDDEN_PATHS,
+    SandboxMode,
+    ShellSettings,
+    describe_boundary,
+    resolve_confinement,
+)
 from agent_flow.tools._shell_tool import run_command_tool
 from agent_flow.tools.base import Tool
 
 __all__ = [
+    "DEFAULT_COMMAND_ENV",
     "DEFAULT_EXCLUDES",
+    "DEFAULT_HIDDEN_PATHS",
+    "SandboxMode",
+    "ShellSettings",
     "UnsafePathError",
     "Workspace",
+    "shell_boundary",
     "workspace_tools",
 ]
+
+
+def shell_boundary(shell: ShellSettings | None = None) -> str:
+    """One sentence on what ``run_command`` commands can reach under `shell`, here.
+
+    Raises:
+        UserError: ``shell.sandbox`` is ``"bwrap"`` and bubblewrap does not work here.
+    """
+    settings = shell if shell is not None else ShellSettings()
+    return describe_boundary(resolve_confinement(settings)[0], settings)
 
 
 def workspace_tools(
@@ -43,6 +73,7 @@ def workspace_tools(
     command_timeout: float = 120.0,
     max_command_output_bytes: int = 100_000,
     max_search_file_bytes: int = 2_000_000,
+    shell: ShellSettings | None = None,
 ) -> list[Tool]:
     """Build the built-in file and shell tools over `workspace`.
 
@@ -52,10 +83,15 @@ def workspace_tools(
             less).
         max_command_output_bytes: Output kept from a command (head and tail).
         max_search_file_bytes: Files larger than this are skipped by ``search_text``.
+        shell: The environment and confinement of ``run_command``'s commands (default:
+            `ShellSettings()`: a minimal environment, confined by bubblewrap when it works).
 
     Returns:
         ``read_file``, ``write_file``, ``list_directory``, ``directory_tree``,
         ``search_text`` and ``run_command``.
+
+    Raises:
+        UserError: ``shell.sandbox`` is ``"bwrap"`` and bubblewrap does not work here.
     """
     return [
         *file_tools(workspace, max_search_file_bytes=max_search_file_bytes),
@@ -63,5 +99,6 @@ def workspace_tools(
             workspace,
             command_timeout=command_timeout,
             max_command_output_bytes=max_command_output_bytes,
+            shell=shell,
         ),
     ]

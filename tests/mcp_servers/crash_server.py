@@ -17,6 +17,12 @@ def echo(text: str) -> str:
 
 
 @server.tool()
+def pid() -> int:
+    """Return the server's process id (so a test can kill it while it is idle)."""
+    return os.getpid()
+
+
+@server.tool()
 def crash() -> str:
     """Exit the process at once, without answering."""
     os._exit(3)
