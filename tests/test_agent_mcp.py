@@ -126,3 +126,12 @@ async def test_an_agent_is_entered_once_and_closed_for_good() -> None:
     with pytest.raises(UserError, match=r"already closed; .* build a new agent"):
         async with agent:
             pass
+
+
+async def test_an_agent_refuses_to_run_without_its_configured_servers() -> None:
+    llm = ScriptedLLM(["never asked"])
+    agent = AgentExecutor(llm, config=AgentConfig(mcp_servers=(BASIC,)))
+
+    with pytest.raises(UserError, match=r"MCP servers \(basic\) that are not running"):
+        agent.run("Echo something")
+    assert llm.requests == []

@@ -450,7 +450,9 @@ class AgentExecutor:
         `StopReason.CANCELLED` and returns its outcome.
 
         Raises:
-            UserError: The agent is already running (raised by this call, not when awaited).
+            UserError: The agent is already running, or its config names MCP servers and it
+                was not entered (``async with agent:``) or started (raised by this call,
+                not when awaited).
         """
         return self._claimed(task, objective=task)
 
@@ -481,6 +483,13 @@ class AgentExecutor:
         """Claim the next run now and return the coroutine that will execute it."""
         if self._running():
             raise UserError("this agent is already running; await the current run first")
+        if self.config.mcp_servers and self._state != "started":
+            # Running without them would silently offer the model fewer tools than configured.
+            names = ", ".join(server.name for server in self.config.mcp_servers)
+            raise UserError(
+                f"this agent's config names MCP servers ({names}) that are not running; "
+                "use `async with agent:` (or `await agent.start()`) before running it"
+            )
         run = _Run(self, run_id=uuid.uuid4().hex)
         coroutine = self._execute(run, message, objective=objective)
         run.coroutine = weakref.ref(coroutine)
