@@ -360,3 +360,25 @@ env = {{ GREETING = "hi" }}
     assert "GREETING=hi" in str(shown.data["output"])
     assert {"GREETING", "PATH"} <= names
     assert not names & {"HOME", "MY_LLM_CRED", "PLAIN_NAME"}
+
+
+@needs_bwrap
+async def test_a_confined_command_reads_what_the_hosts_tmp_holds_but_cannot_change_it(
+    var_tmp: Path,
+) -> None:
+    # A project (or the virtualenv running it) often lives under /tmp: a private /tmp must
+    # not hide it.
+    root = var_tmp / "ws"
+    root.mkdir()
+    host = Path(tempfile.mkdtemp(prefix="agent-flow-host-", dir="/tmp"))
+    try:
+        (host / "tool.sh").write_text("echo from the host tmp\n")
+        tool = shell(root, ShellSettings(sandbox="bwrap"))
+        result = await run(
+            tool, command=f"sh {host}/tool.sh; echo x > {host}/tool.sh 2>&1 | head -1"
+        )
+        assert "from the host tmp" in result.content
+        assert "Read-only file system" in result.content
+        assert (host / "tool.sh").read_text() == "echo from the host tmp\n"
+    finally:
+        shutil.rmtree(host, ignore_errors=True)

@@ -9,8 +9,9 @@ is passed only when named exactly, never through a glob.
 Confinement. Where bubblewrap (``bwrap``) is installed and works, a command runs inside it
 (``sandbox="auto"``, the default, or ``"bwrap"``, which refuses to run unconfined):
 
-- the whole filesystem is read-only, except the workspace (read-write) and a private, empty
-  ``/tmp``;
+- the whole filesystem is read-only, except the workspace (read-write) and a private
+  ``/tmp`` (what the host's ``/tmp`` holds stays readable there, read-only; what the command
+  writes in it is its own and gone when it ends);
 - the `ShellSettings.hidden` paths (in the home directory: ``.ssh``, ``.aws``, ``.gnupg``,
   ``.netrc``, cloud and package-registry credentials, ...) are replaced by empty ones;
 - it has its own process, IPC and host-name namespaces: it cannot see or signal the agent's
@@ -180,6 +181,9 @@ def bwrap_argv(
     """The bubblewrap command line that runs `command` confined to the workspace `root`."""
     argv = [bwrap, *_isolation(settings.network)]
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    # What already lives in /tmp (a project's virtualenv, a checkout) stays readable in the
+    # private /tmp; what the command writes there stays its own.
+    argv += _host_tmp_binds()
     argv += ["--bind", str(root), str(root)]
     # After the workspace, so a credential directory inside it is hidden too.
     for hidden in settings.hidden:
@@ -192,6 +196,23 @@ def bwrap_argv(
             argv += ["--ro-bind", "/dev/null", str(path)]
     argv += ["--chdir", str(cwd), "--", "/bin/sh", "-c", command]
     return argv
+
+
+def _host_tmp_binds() -> list[str]:
+    """Read-only binds of the host's /tmp entries into the private one (no sockets or FIFOs)."""
+    binds: list[str] = []
+    try:
+        entries = list(os.scandir("/tmp"))
+    except OSError:
+        return binds
+    for entry in entries:
+        try:
+            wanted = entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)
+        except OSError:
+            continue
+        if wanted:
+            binds += ["--ro-bind-try", entry.path, entry.path]
+    return binds
 
 
 def _expand(path: str, home: str | None) -> Path | None:
