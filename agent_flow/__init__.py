@@ -22,7 +22,7 @@ from agent_flow.agent import (
     ToolUse,
 )
 from agent_flow.config import AgentConfig, ContextConfig, PolicyConfig, Pricing, Skill, load_config
-from agent_flow.context import ContextManager, Prompt, PromptBreakdown
+from agent_flow.context import ContextManager
 from agent_flow.environment import (
     ArtifactInfo,
     Environment,
@@ -65,6 +65,7 @@ from agent_flow.history import (
 )
 from agent_flow.llm import Completion, LLMClient, LLMConfig, LLMOverrides, LLMRequest
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
+from agent_flow.prompt import Prompt, PromptBreakdown
 from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
 
 if _TYPE_CHECKING:

@@ -41,9 +41,6 @@ the sync strategies it runs before and after the summary).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-from pydantic import BaseModel, ConfigDict
 
 from agent_flow._defaults import (
     DEFAULT_ENVIRONMENT_ALLOCATION,
@@ -66,13 +63,12 @@ from agent_flow.history import (
 )
 from agent_flow.llm.base import NativeFormat, PromptFormat
 from agent_flow.messages import ChatMessage, ToolDefinition
+from agent_flow.prompt import Prompt, PromptBreakdown
 from agent_flow.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT_TEMPLATE",
     "ContextManager",
-    "Prompt",
-    "PromptBreakdown",
 ]
 
 # The longest task line taken from the environment's objective (see `ContextManager._task`).
@@ -84,57 +80,6 @@ _UNBOUNDED = 1 << 40
 # How often prune_if_needed prunes again when the rendered history still does not fit (the
 # strategies count the history as stored, which a rewriting format renders larger).
 _MAX_PRUNE_ROUNDS = 3
-
-
-class PromptBreakdown(BaseModel):
-    """Where the tokens of one prompt went.
-
-    Attributes:
-        budget: ``max_tokens`` of the ContextManager.
-        reserve: Tokens set aside for the answer.
-        system_template: The system message without the environment text.
-        environment: The environment text inside the system message.
-        tools: The tool schemas (in XML tool mode: the tools prompt in the system message).
-        history: The history messages sent (in XML tool mode: as rewritten).
-        priming: The reply priming every request pays.
-        total: Everything sent: system template + environment + tools + history + priming,
-            counted as the prompt format sends it.
-        environment_degraded: Whether the environment had to shrink to fit its share.
-        history_units_sent: History units included in the prompt.
-        history_units_omitted: History units left out because they did not fit.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    budget: int
-    reserve: int
-    system_template: int
-    environment: int
-    tools: int
-    history: int
-    priming: int
-    total: int
-    environment_degraded: bool
-    history_units_sent: int
-    history_units_omitted: int
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """A provider-ready prompt and its token accounting.
-
-    Attributes:
-        messages: The system message, then the history (neutral: the client renders them).
-        tools: The tool schemas offered with it.
-        total_tokens: Counted size of messages and tools together, as the prompt format
-            sends them.
-        breakdown: The per-section split.
-    """
-
-    messages: tuple[ChatMessage, ...]
-    tools: tuple[ToolDefinition, ...]
-    total_tokens: int
-    breakdown: PromptBreakdown
 
 
 def default_strategy() -> PruningStrategy:

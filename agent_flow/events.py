@@ -40,10 +40,10 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent_flow._types import JsonValue
-from agent_flow.context import PromptBreakdown
 from agent_flow.environment import EnvironmentChange, PlanStep
 from agent_flow.errors import UserError
 from agent_flow.history import PruneReport
+from agent_flow.prompt import PromptBreakdown
 
 __all__ = [
     "EVENT_ADAPTER",

@@ -26,8 +26,8 @@ from agent_flow.cli import main
 from agent_flow.cli._build import _agent_config
 from agent_flow.cli.render import EventRenderer, make_console
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.context import PromptBreakdown
 from agent_flow.events import RunStarted, TextDelta, ToolCallFailed, event_from_json
+from agent_flow.prompt import PromptBreakdown
 from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import ScriptedLLM, call, reply
 from tests.openai_server import (

@@ -15,6 +15,8 @@ PUBLIC_MODULES = [
     "agent_flow.history",
     "agent_flow.llm",
     "agent_flow.messages",
+    "agent_flow.prompt",
+    "agent_flow.sessions",
     "agent_flow.testing",
     "agent_flow.tokens",
     "agent_flow.tools",

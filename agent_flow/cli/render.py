@@ -28,7 +28,6 @@ from rich.status import Status
 from rich.text import Text
 
 from agent_flow._types import JsonValue
-from agent_flow.context import PromptBreakdown
 from agent_flow.environment import EnvironmentChange
 from agent_flow.events import (
     AgentEvent,
@@ -54,6 +53,7 @@ from agent_flow.events import (
     event_to_json,
 )
 from agent_flow.history import PruneReport
+from agent_flow.prompt import PromptBreakdown
 
 __all__ = ["EventRenderer", "JsonLinesWriter", "make_console"]
 
