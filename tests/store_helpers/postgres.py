@@ -8,8 +8,6 @@ is a failure: CI must always exercise them.
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -53,14 +51,3 @@ def drop_schema(schema: str) -> None:
 
     with psycopg.connect(URL, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
-@pytest.fixture
-def pg_schema() -> Iterator[str]:
-    """A schema name no other test uses; the schema is dropped after the test."""
-    require_postgres()
-    schema = f"af_test_{uuid.uuid4().hex[:12]}"
-    try:
-        yield schema
-    finally:
-        drop_schema(schema)

@@ -1,0 +1,170 @@
+"""What is particular to `PostgresSessionStore` and to choosing a store by URL.
+
+The shared contract is tested in tests/test_store_conformance.py; here: migrations, refusals,
+errors that name the server without its password, and `open_store`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import agent_flow.sessions.postgres as postgres_module
+from agent_flow.environment import Environment
+from agent_flow.errors import ConfigError, StoreError, UserError
+from agent_flow.history import History
+from agent_flow.sessions import (
+    InMemorySessionStore,
+    PostgresSessionStore,
+    SQLiteSessionStore,
+    open_store,
+)
+from agent_flow.sessions.postgres import redact
+from agent_flow.tokens import ApproxCounter
+from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+from tests.store_helpers.session_writer import add_step
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A schema name no other test uses; the schema is dropped after the test."""
+    require_postgres()
+    schema = f"af_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield schema
+    finally:
+        drop_schema(schema)
+
+
+def _raw(schema: str, statement: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        cur = conn.execute(statement.encode())
+        return cur.fetchall() if cur.description else []
+
+
+async def test_a_new_schema_is_created_at_the_current_version(pg_schema: str) -> None:
+    async with PostgresSessionStore(URL, schema=pg_schema) as store:
+        await store.create(session_id="s")
+    assert _raw(pg_schema, "SELECT version FROM agent_flow_schema") == [
+        (postgres_module.SCHEMA_VERSION,)
+    ]
+
+
+async def test_a_schema_newer_than_this_agent_flow_is_refused(pg_schema: str) -> None:
+    async with PostgresSessionStore(URL, schema=pg_schema) as store:
+        await store.create(session_id="s")
+    _raw(pg_schema, "UPDATE agent_flow_schema SET version = 99")
+    with pytest.raises(StoreError, match="schema version 99, newer than"):
+        async with PostgresSessionStore(URL, schema=pg_schema):
+            pass
+
+
+async def test_a_sessions_table_of_another_application_is_refused(pg_schema: str) -> None:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(pg_schema)))
+    _raw(pg_schema, "CREATE TABLE sessions (id INTEGER)")
+    with pytest.raises(StoreError, match="not an agent_flow session store"):
+        async with PostgresSessionStore(URL, schema=pg_schema):
+            pass
+
+
+async def test_an_appended_migration_runs_once_when_processes_open_together(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with PostgresSessionStore(URL, schema=pg_schema) as store:
+        info = await store.create(session_id="old")
+    runs: list[int] = []
+
+    async def add_pinned(conn: postgres_module._Conn) -> None:
+        runs.append(1)
+        await conn.execute("ALTER TABLE sessions ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT false")
+
+    monkeypatch.setattr(postgres_module, "_MIGRATIONS", (*postgres_module._MIGRATIONS, add_pinned))
+    monkeypatch.setattr(postgres_module, "SCHEMA_VERSION", postgres_module.SCHEMA_VERSION + 1)
+    stores = [PostgresSessionStore(URL, schema=pg_schema) for _ in range(3)]
+    try:
+        await asyncio.gather(*(store.__aenter__() for store in stores))
+        assert (await stores[0].info("old")) == info
+    finally:
+        for store in stores:
+            await store.aclose()
+    assert runs == [1]
+    assert _raw(
+        pg_schema, "SELECT version, (SELECT pinned FROM sessions) FROM agent_flow_schema"
+    ) == [(postgres_module.SCHEMA_VERSION, False)]
+
+
+async def test_an_unreachable_server_is_a_store_error_without_the_password() -> None:
+    store = PostgresSessionStore(
+        "postgresql://someone:s3cret@127.0.0.1:1/nowhere", connect_timeout=1
+    )
+    with pytest.raises(StoreError, match=r"someone:\*\*\*@127\.0\.0\.1:1") as caught:
+        await store.list()
+    assert "s3cret" not in str(caught.value)
+    await store.aclose()
+    assert "s3cret" not in repr(store)
+
+
+def test_redact_hides_only_the_password() -> None:
+    assert redact("postgresql://u:pw@h:5/db?x=1") == "postgresql://u:***@h:5/db?x=1"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+async def test_open_store_chooses_the_store_from_a_path_or_url(tmp_path: Path) -> None:
+    assert isinstance(open_store("memory://"), InMemorySessionStore)
+    sqlite_store = open_store(tmp_path / "a.db")
+    assert isinstance(sqlite_store, SQLiteSessionStore)
+    assert sqlite_store.path == tmp_path / "a.db"
+    by_url = open_store(f"sqlite://{tmp_path / 'b.db'}")
+    assert isinstance(by_url, SQLiteSessionStore)
+    assert by_url.path == tmp_path / "b.db"
+    pg = open_store("postgres://u@h/db?schema=agents&sslmode=disable")
+    assert isinstance(pg, PostgresSessionStore)
+    assert (pg.url, pg.schema) == ("postgres://u@h/db?sslmode=disable", "agents")
+    with pytest.raises(ConfigError, match=r"mysql://\.\.\. is of no known kind"):
+        open_store("mysql://u@h/db")
+    with pytest.raises(UserError, match="not a PostgreSQL URL"):
+        PostgresSessionStore("http://h/db")
+    for store in (sqlite_store, by_url, pg):
+        await store.aclose()
+
+
+async def test_a_session_written_through_one_url_is_read_through_another_store(
+    pg_schema: str,
+) -> None:
+    history, environment = add_step_fresh()
+    async with open_store(f"{URL}?schema={pg_schema}") as writer:
+        info = await writer.create()
+        await writer.save_step(info.id, history=history, environment=environment)
+    async with PostgresSessionStore(URL, schema=pg_schema) as reader:
+        assert (await reader.load(info.id)).entries == tuple(history.entries)
+
+
+def add_step_fresh() -> tuple[History, Environment]:
+    history, environment = History(counter=ApproxCounter()), Environment()
+    add_step(history, environment, 0)
+    return history, environment
+
+
+def test_the_embedded_default_imports_neither_psycopg_nor_dbos(tmp_path: Path) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "import agent_flow\n"
+        "from agent_flow.sessions import open_store\n"
+        "async def main():\n"
+        f"    async with open_store({str(tmp_path / 's.db')!r}) as store:\n"
+        "        await store.create()\n"
+        "asyncio.run(main())\n"
+        "loaded = [m for m in ('psycopg', 'psycopg_pool', 'dbos') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
