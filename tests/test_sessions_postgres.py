@@ -7,6 +7,7 @@ errors that name the server without its password, and `open_store`.
 from __future__ import annotations
 
 import asyncio
+import io
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,15 @@ import pytest
 from psycopg import sql
 
 import agent_flow.sessions.postgres as postgres_module
+from agent_flow.agent import AgentExecutor
+from agent_flow.cli import main
+from agent_flow.config import (
+    AgentConfig,
+    ContextConfig,
+    StoreConfig,
+    load_config,
+    load_store_config,
+)
 from agent_flow.environment import Environment
 from agent_flow.errors import ConfigError, StoreError, UserError
 from agent_flow.history import History
@@ -28,6 +38,7 @@ from agent_flow.sessions import (
     open_store,
 )
 from agent_flow.sessions.postgres import redact
+from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.session_writer import add_step
@@ -168,3 +179,63 @@ def test_the_embedded_default_imports_neither_psycopg_nor_dbos(tmp_path: Path) -
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- selecting the store by configuration ------------------------------------------------------
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(argv, stdin=io.StringIO(""), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+async def test_the_sessions_commands_take_a_postgresql_url_or_a_config_store_url(
+    pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_FLOW_HOME", str(tmp_path / "home"))
+    url = f"{URL}?schema={pg_schema}"
+    llm = ScriptedLLM([reply(tool_calls=[call("task_completion", summary="done")])])
+    async with open_store(url) as store:
+        agent = AgentExecutor(
+            llm, config=AgentConfig(context=ContextConfig(max_tokens=8000)), store=store
+        )
+        await agent.run("count the files")
+        session_id = agent.session_id
+    assert session_id is not None
+    code, out, _ = await asyncio.to_thread(_cli, ["sessions", "list", "--db", url])
+    assert code == 0
+    assert session_id in out and "completed" in out
+    assert out.splitlines()[-1] == f"1 session(s) in {url}"
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nname = "x"\n\n[store]\nurl = "{url}"\n')
+    code, out, _ = await asyncio.to_thread(
+        _cli, ["sessions", "show", session_id, "--config", str(config)]
+    )
+    assert code == 0 and f"session {session_id}  (completed)" in out
+    # --db wins over the config file; the default stays the SQLite file.
+    code, out, _ = await asyncio.to_thread(
+        _cli, ["sessions", "list", "--config", str(config), "--db", str(tmp_path / "s.db")]
+    )
+    assert (code, out) == (0, f"no sessions in {tmp_path / 's.db'}\n")
+    code, out, _ = await asyncio.to_thread(_cli, ["sessions", "list"])
+    assert (code, out) == (0, f"no sessions in {tmp_path / 'home' / 'sessions.db'}\n")
+
+
+def test_a_store_url_of_no_known_kind_is_a_usage_error() -> None:
+    code, _, err = _cli(["sessions", "list", "--db", "mysql://u@h/db"])
+    assert code == 2 and "mysql://... is of no known kind" in err
+
+
+def test_the_store_table_is_read_and_checked(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('[agent]\nname = "x"\n\n[store]\nurl = "memory://"\n')
+    assert load_store_config(config) == StoreConfig(url="memory://")
+    assert load_config(config).name == "x"  # the agent loader accepts the table
+    assert load_store_config(None) == StoreConfig()
+    config.write_text('[store]\nurl = "memory://"\nuri = "typo"\n')
+    with pytest.raises(ConfigError, match=r"\[store\] uri in .*agent\.toml"):
+        load_store_config(config)
+    config.write_text('store = "postgresql://h/db"\n')
+    with pytest.raises(ConfigError, match=r"\[store\] .* must be a table"):
+        load_store_config(config)

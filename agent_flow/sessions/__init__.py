@@ -53,7 +53,7 @@ from agent_flow.sessions.export import (
     ExportLine,
     SessionHeaderLine,
 )
-from agent_flow.sessions.factory import open_store
+from agent_flow.sessions.factory import open_store, store_location
 from agent_flow.sessions.memory import InMemorySessionStore
 from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
 from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
@@ -84,6 +84,7 @@ __all__ = [
     "StepRecorder",
     "default_store_path",
     "open_store",
+    "store_location",
 ]
 
 _SQLITE_NAMES = frozenset(("SCHEMA_VERSION", "SQLiteSessionStore"))

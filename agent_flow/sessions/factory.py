@@ -13,7 +13,7 @@ from agent_flow.errors import ConfigError
 from agent_flow.sessions.memory import InMemorySessionStore
 from agent_flow.sessions.protocol import SessionStore
 
-__all__ = ["open_store", "store_kind"]
+__all__ = ["open_store", "store_kind", "store_location"]
 
 _POSTGRES = ("postgresql", "postgres")
 
@@ -80,3 +80,17 @@ def open_store(target: str | Path | None = None) -> SessionStore:
             raise ConfigError(f"{target!r} names no file; write sqlite:///path/to/sessions.db")
         return SQLiteSessionStore(path)
     return SQLiteSessionStore(target)
+
+
+def store_location(store: SessionStore) -> str:
+    """Return where `store` keeps its sessions, to show a user.
+
+    A path, or a URL without its password: what ``--db`` takes to open the same store again.
+    """
+    path = getattr(store, "path", None)
+    if path is not None:
+        return str(path)
+    location = getattr(store, "location", None)
+    if isinstance(location, str):
+        return location
+    return "memory://" if isinstance(store, InMemorySessionStore) else repr(store)

@@ -515,6 +515,10 @@ class PostgresSessionStore(_StoreBase):
             raise UserError(f"connect_timeout={connect_timeout}; pass a positive number of seconds")
         self.url = url
         self.schema = schema
+        #: The URL without its password, with the schema as ``open_store`` takes it.
+        self.location = redact(url) + (
+            f"{'&' if '?' in url else '?'}schema={schema}" if schema else ""
+        )
         backend = _PostgresBackend(
             url, schema=schema, max_connections=max_connections, connect_timeout=connect_timeout
         )
