@@ -114,6 +114,30 @@ async def test_an_appended_migration_runs_once_when_processes_open_together(
     ) == [(postgres_module.SCHEMA_VERSION, False)]
 
 
+def test_processes_opening_a_fresh_schema_together_all_start_on_one_schema(
+    pg_schema: str,
+) -> None:
+    # Each process creates the schema if missing and migrates it, under one advisory lock.
+    code = (
+        "import asyncio, sys\n"
+        "from agent_flow.sessions import PostgresSessionStore\n"
+        "async def main():\n"
+        "    async with PostgresSessionStore(sys.argv[1], schema=sys.argv[2]) as store:\n"
+        "        await store.create()\n"
+        "asyncio.run(main())\n"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code, URL, pg_schema], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    errors = [process.communicate()[1].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0] * 4, errors
+    assert _raw(pg_schema, "SELECT count(*) FROM sessions") == [(4,)]
+    assert _raw(pg_schema, "SELECT version FROM agent_flow_schema") == [
+        (postgres_module.SCHEMA_VERSION,)
+    ]
+
+
 async def test_an_unreachable_server_is_a_store_error_without_the_password() -> None:
     store = PostgresSessionStore(
         "postgresql://someone:s3cret@127.0.0.1:1/nowhere", connect_timeout=1

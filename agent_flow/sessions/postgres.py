@@ -14,7 +14,7 @@ written: every write is one transaction, and rows reference their session
 (``ON DELETE CASCADE``), so a deleted session leaves nothing behind.
 
 Storage (schema version `SCHEMA_VERSION`, kept in ``agent_flow_schema``; migrations run under a
-transaction-level advisory lock, so processes starting together migrate once; a newer version
+advisory lock, so processes starting together migrate once; a newer version
 is refused). JSON is kept as ``text``, exactly as written, so environments read back byte for
 byte::
 
@@ -178,17 +178,16 @@ class _PostgresBackend:
         async with self._opening:
             if self._pool is not None:
                 return self._pool
-            if self._schema is not None:
-                # The schema must exist before a connection's search_path can point at it.
-                conn = await psycopg.AsyncConnection.connect(
-                    self._url, autocommit=True, connect_timeout=max(1, int(self._timeout))
-                )
-                async with conn:
-                    await conn.execute(
-                        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                            sql.Identifier(self._schema)
-                        )
-                    )
+            # Create the schema and migrate on a connection of its own, before the pool
+            # opens: a pool connection's search_path must name a schema that exists.
+            first = await psycopg.AsyncConnection.connect(
+                self._url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, round(self._timeout)),
+            )
+            async with first:
+                await self._migrate(first)
             pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
                 self._url,
                 min_size=1,
@@ -201,8 +200,6 @@ class _PostgresBackend:
             )
             try:
                 await pool.open(wait=True, timeout=self._timeout)
-                async with pool.connection() as first:
-                    await self._migrate(first)
             except BaseException:
                 await pool.close()
                 raise
@@ -210,9 +207,13 @@ class _PostgresBackend:
             return pool
 
     async def _version(self, conn: _Conn) -> int:
+        # A scan of pg_class under the statement's snapshot, not to_regclass: the latter reads
+        # the catalog cache, which may not yet show a table another process just committed.
         cur = await conn.execute(
-            "SELECT to_regclass('agent_flow_schema') IS NOT NULL AS has_version, "
-            "to_regclass('sessions') IS NOT NULL AS has_sessions"
+            "SELECT bool_or(relname = 'agent_flow_schema') AS has_version, "
+            "bool_or(relname = 'sessions') AS has_sessions FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')"
         )
         row = await cur.fetchone()
         assert row is not None
@@ -236,20 +237,26 @@ class _PostgresBackend:
         return version
 
     async def _migrate(self, conn: _Conn) -> None:
-        if await self._version(conn) == SCHEMA_VERSION:
-            return
-        async with conn.transaction():
-            # Read again under the lock: another process may have migrated meanwhile.
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            version = await self._version(conn)
-            if version == SCHEMA_VERSION:
-                return
-            if version == 0:
-                await conn.execute("CREATE TABLE agent_flow_schema (version INTEGER NOT NULL)")
-                await conn.execute("INSERT INTO agent_flow_schema VALUES (0)")
-            for migration in _MIGRATIONS[version:]:
-                await migration(conn)
-            await conn.execute("UPDATE agent_flow_schema SET version = %s", (SCHEMA_VERSION,))
+        # Processes starting together migrate one at a time; the lock is taken before the
+        # transaction begins, so that the transaction sees what the previous holder committed.
+        await conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            if self._schema is not None:
+                name = sql.Identifier(self._schema)
+                await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
+            await self._configure(conn)
+            async with conn.transaction():
+                version = await self._version(conn)
+                if version == SCHEMA_VERSION:
+                    return
+                if version == 0:
+                    await conn.execute("CREATE TABLE agent_flow_schema (version INTEGER NOT NULL)")
+                    await conn.execute("INSERT INTO agent_flow_schema VALUES (0)")
+                for migration in _MIGRATIONS[version:]:
+                    await migration(conn)
+                await conn.execute("UPDATE agent_flow_schema SET version = %s", (SCHEMA_VERSION,))
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
     async def create(self, info: SessionInfo, revision: str) -> None:
         async with (await self._ready()).connection() as conn, conn.transaction():
