@@ -5,7 +5,8 @@ a step adds what an agent step adds (an assistant turn with a tool call, its res
 environment change, two events) and is saved with `SessionStore.save_step`: one transaction
 appending only what is new. ``--runs`` runs are split over W worker processes, each with its
 own store object (its own connection or pool), all writing into one database; per W it reports
-runs/s, steps/s and the step-save latency p50/p99 seen by the workers.
+runs/s and steps/s (from when every worker is connected to when the last one is done) and the
+step-save latency p50/p99 seen by the workers. A run's ``create`` is inside the clock.
 
 Stores: ``sqlite-full`` (the default store: an fsync per step), ``sqlite-normal`` (no fsync
 per step) and ``postgres`` (a fresh schema on ``--postgres``, dropped at the end).
@@ -26,6 +27,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, TextDelta, ToolCallCompleted
@@ -62,8 +64,13 @@ def add_step(history: History, environment: Environment, run: str, step: int) ->
     ]
 
 
-async def worker(target: str, runs: int, steps: int) -> list[float]:
-    """Write `runs` sessions of `steps` steps; return each save's latency in seconds."""
+async def worker(
+    target: str, runs: int, steps: int, barrier: Any
+) -> tuple[float, float, list[float]]:
+    """Write `runs` sessions of `steps` steps once every worker is ready.
+
+    Returns when it started and ended (wall clock) and each save's latency, in seconds.
+    """
     latencies: list[float] = []
     store: SessionStore = (
         SQLiteSessionStore(target.removeprefix("normal:"), synchronous="normal")
@@ -71,6 +78,9 @@ async def worker(target: str, runs: int, steps: int) -> list[float]:
         else open_store(target)
     )
     async with store:
+        await store.list(limit=1)  # connected and migrated before the clock starts
+        barrier.wait()
+        started = time.time()
         for _ in range(runs):
             history, environment = History(counter=ApproxCounter()), Environment()
             history.add(UserMessage(content="fix the parser"))
@@ -84,11 +94,14 @@ async def worker(target: str, runs: int, steps: int) -> list[float]:
                     info.id, history=history, environment=environment, events=events, status=status
                 )
                 latencies.append(time.perf_counter() - start)
-    return latencies
+        ended = time.time()
+    return started, ended, latencies
 
 
-def run_worker(target: str, runs: int, steps: int) -> list[float]:
-    return asyncio.run(worker(target, runs, steps))
+def run_worker(
+    target: str, runs: int, steps: int, barrier: Any
+) -> tuple[float, float, list[float]]:
+    return asyncio.run(worker(target, runs, steps, barrier))
 
 
 def target_for(store: str, folder: Path, postgres: str, schema: str) -> str:
@@ -102,11 +115,11 @@ def target_for(store: str, folder: Path, postgres: str, schema: str) -> str:
 def measure(target: str, runs: int, steps: int, workers: int) -> tuple[float, list[float]]:
     shares = [runs // workers + (1 if i < runs % workers else 0) for i in range(workers)]
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers) as pool:
-        start = time.perf_counter()
-        results = pool.starmap(run_worker, [(target, share, steps) for share in shares])
-        elapsed = time.perf_counter() - start
-    return elapsed, [latency for result in results for latency in result]
+    with context.Manager() as manager, context.Pool(workers) as pool:
+        barrier = manager.Barrier(workers)
+        results = pool.starmap(run_worker, [(target, share, steps, barrier) for share in shares])
+    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
+    return elapsed, [latency for _, _, latencies in results for latency in latencies]
 
 
 def percentile(values: list[float], fraction: float) -> float:

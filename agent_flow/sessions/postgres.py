@@ -350,65 +350,67 @@ class _PostgresBackend:
             if row["revision"] != write.expected_revision:
                 raise _StaleError
             info = _info_from_row(row)
-            if write.keep_entries < info.entry_count:
-                await conn.execute(
-                    "DELETE FROM entries WHERE session_id = %s AND position >= %s",
-                    (sid, write.keep_entries),
-                )
-            async with conn.cursor() as many:
-                if write.entries:
-                    await many.executemany(
-                        "INSERT INTO entries (session_id, position, entry_id, kind, data) "
-                        "VALUES (%s, %s, %s, %s, %s)",
-                        [
-                            (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
-                            for i, e in enumerate(write.entries)
-                        ],
+            # The writes go out in one pipeline: one round trip to the server, not one each.
+            async with conn.pipeline():
+                if write.keep_entries < info.entry_count:
+                    await conn.execute(
+                        "DELETE FROM entries WHERE session_id = %s AND position >= %s",
+                        (sid, write.keep_entries),
                     )
-                env = write.environment
-                if env is not None:
-                    if env.reset:
-                        await conn.execute(
-                            "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
-                        )
-                    elif env.trim_through > 0:
-                        await conn.execute(
-                            "DELETE FROM environment_changes "
-                            "WHERE session_id = %s AND version <= %s",
-                            (sid, env.trim_through),
-                        )
-                    if env.changes:
+                async with conn.cursor() as many:
+                    if write.entries:
                         await many.executemany(
-                            "INSERT INTO environment_changes (session_id, version, data) "
-                            "VALUES (%s, %s, %s)",
-                            [(sid, version, data) for version, data in env.changes],
+                            "INSERT INTO entries (session_id, position, entry_id, kind, data) "
+                            "VALUES (%s, %s, %s, %s, %s)",
+                            [
+                                (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
+                                for i, e in enumerate(write.entries)
+                            ],
                         )
-                if write.events:
-                    await many.executemany(
-                        "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
-                        "VALUES (%s, %s, %s, %s, %s, %s)",
-                        [
-                            (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
-                            for i, e in enumerate(write.events)
-                        ],
-                    )
-            after = _stepped(info, write)
-            await conn.execute(
-                "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
-                "entry_count = %s, event_count = %s, environment_version = %s, "
-                "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
-                (
-                    after.status,
-                    after.updated_at,
-                    after.steps,
-                    after.entry_count,
-                    after.event_count,
-                    after.environment_version,
-                    env.base if env is not None else None,
-                    write.revision,
-                    sid,
-                ),
-            )
+                    env = write.environment
+                    if env is not None:
+                        if env.reset:
+                            await conn.execute(
+                                "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
+                            )
+                        elif env.trim_through > 0:
+                            await conn.execute(
+                                "DELETE FROM environment_changes "
+                                "WHERE session_id = %s AND version <= %s",
+                                (sid, env.trim_through),
+                            )
+                        if env.changes:
+                            await many.executemany(
+                                "INSERT INTO environment_changes (session_id, version, data) "
+                                "VALUES (%s, %s, %s)",
+                                [(sid, version, data) for version, data in env.changes],
+                            )
+                    if write.events:
+                        await many.executemany(
+                            "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
+                            "VALUES (%s, %s, %s, %s, %s, %s)",
+                            [
+                                (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
+                                for i, e in enumerate(write.events)
+                            ],
+                        )
+                after = _stepped(info, write)
+                await conn.execute(
+                    "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
+                    "entry_count = %s, event_count = %s, environment_version = %s, "
+                    "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
+                    (
+                        after.status,
+                        after.updated_at,
+                        after.steps,
+                        after.entry_count,
+                        after.event_count,
+                        after.environment_version,
+                        env.base if env is not None else None,
+                        write.revision,
+                        sid,
+                    ),
+                )
         return after
 
     async def sessions(self, limit: int) -> list[SessionInfo]:
