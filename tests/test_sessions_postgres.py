@@ -40,6 +40,7 @@ from agent_flow.sessions import (
 from agent_flow.sessions.postgres import redact
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
+from tests.openai_server import OpenAIServer, sse_reply, text_chunks
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.session_writer import add_step
 
@@ -263,3 +264,34 @@ def test_the_store_table_is_read_and_checked(tmp_path: Path) -> None:
     config.write_text('store = "postgresql://h/db"\n')
     with pytest.raises(ConfigError, match=r"\[store\] .* must be a table"):
         load_store_config(config)
+
+
+async def test_agent_flow_run_keeps_its_session_in_postgresql_and_continues_it(
+    pg_schema: str, openai_server: OpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_FLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    openai_server.script(
+        sse_reply(text_chunks("The answer is 42.")), sse_reply(text_chunks("Still 42."))
+    )
+    url = f"{URL}?schema={pg_schema}"
+    base = ["--model", "test-model", "--base-url", openai_server.base_url, "--db", url]
+    code, out, err = await asyncio.to_thread(_cli, ["run", "what is the answer?", *base])
+    assert code == 0, err
+    assert f"saved in {url}" in out
+    async with open_store(url) as store:
+        (info,) = await store.list()
+    assert info.status == "completed"
+    code, out, err = await asyncio.to_thread(
+        _cli, ["run", "and again?", *base, "--session", info.id]
+    )
+    assert code == 0, err
+    async with open_store(url) as store:
+        state = await store.load(info.id)
+    assert [entry.kind for entry in state.entries] == [
+        "user_message",
+        "agent_message",
+        "user_message",
+        "agent_message",
+    ]
+    assert not (tmp_path / "home" / "sessions.db").exists()
