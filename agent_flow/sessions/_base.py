@@ -203,7 +203,8 @@ class _StoreBase:
         Raises:
             SessionNotFoundError: No session has that id.
             UserError: `status` is not a `SessionStatus`.
-            StoreError: The store failed, or other writers kept changing the session.
+            SessionConflictError: Other writers changed the session under every attempt.
+            StoreError: The store failed.
         """
         if status is not None and status not in _STATUSES:
             raise UserError(
