@@ -483,6 +483,33 @@ async def test_a_writer_that_keeps_losing_the_race_gets_a_conflict_error(
         assert state.info.steps == 1 + raced
 
 
+async def test_saves_of_different_sessions_by_one_store_do_not_wait_for_each_other(
+    store: SessionStore,
+) -> None:
+    first, second = await store.create(), await store.create()
+    backend = store._backend  # type: ignore[attr-defined]
+    real_write = backend.write_step
+    second_entered = asyncio.Event()
+
+    async def write(step: typing.Any) -> typing.Any:
+        if step.session_id == first.id:
+            # The first session's save holds its turn until the second's save has begun.
+            await second_entered.wait()
+        else:
+            second_entered.set()
+        return await real_write(step)
+
+    backend.write_step = write
+    (h1, e1), (h2, e2) = fresh(), fresh()
+    add_step(h1, e1, 0)
+    add_step(h2, e2, 0)
+    saved = await asyncio.gather(
+        store.save_step(first.id, history=h1, environment=e1),
+        store.save_step(second.id, history=h2, environment=e2),
+    )
+    assert [info.steps for info in saved] == [1, 1]
+
+
 async def test_a_deleted_session_leaves_nothing_behind_for_a_new_one_of_that_id(
     store: SessionStore,
 ) -> None:

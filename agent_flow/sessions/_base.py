@@ -114,9 +114,18 @@ class _StoreBase:
         self._backend = backend
         self._where = where
         self._closed = False
-        # Serializes this store's writes, so that each plans against the state it last saved.
-        self._lock = asyncio.Lock()
+        # One lock per session serializes this store's writes of it, so that each plans
+        # against the state it last saved; writes of different sessions go on side by side
+        # (on PostgreSQL, over several pooled connections). A lock lives while someone holds
+        # or awaits it.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._tracked: dict[str, _Tracked] = {}
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
 
     async def _run(
         self, fn: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs
@@ -169,7 +178,7 @@ class _StoreBase:
         except ValidationError as err:
             raise UserError(f"cannot create session {sid!r}: {_problem(err)}") from err
         revision = uuid4().hex
-        async with self._lock:
+        async with self._lock(sid):
             await self._run(self._backend.create, info, revision)
             self._tracked[sid] = _Tracked(revision=revision, entries=[])
         return info
@@ -211,7 +220,7 @@ class _StoreBase:
                 f"status {status!r} is not a session status; use one of {sorted(_STATUSES)}"
             )
         event_rows = tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events)
-        async with self._lock:
+        async with self._lock(session_id):
             for _ in range(_RETRIES):
                 tracked = self._tracked.get(session_id)
                 if tracked is None:
@@ -262,7 +271,7 @@ class _StoreBase:
             SessionNotFoundError: No session has that id.
             StoreError: The stored data cannot be read back.
         """
-        async with self._lock:
+        async with self._lock(session_id):
             stored = await self._run(self._backend.read, session_id, False)
             entries = _decode_entries(stored)
             environment = _decode_environment(stored)
@@ -330,7 +339,7 @@ class _StoreBase:
         Raises:
             SessionNotFoundError: No session has that id.
         """
-        async with self._lock:
+        async with self._lock(session_id):
             await self._run(self._backend.delete, session_id)
             self._tracked.pop(session_id, None)
 
@@ -377,7 +386,7 @@ class _StoreBase:
         label = repr(str(name)) if name is not None else "the stream"
         lines = await asyncio.to_thread(_read_lines, source, label)
         session = _parse_export(lines, label, session_id)
-        async with self._lock:
+        async with self._lock(session.info.id):
             await self._run(self._backend.insert, session)
         return session.info
 
