@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import subprocess
 import sys
 import uuid
@@ -43,6 +44,8 @@ from agent_flow.tokens import ApproxCounter
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.session_writer import add_step
+
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @pytest.fixture
@@ -295,3 +298,46 @@ async def test_agent_flow_run_keeps_its_session_in_postgresql_and_continues_it(
         "agent_message",
     ]
     assert not (tmp_path / "home" / "sessions.db").exists()
+
+
+async def test_two_processes_writing_one_session_never_corrupt_it(pg_schema: str) -> None:
+    url = f"{URL}?schema={pg_schema}"
+    async with open_store(url) as store:
+        info = await store.create()
+    rounds = 8
+    rivals = [
+        await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "tests.store_helpers.rival_writer"),
+            *(url, info.id, name, str(rounds)),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+        )
+        for name in ("a", "b")
+    ]
+    for rival in rivals:  # both connected...
+        assert rival.stdout is not None
+        assert await rival.stdout.readline() == b"ready\n"
+    for rival in rivals:  # ...then both go at once
+        assert rival.stdin is not None
+        rival.stdin.write(b"go\n")
+        await rival.stdin.drain()
+    outputs = await asyncio.gather(*(rival.communicate() for rival in rivals))
+    assert [rival.returncode for rival in rivals] == [0, 0], [err for _, err in outputs]
+    lines = [json.loads(line) for out, _ in outputs for line in out.decode().splitlines()]
+    committed = {line["steps"]: line for line in lines if "steps" in line}
+    conflicts = [line["conflict"] for line in lines if "conflict" in line]
+    # Every committed step has its own step number: no two commits were applied as one.
+    assert len(committed) == len(lines) - len(conflicts)
+    assert len(conflicts) <= 1 and len(committed) >= rounds
+    async with open_store(url) as store:
+        state = await store.load(info.id)
+        events = await store.events(info.id)
+    # The session is exactly the last committed step, whole, with every step's events once.
+    last = committed[max(committed)]
+    assert state.info.steps == len(committed) == max(committed)
+    assert [entry.id for entry in state.entries] == last["entries"]
+    assert state.environment is not None
+    assert state.environment.to_json() == last["environment"]
+    assert len(events) == 2 * len(committed)
