@@ -15,6 +15,9 @@ A TOML file holds named LLM configs and one agent::
     [agent.context]
     max_tokens = 32000
 
+    [store]                        # where sessions are kept (`load_store_config`)
+    url = "postgresql://agents@db.internal/agents"   # or a file path; default: the SQLite file
+
 Environment variables override file values: ``AGENT_FLOW_<FIELD>`` for a top-level field and
 ``AGENT_FLOW_<SECTION>__<FIELD>`` for nested ones (``AGENT_FLOW_CONTEXT__MAX_TOKENS=16000``);
 values of text fields are taken as written, others are parsed as TOML literals
@@ -74,8 +77,10 @@ __all__ = [
     "PolicyConfig",
     "Pricing",
     "Skill",
+    "StoreConfig",
     "StrategyName",
     "load_config",
+    "load_store_config",
 ]
 
 StrategyName = Literal["elide_then_drop", "drop_oldest", "sliding_window", "summarize"]
@@ -508,10 +513,11 @@ def load_config(
             raise ConfigError(f"config file {source!r} does not exist") from err
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config file {source!r} is not valid TOML: {err}") from err
-        unknown = sorted(set(document) - {"agent", "llms"})
+        unknown = sorted(set(document) - {"agent", "llms", "store"})
         if unknown:
             raise ConfigError(
-                f"unknown top-level table(s) {unknown} in {source}; expected [agent] and [llms.*]"
+                f"unknown top-level table(s) {unknown} in {source}; expected [agent], [llms.*] "
+                "and [store]"
             )
         agent = document.get("agent", {})
         if not isinstance(agent, dict):
@@ -527,3 +533,45 @@ def load_config(
         return AgentConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(err, source, variables)) from err
+
+
+class StoreConfig(BaseModel):
+    """The ``[store]`` table: where sessions are kept.
+
+    Attributes:
+        url: A file path or ``sqlite:///path`` (SQLite), ``postgresql://user@host/database``
+            (PostgreSQL; ``?schema=name`` picks the schema), or ``memory://``; None for the
+            default SQLite file. `agent_flow.sessions.open_store` opens it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = Field(default=None, min_length=1)
+
+
+def load_store_config(path: str | Path | None) -> StoreConfig:
+    """Read the ``[store]`` table of a TOML config file (defaults when `path` is None or no table).
+
+    Raises:
+        ConfigError: The file is missing or not TOML, or ``[store]`` is not a valid table; the
+            message names the key and the file.
+    """
+    if path is None:
+        return StoreConfig()
+    source = str(path)
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file {source!r} does not exist") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {source!r} is not valid TOML: {err}") from err
+    table = document.get("store", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f'[store] in {source} must be a table, with url = "..."')
+    try:
+        return StoreConfig.model_validate(table)
+    except ValidationError as err:
+        item = err.errors()[0]
+        where = ".".join(str(part) for part in item["loc"])
+        raise ConfigError(f"invalid [store] {where} in {source}: {item['msg']}") from err

@@ -28,7 +28,8 @@ AgentFlowError
 ├── RunError                    an agent run ended abnormally
 │   └── OutputValidationError   the final answer never matched the output schema
 └── StoreError                  the session store failed
-    └── SessionNotFoundError    no session has the given id
+    ├── SessionNotFoundError    no session has the given id
+    └── SessionConflictError    other writers kept changing the session being saved
 ```
 
 `UserError` subclasses say what to change in the caller's code or config; the others are
@@ -68,6 +69,7 @@ __all__ = [
     "OutputValidationError",
     "PointerError",
     "RunError",
+    "SessionConflictError",
     "SessionNotFoundError",
     "StoreError",
     "TokenizerError",
@@ -264,3 +266,7 @@ class StoreError(AgentFlowError):
 
 class SessionNotFoundError(StoreError, LookupError):
     """No stored session has the given id."""
+
+
+class SessionConflictError(StoreError):
+    """Other writers kept changing a session while this store was saving a step of it."""

@@ -34,7 +34,7 @@ settings.load_profile("default")
 # Variables that would send a client to a real API or authenticate it there, and the
 # AGENT_FLOW_* config overrides (a developer's shell must not change what tests load).
 _REMOVED_VARIABLES = ("OPENAI_", "AZURE_OPENAI_", "GEMINI_API_KEY", "AGENT_FLOW_")
-_KEPT_VARIABLES = frozenset({"AGENT_FLOW_HOME"})
+_KEPT_VARIABLES = frozenset({"AGENT_FLOW_HOME", "AGENT_FLOW_TEST_POSTGRES"})
 
 _ATTEMPTS: list[str] = []
 

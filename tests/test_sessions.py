@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import signal
 import sqlite3
 import subprocess
@@ -22,12 +20,11 @@ from pydantic import BaseModel
 import agent_flow.sessions.export as export_module
 import agent_flow.sessions.sqlite as sqlite_module
 from agent_flow.environment import Environment
-from agent_flow.errors import PointerError, SessionNotFoundError, StoreError, UserError
-from agent_flow.events import AgentEvent, RunFinished, TextDelta
+from agent_flow.errors import PointerError, SessionNotFoundError, StoreError
+from agent_flow.events import AgentEvent
 from agent_flow.history import (
     DropOldest,
     ElideToolResults,
-    ExtractiveSummarizer,
     History,
     HistoryEntry,
     PruningStrategy,
@@ -37,7 +34,6 @@ from agent_flow.history import (
     build_units,
 )
 from agent_flow.sessions import (
-    EXPORT_LINE_ADAPTER,
     SCHEMA_VERSION,
     ExportLine,
     InMemorySessionStore,
@@ -133,26 +129,6 @@ async def test_a_multi_step_session_reads_back_identically_from_a_new_store_obje
         assert state.info.environment_version == environment.version == 8
         rebuilt = state.history(counter=COUNTER)
         assert rebuilt.to_messages() == history.to_messages()
-
-
-async def test_a_session_saved_in_memory_reads_back_as_fresh_objects(store: SessionStore) -> None:
-    history, environment = fresh()
-    info = await store.create()
-    events = add_step(history, environment, 0)
-    await store.save_step(info.id, history=history, environment=environment, events=events)
-    state = await store.load(info.id)
-    assert state.entries == tuple(history.entries)
-    assert all(a is not b for a, b in zip(state.entries, history.entries, strict=True))
-    assert state.environment is not None and state.environment is not environment
-    assert state.environment.to_json() == environment.to_json()
-
-
-async def test_a_new_session_has_no_environment_until_its_first_step(store: SessionStore) -> None:
-    info = await store.create(session_id="fresh-1")
-    assert (info.id, info.status, info.steps, info.entry_count) == ("fresh-1", "active", 0, 0)
-    state = await store.load("fresh-1")
-    assert state.entries == ()
-    assert state.environment is None
 
 
 async def test_a_loaded_session_resumes_with_a_new_message_and_writes_only_that(
@@ -276,37 +252,6 @@ async def test_a_pruned_history_is_rewritten_from_its_first_changed_entry(
         state = await reader.load(info.id)
         assert state.entries == tuple(history.entries)
         assert_consistent(state.entries)
-
-
-async def test_a_summarized_history_reads_back_with_its_summary(store: SessionStore) -> None:
-    history, environment = fresh()
-    info = await store.create()
-    for step in range(4):
-        add_step(history, environment, step)
-        await store.save_step(info.id, history=history, environment=environment)
-    summary = await history.summarize(1, 9, ExtractiveSummarizer(counter=COUNTER))
-    await store.save_step(info.id, history=history, environment=environment)
-    state = await store.load(info.id)
-    assert state.entries == tuple(history.entries)
-    assert summary in state.entries
-
-
-async def test_saving_another_history_object_stores_exactly_its_entries(
-    store: SessionStore,
-) -> None:
-    history, environment = fresh()
-    info = await store.create()
-    for step in range(3):
-        add_step(history, environment, step)
-        await store.save_step(info.id, history=history, environment=environment)
-    other, other_environment = fresh()
-    add_step(other, other_environment, 7)
-    saved = await store.save_step(info.id, history=other, environment=other_environment)
-    state = await store.load(info.id)
-    assert state.entries == tuple(other.entries)
-    assert state.environment is not None
-    assert state.environment.to_json() == other_environment.to_json()
-    assert saved.environment_version == 2
 
 
 async def test_the_stored_change_log_is_trimmed_to_the_environments_limit(tmp_path: Path) -> None:
@@ -650,96 +595,6 @@ async def test_opening_an_older_schema_runs_the_missing_migrations(
 # -- export and import ------------------------------------------------------------------------
 
 
-async def _saved_session(store: SessionStore) -> tuple[str, History, Environment, list[AgentEvent]]:
-    history, environment = fresh()
-    info = await store.create(agent="coder", title="export me", metadata={"tags": ["a"]})
-    events: list[AgentEvent] = []
-    for step in range(3):
-        step_events = add_step(history, environment, step)
-        events += step_events
-        await store.save_step(info.id, history=history, environment=environment, events=step_events)
-    final = RunFinished(
-        run_id="run-2",
-        seq=2,
-        stop_reason="completed",
-        final_text="done",
-        iterations=3,
-        prompt_tokens=10,
-        completion_tokens=5,
-        duration_ms=2.5,
-    )
-    events.append(final)
-    await store.save_step(
-        info.id, history=history, environment=environment, events=[final], status="completed"
-    )
-    return info.id, history, environment, events
-
-
-async def test_export_then_import_round_trips_a_session(
-    store: SessionStore, tmp_path: Path
-) -> None:
-    session_id, history, environment, events = await _saved_session(store)
-    target = tmp_path / "export.jsonl"
-    await store.export(session_id, target)
-    lines = [EXPORT_LINE_ADAPTER.validate_json(line) for line in target.read_text().splitlines()]
-    assert [line.kind for line in lines] == (
-        ["session"] + ["entry"] * len(history) + ["environment"] + ["event"] * len(events) + ["end"]
-    )
-    async with InMemorySessionStore() as other:
-        imported = await other.import_(target)
-        original = await store.info(session_id)
-        assert imported == original
-        state = await other.load(session_id)
-        assert state.entries == tuple(history.entries)
-        assert state.environment is not None
-        assert state.environment.to_json() == environment.to_json()
-        assert await other.events(session_id) == events
-    # Into the same store, under another id, through a stream.
-    stream = io.StringIO()
-    await store.export(session_id, stream)
-    stream.seek(0)
-    copy = await store.import_(stream, session_id="copy")
-    assert copy.id == "copy" and copy.status == "completed"
-    assert (await store.load("copy")).entries == tuple(history.entries)
-    again = io.StringIO()
-    await store.export("copy", again)
-    assert again.getvalue().splitlines()[1:] == stream.getvalue().splitlines()[1:]
-
-
-async def test_import_refuses_a_partial_altered_or_foreign_file(
-    store: SessionStore, tmp_path: Path
-) -> None:
-    session_id, _, _, _ = await _saved_session(store)
-    stream = io.StringIO()
-    await store.export(session_id, stream)
-    lines = stream.getvalue().splitlines()
-
-    async def refused(text: str, match: str) -> None:
-        with pytest.raises(StoreError, match=match):
-            await store.import_(io.StringIO(text), session_id="bad")
-
-    await refused("\n".join(lines[:-1]), "no end line")
-    await refused("\n".join(lines[:5]), "no end line")
-    await refused("\n".join(lines[:3] + lines[4:]), "announces")
-    await refused("\n".join([*lines[:2], "{not json", *lines[2:]]), "line 3 of")
-    await refused("\n".join(lines[1:]), "starts with a 'entry' line")
-    await refused("", "empty")
-    # A tool result whose call was removed breaks the history's rules.
-    call_line = next(i for i, line in enumerate(lines) if '"tool_call"' in line)
-    end = json.loads(lines[-1])
-    end["entries"] -= 1
-    await refused(
-        "\n".join(lines[:call_line] + lines[call_line + 1 : -1] + [json.dumps(end)]),
-        "history in the stream is inconsistent",
-    )
-    with pytest.raises(StoreError, match="already stored"):
-        await store.import_(io.StringIO(stream.getvalue()))
-    missing = tmp_path / "missing.jsonl"
-    with pytest.raises(StoreError, match=r"missing\.jsonl"):
-        await store.import_(missing)
-    assert [s.id for s in await store.list()] == [session_id]
-
-
 def test_every_export_line_class_is_in_the_union_with_a_distinct_kind() -> None:
     members = typing.get_args(typing.get_args(ExportLine)[0])
     defined = {
@@ -753,55 +608,6 @@ def test_every_export_line_class_is_in_the_union_with_a_distinct_kind() -> None:
 
 
 # -- the rest of the API ----------------------------------------------------------------------
-
-
-async def test_missing_sessions_raise_session_not_found(store: SessionStore) -> None:
-    history, environment = fresh()
-    calls: list[Callable[[], typing.Awaitable[object]]] = [
-        lambda: store.load("nope"),
-        lambda: store.info("nope"),
-        lambda: store.events("nope"),
-        lambda: store.delete("nope"),
-        lambda: store.export("nope", io.StringIO()),
-        lambda: store.save_step("nope", history=history, environment=environment),
-    ]
-    for call in calls:
-        with pytest.raises(SessionNotFoundError, match="'nope'"):
-            await call()
-
-
-async def test_events_are_read_from_an_offset_or_within_one_run(store: SessionStore) -> None:
-    history, environment = fresh()
-    info = await store.create()
-    for step in range(3):
-        events = add_step(history, environment, step)
-        await store.save_step(info.id, history=history, environment=environment, events=events)
-    everything = await store.events(info.id)
-    assert [(e.run_id, e.seq) for e in everything] == [
-        (f"run-{step}", seq) for step in range(3) for seq in (0, 1)
-    ]
-    assert await store.events(info.id, offset=4) == everything[4:]
-    assert await store.events(info.id, offset=1, limit=2) == everything[1:3]
-    assert await store.events(info.id, run_id="run-1") == everything[2:4]
-    assert await store.events(info.id, run_id="run-1", after_seq=0) == everything[3:4]
-    assert await store.events(info.id, offset=9) == []
-    with pytest.raises(UserError, match="after_seq"):
-        await store.events(info.id, after_seq=0)
-    with pytest.raises(UserError, match="negative"):
-        await store.events(info.id, offset=-1)
-
-
-async def test_sessions_are_listed_most_recently_updated_first(store: SessionStore) -> None:
-    history, environment = fresh()
-    first = await store.create(session_id="first")
-    await store.create(session_id="second")
-    await store.create(session_id="third")
-    add_step(history, environment, 0)
-    await store.save_step(first.id, history=history, environment=environment)
-    assert [s.id for s in await store.list()] == ["first", "third", "second"]
-    assert [s.id for s in await store.list(limit=2)] == ["first", "third"]
-    with pytest.raises(UserError, match="limit=0"):
-        await store.list(limit=0)
 
 
 async def test_delete_removes_a_session_and_everything_stored_with_it(tmp_path: Path) -> None:
@@ -824,33 +630,6 @@ async def test_delete_removes_a_session_and_everything_stored_with_it(tmp_path: 
             ids = {sid for (sid,) in raw.execute(f"SELECT DISTINCT session_id FROM {table}")}
             assert ids == {"kept"}
     raw.close()
-
-
-async def test_bad_ids_statuses_and_duplicates_are_refused(store: SessionStore) -> None:
-    history, environment = fresh()
-    for bad in ("", "has space", "-dash-first", "x" * 129, "slash/inside"):
-        with pytest.raises(UserError, match="session id"):
-            await store.create(session_id=bad)
-    info = await store.create(session_id="taken")
-    with pytest.raises(StoreError, match="'taken' is already stored"):
-        await store.create(session_id="taken")
-    with pytest.raises(UserError, match="'done' is not a session status"):
-        await store.save_step(
-            info.id,
-            history=history,
-            environment=environment,
-            status="done",  # type: ignore[arg-type]
-        )
-    with pytest.raises(UserError, match="metadata"):
-        await store.create(metadata={"x": object()})  # type: ignore[dict-item]
-
-
-async def test_a_closed_store_refuses_further_calls(store: SessionStore) -> None:
-    await store.create(session_id="s")
-    await store.aclose()
-    await store.aclose()
-    with pytest.raises(StoreError, match="closed"):
-        await store.list()
 
 
 def test_the_default_path_follows_agent_flow_home_then_xdg_then_home(
@@ -881,14 +660,6 @@ async def test_the_store_file_and_its_folders_are_created_on_first_use(tmp_path:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     raw.close()
-
-
-async def test_events_published_with_a_step_keep_their_types(store: SessionStore) -> None:
-    info = await store.create()
-    history, environment = fresh()
-    events: list[AgentEvent] = [TextDelta(run_id="r", seq=0, text="héllo\nworld")]
-    await store.save_step(info.id, history=history, environment=environment, events=events)
-    assert await store.events(info.id) == events
 
 
 def test_importing_the_sessions_package_loads_sqlite3_only_when_the_sqlite_store_is_used() -> None:

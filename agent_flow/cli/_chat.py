@@ -25,6 +25,7 @@ from agent_flow.cli._run import (
     _open_session,
     _Session,
 )
+from agent_flow.sessions import store_location
 
 _COMMANDS_HELP = "/env shows the environment, /exit (or end of input) leaves"
 
@@ -93,7 +94,7 @@ async def _chat_command(args: argparse.Namespace, streams: _Streams) -> int:
                 code = await _turn_report(outcome, session, streams, fresh=fresh)
                 fresh = fresh and agent.session_id is None
         if agent.session_id is not None:
-            say(f"session {agent.session_id} saved in {session.store.path}", "dim")
+            say(f"session {agent.session_id} saved in {store_location(session.store)}", "dim")
         return code
 
 

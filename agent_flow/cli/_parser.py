@@ -100,7 +100,7 @@ def _agent_options() -> _Parser:
         help="approve every tool call that asks, high-risk ones included (shell commands run "
         "unconfined unless bubblewrap is installed: see `agent-flow tools`)",
     )
-    agent.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
+    agent.add_argument("--db", metavar="PATH|URL", help=_db_help())
     output = options.add_argument_group(
         "output (default: a status line while it runs, then the answer as Markdown)"
     ).add_mutually_exclusive_group()
@@ -190,6 +190,13 @@ def _db_hint() -> str:
         return "$AGENT_FLOW_HOME/sessions.db"
 
 
+def _db_help() -> str:
+    return (
+        "the session store: a SQLite file, or postgresql://user@host/db[?schema=name] "
+        f"(default: [store] url of --config, else {_db_hint()})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``agent-flow`` argument parser."""
     from agent_flow import __version__
@@ -205,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     agent_options = _agent_options()
     db = _Parser(add_help=False)
-    db.add_argument("--db", metavar="PATH", help=f"the session store (default {_db_hint()})")
+    db.add_argument("--db", metavar="PATH|URL", help=_db_help())
+    db.add_argument("--config", metavar="FILE", help="an agent.toml file whose [store] url to use")
 
     def sub(name: str, help: str, parents: Sequence[_Parser] = ()) -> _Parser:
         command: _Parser = commands.add_parser(

@@ -38,11 +38,11 @@ from agent_flow.cli._exit import (
 )
 from agent_flow.cli._interactive import _Approver, _Interrupts
 from agent_flow.cli._prompt import _isatty, _PlainPrompter, _Prompter
-from agent_flow.cli._sessions import _check_db
+from agent_flow.cli._sessions import _check_db, _store
 from agent_flow.environment import Environment, SystemState
 from agent_flow.errors import ModelError
 from agent_flow.llm.base import LLMClient
-from agent_flow.sessions import SessionRecorder, SQLiteSessionStore
+from agent_flow.sessions import SessionRecorder, SessionStore, store_location
 
 if TYPE_CHECKING:
     from agent_flow.cli._reading import QuietRenderer, ReadingRenderer
@@ -61,7 +61,7 @@ Mode = Literal["read", "trace", "quiet", "json"]
 class _Session:
     agent: AgentExecutor
     llm: LLMClient
-    store: SQLiteSessionStore
+    store: SessionStore
     renderer: EventRenderer | ReadingRenderer | QuietRenderer
     resumed: bool
     prompter: _Prompter
@@ -119,7 +119,7 @@ async def _open_session(
         client = OpenAIClient.from_config(llm_config)
         stack.push_async_callback(client.aclose)
         llm = client
-    store = await stack.enter_async_context(SQLiteSessionStore(args.db))
+    store = await stack.enter_async_context(_store(args))
     tools = _tools(args, config, into=own.tools if isinstance(own, AgentExecutor) else None)
     config = tools.config
     mode = _mode(args)
@@ -281,7 +281,7 @@ async def _report(outcome: ExecutionOutcome, session: _Session, streams: _Stream
         if message is not None:
             _error_line(streams, message)
         return _exit_code(outcome)
-    where = shlex.quote(str(session.store.path))
+    where = shlex.quote(store_location(session.store))
     again = f"agent-flow run --session {session_id} --db {where}"
     reason = outcome.stop_reason
     if session.mode == "quiet":
@@ -297,7 +297,7 @@ async def _report(outcome: ExecutionOutcome, session: _Session, streams: _Stream
     elif reason not in _OK_REASONS:
         say(f'the run stopped: {reason.value}; continue with  {again} "..."', "yellow")
     if session.mode == "json" or (session.mode != "quiet" and reason in _OK_REASONS):
-        say(f"session {session_id} saved in {session.store.path}", "dim")
+        say(f"session {session_id} saved in {store_location(session.store)}", "dim")
     if message is not None:
         _error_line(streams, message)
     return _exit_code(outcome)

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
-from agent_flow.sessions import SQLiteSessionStore
+from agent_flow.config import load_store_config
+from agent_flow.sessions import SessionStore, open_store, store_location
 
 
 def _check_db(db: str | None) -> None:
     """Refuse a ``--db`` that names a directory (a usage mistake, not a store failure)."""
-    if db is not None and Path(db).is_dir():
+    if db is not None and "://" not in db and Path(db).is_dir():
         raise _Failure(
             EXIT_USAGE,
             f"--db {db} is a directory; give the store's file, e.g. --db "
@@ -20,9 +21,18 @@ def _check_db(db: str | None) -> None:
         )
 
 
-def _store(args: argparse.Namespace) -> SQLiteSessionStore:
-    _check_db(args.db)
-    return SQLiteSessionStore(args.db)
+def _store_target(args: argparse.Namespace) -> str | None:
+    """The store to open: ``--db``, else ``[store] url`` of ``--config``, else the default."""
+    if args.db is not None:
+        _check_db(args.db)
+        return str(args.db)
+    config = getattr(args, "config", None)
+    return load_store_config(config).url if config else None
+
+
+def _store(args: argparse.Namespace) -> SessionStore:
+    """The session store the command's ``--db`` or ``--config`` selects (not yet opened)."""
+    return open_store(_store_target(args))
 
 
 async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
@@ -34,7 +44,7 @@ async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
             out.write(info.model_dump_json() + "\n")
         return EXIT_OK
     if not infos:
-        out.write(f"no sessions in {store.path}\n")
+        out.write(f"no sessions in {store_location(store)}\n")
         return EXIT_OK
     rows = [
         (
@@ -52,7 +62,7 @@ async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
-    out.write(f"{len(infos)} session(s) in {store.path}\n")
+    out.write(f"{len(infos)} session(s) in {store_location(store)}\n")
     return EXIT_OK
 
 
@@ -151,7 +161,7 @@ async def _sessions_import(args: argparse.Namespace, streams: _Streams) -> int:
     async with _store(args) as store:
         info = await store.import_(args.file, session_id=args.id)
     streams.stdout.write(
-        f"imported session {info.id} ({info.entry_count} entries) into {store.path}\n"
+        f"imported session {info.id} ({info.entry_count} entries) into {store_location(store)}\n"
     )
     return EXIT_OK
 

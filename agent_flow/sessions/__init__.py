@@ -1,8 +1,10 @@
 """Sessions: a run's history, environment and events, saved after every step, and reloaded.
 
-This package owns `SessionInfo`, `SessionState`, the `SessionStore` protocol with its two
-implementations — `SQLiteSessionStore` (the default: one file, no server) and
-`InMemorySessionStore` (the same semantics, for tests) — and the JSON-lines export format.
+This package owns `SessionInfo`, `SessionState`, the `SessionStore` protocol with its
+implementations — `SQLiteSessionStore` (the default: one file, no server),
+`PostgresSessionStore` (a shared database, the ``postgres`` extra) and `InMemorySessionStore`
+(the same semantics, for tests) — `open_store` (a store from a URL or path), and the JSON-lines
+export format.
 
 A session is created once (`SessionStore.create`), then saved at every step boundary with
 `SessionStore.save_step(id, history=..., environment=..., events=...)`; `load` gives back its
@@ -51,11 +53,13 @@ from agent_flow.sessions.export import (
     ExportLine,
     SessionHeaderLine,
 )
+from agent_flow.sessions.factory import open_store, store_location
 from agent_flow.sessions.memory import InMemorySessionStore
 from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
 from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
 
 if TYPE_CHECKING:
+    from agent_flow.sessions.postgres import PostgresSessionStore
     from agent_flow.sessions.recorder import SessionRecorder
     from agent_flow.sessions.sqlite import SCHEMA_VERSION, SQLiteSessionStore
 
@@ -69,6 +73,7 @@ __all__ = [
     "EventLine",
     "ExportLine",
     "InMemorySessionStore",
+    "PostgresSessionStore",
     "SQLiteSessionStore",
     "SessionHeaderLine",
     "SessionInfo",
@@ -78,6 +83,8 @@ __all__ = [
     "SessionStore",
     "StepRecorder",
     "default_store_path",
+    "open_store",
+    "store_location",
 ]
 
 _SQLITE_NAMES = frozenset(("SCHEMA_VERSION", "SQLiteSessionStore"))
@@ -89,6 +96,11 @@ def __getattr__(name: str) -> object:
         from agent_flow.sessions import sqlite
 
         return getattr(sqlite, name)
+    # psycopg is an optional extra: load it only when a PostgreSQL store is used.
+    if name == "PostgresSessionStore":
+        from agent_flow.sessions.postgres import PostgresSessionStore
+
+        return PostgresSessionStore
     # The recorder imports the agent package, which imports this one: load it when used.
     if name == "SessionRecorder":
         from agent_flow.sessions.recorder import SessionRecorder

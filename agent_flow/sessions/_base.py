@@ -1,7 +1,8 @@
-"""The async store shared by both implementations: `_StoreBase` over a synchronous backend.
+"""The async store shared by every implementation: `_StoreBase` over an `_AsyncBackend`.
 
 `_StoreBase` implements every `SessionStore` method once; `SQLiteSessionStore` and
-`InMemorySessionStore` only give it a `_Backend` and say where the backend runs (`_call`).
+`InMemorySessionStore` give it a synchronous `_Backend` wrapped in `_OnWorker` (which says where
+the backend runs), `PostgresSessionStore` an asynchronous backend of its own.
 """
 
 from __future__ import annotations
@@ -9,30 +10,33 @@ from __future__ import annotations
 import asyncio
 import builtins
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, ParamSpec, Self, TypeVar
+from typing import IO, ParamSpec, Protocol, Self, TypeVar
 from uuid import uuid4
 
 from pydantic import ValidationError
 
 from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
-from agent_flow.errors import StoreError, UserError
+from agent_flow.errors import SessionConflictError, StoreError, UserError
 from agent_flow.events import AgentEvent, event_to_json
 from agent_flow.history import HISTORY_ENTRY_ADAPTER, History
 from agent_flow.sessions._backend import (
+    _AsyncBackend,
     _Backend,
     _decode_entries,
     _decode_environment,
     _decode_event,
     _EntryRow,
     _EventRow,
+    _Import,
     _problem,
     _StaleError,
     _StepWrite,
+    _Stored,
 )
 from agent_flow.sessions._planner import _environment_write, _kept_entries, _Tracked
 from agent_flow.sessions.export import _export_lines, _parse_export, _read_lines, _write_lines
@@ -55,24 +59,80 @@ _R = TypeVar("_R")
 _RETRIES = 5
 
 
-class _StoreBase:
-    """The async API over a synchronous `_Backend`; subclasses say where the backend runs."""
+class _Runner(Protocol):
+    """Runs a synchronous call somewhere (a worker thread, or inline) and awaits it."""
 
-    def __init__(self, backend: _Backend, where: str) -> None:
+    def __call__(self, fn: Callable[[], _R]) -> Awaitable[_R]: ...
+
+
+class _OnWorker:
+    """A synchronous `_Backend` seen as an `_AsyncBackend`: every call goes through `run`."""
+
+    def __init__(self, backend: _Backend, run: _Runner) -> None:
+        self._backend = backend
+        self._go = run
+
+    async def open(self) -> None:
+        await self._go(self._backend.open)
+
+    async def create(self, info: SessionInfo, revision: str) -> None:
+        await self._go(lambda: self._backend.create(info, revision))
+
+    async def info(self, session_id: str) -> SessionInfo:
+        return await self._go(lambda: self._backend.info(session_id))
+
+    async def read(self, session_id: str, with_events: bool) -> _Stored:
+        return await self._go(lambda: self._backend.read(session_id, with_events))
+
+    async def write_step(self, write: _StepWrite) -> SessionInfo:
+        return await self._go(lambda: self._backend.write_step(write))
+
+    async def sessions(self, limit: int) -> builtins.list[SessionInfo]:
+        return await self._go(lambda: self._backend.sessions(limit))
+
+    async def events(
+        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
+    ) -> builtins.list[str]:
+        return await self._go(
+            lambda: self._backend.events(session_id, offset, run_id, after_seq, limit)
+        )
+
+    async def insert(self, session: _Import) -> None:
+        await self._go(lambda: self._backend.insert(session))
+
+    async def delete(self, session_id: str) -> None:
+        await self._go(lambda: self._backend.delete(session_id))
+
+    async def close(self) -> None:
+        await self._go(self._backend.close)
+
+
+class _StoreBase:
+    """The async API over an `_AsyncBackend`."""
+
+    def __init__(self, backend: _AsyncBackend, where: str) -> None:
         self._backend = backend
         self._where = where
         self._closed = False
-        # Serializes this store's writes, so that each plans against the state it last saved.
-        self._lock = asyncio.Lock()
+        # One lock per session serializes this store's writes of it, so that each plans
+        # against the state it last saved; writes of different sessions go on side by side
+        # (on PostgreSQL, over several pooled connections). A lock lives while someone holds
+        # or awaits it.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._tracked: dict[str, _Tracked] = {}
 
-    async def _call(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        raise NotImplementedError
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
 
-    async def _run(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    async def _run(
+        self, fn: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _R:
         if self._closed:
             raise StoreError(f"the session store {self._where} is closed; open a new one")
-        return await self._call(fn, *args, **kwargs)
+        return await fn(*args, **kwargs)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -118,7 +178,7 @@ class _StoreBase:
         except ValidationError as err:
             raise UserError(f"cannot create session {sid!r}: {_problem(err)}") from err
         revision = uuid4().hex
-        async with self._lock:
+        async with self._lock(sid):
             await self._run(self._backend.create, info, revision)
             self._tracked[sid] = _Tracked(revision=revision, entries=[])
         return info
@@ -152,14 +212,15 @@ class _StoreBase:
         Raises:
             SessionNotFoundError: No session has that id.
             UserError: `status` is not a `SessionStatus`.
-            StoreError: The store failed, or other writers kept changing the session.
+            SessionConflictError: Other writers changed the session under every attempt.
+            StoreError: The store failed.
         """
         if status is not None and status not in _STATUSES:
             raise UserError(
                 f"status {status!r} is not a session status; use one of {sorted(_STATUSES)}"
             )
         event_rows = tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events)
-        async with self._lock:
+        async with self._lock(session_id):
             for _ in range(_RETRIES):
                 tracked = self._tracked.get(session_id)
                 if tracked is None:
@@ -198,7 +259,7 @@ class _StoreBase:
                 tracked.environment = weakref.ref(environment)
                 tracked.environment_version = env_version
                 return info
-        raise StoreError(
+        raise SessionConflictError(
             f"session {session_id!r} changed under every one of {_RETRIES} attempts to save a "
             "step; let one process at a time write a session"
         )
@@ -210,7 +271,7 @@ class _StoreBase:
             SessionNotFoundError: No session has that id.
             StoreError: The stored data cannot be read back.
         """
-        async with self._lock:
+        async with self._lock(session_id):
             stored = await self._run(self._backend.read, session_id, False)
             entries = _decode_entries(stored)
             environment = _decode_environment(stored)
@@ -278,7 +339,7 @@ class _StoreBase:
         Raises:
             SessionNotFoundError: No session has that id.
         """
-        async with self._lock:
+        async with self._lock(session_id):
             await self._run(self._backend.delete, session_id)
             self._tracked.pop(session_id, None)
 
@@ -325,7 +386,7 @@ class _StoreBase:
         label = repr(str(name)) if name is not None else "the stream"
         lines = await asyncio.to_thread(_read_lines, source, label)
         session = _parse_export(lines, label, session_id)
-        async with self._lock:
+        async with self._lock(session.info.id):
             await self._run(self._backend.insert, session)
         return session.info
 
@@ -336,7 +397,7 @@ class _StoreBase:
         if self._closed:
             return
         try:
-            await self._call(self._backend.close)
+            await self._backend.close()
         finally:
             self._closed = True
             self._tracked.clear()

@@ -15,7 +15,7 @@ from agent_flow.sessions._backend import (
     _StepWrite,
     _Stored,
 )
-from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions._base import _R, _OnWorker, _StoreBase
 from agent_flow.sessions.models import SessionInfo
 
 __all__ = ["InMemorySessionStore"]
@@ -118,6 +118,10 @@ class _MemoryBackend:
         self._sessions.clear()
 
 
+async def _inline(fn: Callable[[], _R]) -> _R:
+    return fn()
+
+
 class InMemorySessionStore(_StoreBase):
     """A `SessionStore` in this process's memory, with the semantics of `SQLiteSessionStore`.
 
@@ -127,10 +131,7 @@ class InMemorySessionStore(_StoreBase):
     """
 
     def __init__(self) -> None:
-        super().__init__(_MemoryBackend(), "in memory")
-
-    async def _call(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        return fn(*args, **kwargs)
+        super().__init__(_OnWorker(_MemoryBackend(), _inline), "in memory")
 
     def __repr__(self) -> str:
         return "InMemorySessionStore()"

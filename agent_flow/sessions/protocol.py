@@ -42,8 +42,9 @@ def default_store_path() -> Path:
 class SessionStore(Protocol):
     """Where sessions live; every method is a coroutine, every failure a `StoreError`.
 
-    Implementations: `SQLiteSessionStore`, `InMemorySessionStore`. Use one as an async context
-    manager, or call `close` when done.
+    Implementations: `SQLiteSessionStore`, `PostgresSessionStore`, `InMemorySessionStore`
+    (`open_store` picks one from a URL). Use one as an async context manager, or call `close`
+    when done.
     """
 
     async def create(

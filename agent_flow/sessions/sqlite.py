@@ -47,7 +47,7 @@ from agent_flow.sessions._backend import (
     _StepWrite,
     _Stored,
 )
-from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions._base import _R, _OnWorker, _StoreBase
 from agent_flow.sessions.models import SessionInfo
 from agent_flow.sessions.protocol import default_store_path
 
@@ -470,17 +470,16 @@ class SQLiteSessionStore(_StoreBase):
         backend = _SQLiteBackend(
             self.path, synchronous=synchronous, busy_timeout=busy_timeout, trace=trace
         )
-        super().__init__(backend, repr(str(self.path)))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent_flow.sessions")
+        super().__init__(_OnWorker(backend, self._in_thread), repr(str(self.path)))
 
-    async def _call(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    async def _in_thread(self, fn: Callable[[], _R]) -> _R:
         loop = asyncio.get_running_loop()
-        call = functools.partial(self._guarded, fn, *args, **kwargs)
-        return await loop.run_in_executor(self._executor, call)
+        return await loop.run_in_executor(self._executor, functools.partial(self._guarded, fn))
 
-    def _guarded(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    def _guarded(self, fn: Callable[[], _R]) -> _R:
         try:
-            return fn(*args, **kwargs)
+            return fn()
         except sqlite3.Error as err:
             hint = (
                 "another process holds the write lock; retry, or raise busy_timeout"

@@ -1,0 +1,553 @@
+"""`PostgresSessionStore`: sessions in a PostgreSQL database, shared by many processes.
+
+The same contract as `SQLiteSessionStore` (the store core is shared, `_base._StoreBase`): one
+transaction per step that appends only what is new, JSON-lines export and import, and a schema
+with versioned migrations. Needs the ``postgres`` extra (``pip install 'agent-flow[postgres]'``:
+psycopg 3 and psycopg-pool); this module is imported only when a PostgreSQL store is used.
+
+Concurrency. A store holds an async connection pool. A step locks its session's row
+(``SELECT ... FOR UPDATE``) and checks the revision the store last wrote: two writers of one
+session, in one process or many, never interleave inside a step, and the one that finds the
+session changed under it re-plans against what is stored (as with SQLite, the step is applied
+whole); a writer that keeps losing that race gets `SessionConflictError`. Nothing is ever half
+written: every write is one transaction, and rows reference their session
+(``ON DELETE CASCADE``), so a deleted session leaves nothing behind.
+
+Storage (schema version `SCHEMA_VERSION`, kept in ``agent_flow_schema``; migrations run under a
+advisory lock, so processes starting together migrate once; a newer version
+is refused). JSON is kept as ``text``, exactly as written, so environments read back byte for
+byte::
+
+    sessions(id PK, agent, title, status, created_at, updated_at, metadata, steps,
+             entry_count, event_count, environment_version, environment, revision, task)
+    entries(session_id FK, position, entry_id, kind, data)         PK (session_id, position)
+    environment_changes(session_id FK, version, data)              PK (session_id, version)
+    events(session_id FK, position, run_id, seq, kind, data)       PK (session_id, position)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from agent_flow.errors import StoreError, UserError
+from agent_flow.sessions._backend import (
+    _exists,
+    _Import,
+    _not_found,
+    _StaleError,
+    _stepped,
+    _StepWrite,
+    _Stored,
+)
+from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions.models import SessionInfo
+
+__all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
+
+_Conn = psycopg.AsyncConnection[dict[str, Any]]
+
+# Any constant distinct from other applications' advisory locks on the same database.
+_MIGRATION_LOCK = 0x61676E74_666C6F77 & 0x7FFFFFFFFFFFFFFF
+
+
+async def _create_v1(conn: _Conn) -> None:
+    for statement in (
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            title TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            metadata TEXT NOT NULL,
+            steps INTEGER NOT NULL,
+            entry_count INTEGER NOT NULL,
+            event_count INTEGER NOT NULL,
+            environment_version INTEGER NOT NULL,
+            environment TEXT,
+            revision TEXT NOT NULL,
+            task TEXT
+        )""",
+        "CREATE INDEX sessions_by_update ON sessions (updated_at DESC, id)",
+        """CREATE TABLE entries (
+            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            entry_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )""",
+        """CREATE TABLE environment_changes (
+            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            version INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+        """CREATE TABLE events (
+            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )""",
+        "CREATE INDEX events_by_run ON events (session_id, run_id, seq)",
+    ):
+        await conn.execute(statement)
+
+
+#: Migration ``i`` brings a database from schema version ``i`` to ``i + 1``. To change the
+#: schema, append a migration; never edit one that shipped.
+_MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (_create_v1,)
+
+#: The schema version this agent_flow writes (the row of ``agent_flow_schema``).
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_INFO_COLUMNS = (
+    "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
+    "event_count, environment_version, task"
+)
+
+
+def _info_from_row(row: dict[str, Any]) -> SessionInfo:
+    return SessionInfo(
+        id=row["id"],
+        agent=row["agent"],
+        title=row["title"],
+        status=row["status"],
+        created_at=row["created_at"].astimezone(UTC),
+        updated_at=row["updated_at"].astimezone(UTC),
+        steps=row["steps"],
+        entry_count=row["entry_count"],
+        event_count=row["event_count"],
+        environment_version=row["environment_version"],
+        metadata=json.loads(row["metadata"]),
+        task=row["task"],
+    )
+
+
+def redact(url: str) -> str:
+    """Return `url` with its password, if any, replaced by ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host += f":{parts.port}"
+    netloc = f"{parts.username}:***@{host}" if parts.username else f":***@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class _PostgresBackend:
+    """The SQL of the store, on a psycopg async connection pool."""
+
+    def __init__(
+        self, url: str, *, schema: str | None, max_connections: int, connect_timeout: float
+    ) -> None:
+        self._url = url
+        self._schema = schema
+        self._max = max_connections
+        self._timeout = connect_timeout
+        self._pool: AsyncConnectionPool[_Conn] | None = None
+        self._opening = asyncio.Lock()
+
+    async def _configure(self, conn: _Conn) -> None:
+        await conn.execute("SET TIME ZONE 'UTC'")
+        if self._schema is not None:
+            await conn.execute(
+                sql.SQL("SET search_path TO {}").format(sql.Identifier(self._schema))
+            )
+
+    async def open(self) -> None:
+        await self._ready()
+
+    async def _ready(self) -> AsyncConnectionPool[_Conn]:
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._pool is not None:
+                return self._pool
+            # Create the schema and migrate on a connection of its own, before the pool
+            # opens: a pool connection's search_path must name a schema that exists.
+            first = await psycopg.AsyncConnection.connect(
+                self._url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, round(self._timeout)),
+            )
+            async with first:
+                await self._migrate(first)
+            pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
+                self._url,
+                min_size=1,
+                max_size=self._max,
+                open=False,
+                configure=self._configure,
+                kwargs={"autocommit": True, "row_factory": dict_row},
+                connection_class=psycopg.AsyncConnection[dict[str, Any]],
+                name="agent_flow.sessions",
+            )
+            try:
+                await pool.open(wait=True, timeout=self._timeout)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+            return pool
+
+    async def _version(self, conn: _Conn) -> int:
+        # A scan of pg_class under the statement's snapshot, not to_regclass: the latter reads
+        # the catalog cache, which may not yet show a table another process just committed.
+        cur = await conn.execute(
+            "SELECT bool_or(relname = 'agent_flow_schema') AS has_version, "
+            "bool_or(relname = 'sessions') AS has_sessions FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        if not row["has_version"]:
+            if row["has_sessions"]:
+                raise StoreError(
+                    f"the database {redact(self._url)!r} (schema {self._schema or 'default'}) "
+                    "has a sessions table that is not an agent_flow session store; give the "
+                    "store another schema"
+                )
+            return 0
+        cur = await conn.execute("SELECT version FROM agent_flow_schema")
+        found = await cur.fetchone()
+        version = int(found["version"]) if found is not None else 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the session store {redact(self._url)!r} has schema version {version}, newer "
+                f"than the {SCHEMA_VERSION} this agent_flow knows; upgrade agent_flow or use "
+                "another schema"
+            )
+        return version
+
+    async def _migrate(self, conn: _Conn) -> None:
+        # Processes starting together migrate one at a time; the lock is taken before the
+        # transaction begins, so that the transaction sees what the previous holder committed.
+        await conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            if self._schema is not None:
+                name = sql.Identifier(self._schema)
+                await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
+            await self._configure(conn)
+            async with conn.transaction():
+                version = await self._version(conn)
+                if version == SCHEMA_VERSION:
+                    return
+                if version == 0:
+                    await conn.execute("CREATE TABLE agent_flow_schema (version INTEGER NOT NULL)")
+                    await conn.execute("INSERT INTO agent_flow_schema VALUES (0)")
+                for migration in _MIGRATIONS[version:]:
+                    await migration(conn)
+                await conn.execute("UPDATE agent_flow_schema SET version = %s", (SCHEMA_VERSION,))
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+
+    async def create(self, info: SessionInfo, revision: str) -> None:
+        async with (await self._ready()).connection() as conn, conn.transaction():
+            if not await self._insert_session(conn, info, revision, None):
+                raise _exists(info.id)
+
+    @staticmethod
+    async def _insert_session(
+        conn: _Conn, info: SessionInfo, revision: str, environment: str | None
+    ) -> bool:
+        cur = await conn.execute(
+            f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (id) DO NOTHING",
+            (
+                info.id,
+                info.agent,
+                info.title,
+                info.status,
+                info.created_at,
+                info.updated_at,
+                json.dumps(info.metadata, separators=(",", ":")),
+                info.steps,
+                info.entry_count,
+                info.event_count,
+                info.environment_version,
+                info.task,
+                environment,
+                revision,
+            ),
+        )
+        return cur.rowcount == 1
+
+    async def info(self, session_id: str) -> SessionInfo:
+        async with (await self._ready()).connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_INFO_COLUMNS} FROM sessions WHERE id = %s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise _not_found(session_id)
+        return _info_from_row(row)
+
+    async def read(self, session_id: str, with_events: bool) -> _Stored:
+        async with (await self._ready()).connection() as conn, conn.transaction():
+            # One snapshot for every statement below.
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur = await conn.execute(
+                f"SELECT {_INFO_COLUMNS}, environment, revision FROM sessions WHERE id = %s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise _not_found(session_id)
+            cur = await conn.execute(
+                "SELECT data FROM entries WHERE session_id = %s ORDER BY position", (session_id,)
+            )
+            entries = await cur.fetchall()
+            cur = await conn.execute(
+                "SELECT data FROM environment_changes WHERE session_id = %s ORDER BY version",
+                (session_id,),
+            )
+            changes = await cur.fetchall()
+            events: list[dict[str, Any]] = []
+            if with_events:
+                cur = await conn.execute(
+                    "SELECT data FROM events WHERE session_id = %s ORDER BY position",
+                    (session_id,),
+                )
+                events = await cur.fetchall()
+        return _Stored(
+            info=_info_from_row(row),
+            revision=row["revision"],
+            entries=tuple(r["data"] for r in entries),
+            environment=row["environment"],
+            changes=tuple(r["data"] for r in changes),
+            events=tuple(r["data"] for r in events),
+        )
+
+    async def write_step(self, write: _StepWrite) -> SessionInfo:
+        sid = write.session_id
+        async with (await self._ready()).connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                f"SELECT {_INFO_COLUMNS}, revision FROM sessions WHERE id = %s FOR UPDATE",
+                (sid,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise _not_found(sid)
+            if row["revision"] != write.expected_revision:
+                raise _StaleError
+            info = _info_from_row(row)
+            # The writes go out in one pipeline: one round trip to the server, not one each.
+            async with conn.pipeline():
+                if write.keep_entries < info.entry_count:
+                    await conn.execute(
+                        "DELETE FROM entries WHERE session_id = %s AND position >= %s",
+                        (sid, write.keep_entries),
+                    )
+                async with conn.cursor() as many:
+                    if write.entries:
+                        await many.executemany(
+                            "INSERT INTO entries (session_id, position, entry_id, kind, data) "
+                            "VALUES (%s, %s, %s, %s, %s)",
+                            [
+                                (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
+                                for i, e in enumerate(write.entries)
+                            ],
+                        )
+                    env = write.environment
+                    if env is not None:
+                        if env.reset:
+                            await conn.execute(
+                                "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
+                            )
+                        elif env.trim_through > 0:
+                            await conn.execute(
+                                "DELETE FROM environment_changes "
+                                "WHERE session_id = %s AND version <= %s",
+                                (sid, env.trim_through),
+                            )
+                        if env.changes:
+                            await many.executemany(
+                                "INSERT INTO environment_changes (session_id, version, data) "
+                                "VALUES (%s, %s, %s)",
+                                [(sid, version, data) for version, data in env.changes],
+                            )
+                    if write.events:
+                        await many.executemany(
+                            "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
+                            "VALUES (%s, %s, %s, %s, %s, %s)",
+                            [
+                                (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
+                                for i, e in enumerate(write.events)
+                            ],
+                        )
+                after = _stepped(info, write)
+                await conn.execute(
+                    "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
+                    "entry_count = %s, event_count = %s, environment_version = %s, "
+                    "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
+                    (
+                        after.status,
+                        after.updated_at,
+                        after.steps,
+                        after.entry_count,
+                        after.event_count,
+                        after.environment_version,
+                        env.base if env is not None else None,
+                        write.revision,
+                        sid,
+                    ),
+                )
+        return after
+
+    async def sessions(self, limit: int) -> list[SessionInfo]:
+        async with (await self._ready()).connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_INFO_COLUMNS} FROM sessions ORDER BY updated_at DESC, id LIMIT %s",
+                (limit,),
+            )
+            rows = await cur.fetchall()
+        return [_info_from_row(row) for row in rows]
+
+    async def events(
+        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
+    ) -> list[str]:
+        query = "SELECT data FROM events WHERE session_id = %s AND position >= %s"
+        parameters: list[object] = [session_id, offset]
+        if run_id is not None:
+            query += " AND run_id = %s AND seq > %s"
+            parameters += [run_id, after_seq]
+        query += " ORDER BY position LIMIT %s"
+        parameters.append(limit)  # LIMIT NULL is no limit
+        async with (await self._ready()).connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur = await conn.execute(query, parameters)
+            rows = await cur.fetchall()
+            if not rows:
+                cur = await conn.execute("SELECT 1 FROM sessions WHERE id = %s", (session_id,))
+                if await cur.fetchone() is None:
+                    raise _not_found(session_id)
+        return [row["data"] for row in rows]
+
+    async def insert(self, session: _Import) -> None:
+        sid = session.info.id
+        async with (await self._ready()).connection() as conn, conn.transaction():
+            if not await self._insert_session(
+                conn, session.info, session.revision, session.environment
+            ):
+                raise _exists(sid)
+            async with conn.cursor() as many:
+                if session.entries:
+                    await many.executemany(
+                        "INSERT INTO entries (session_id, position, entry_id, kind, data) "
+                        "VALUES (%s, %s, %s, %s, %s)",
+                        [
+                            (sid, i, e.entry_id, e.kind, e.data)
+                            for i, e in enumerate(session.entries)
+                        ],
+                    )
+                if session.changes:
+                    await many.executemany(
+                        "INSERT INTO environment_changes (session_id, version, data) "
+                        "VALUES (%s, %s, %s)",
+                        [(sid, version, data) for version, data in session.changes],
+                    )
+                if session.events:
+                    await many.executemany(
+                        "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
+                        "VALUES (%s, %s, %s, %s, %s, %s)",
+                        [
+                            (sid, i, e.run_id, e.seq, e.kind, e.data)
+                            for i, e in enumerate(session.events)
+                        ],
+                    )
+
+    async def delete(self, session_id: str) -> None:
+        async with (await self._ready()).connection() as conn:
+            cur = await conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
+            if cur.rowcount == 0:
+                raise _not_found(session_id)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+
+class PostgresSessionStore(_StoreBase):
+    """A `SessionStore` in a PostgreSQL database, shared by every process that opens it.
+
+    The connection pool is opened on first use (or on ``async with``), and the schema created
+    or migrated to `SCHEMA_VERSION`.
+
+    Args:
+        url: A libpq URL, ``postgresql://user:password@host:5432/database``.
+        schema: The PostgreSQL schema to keep the tables in (created if missing); the
+            connection's default ``search_path`` if None.
+        max_connections: The size of the connection pool.
+        connect_timeout: Seconds to wait for the first connection before failing.
+
+    Raises:
+        UserError: `url` is not a PostgreSQL URL, or a number is out of range.
+        StoreError: On first use: the server cannot be reached, the database holds something
+            else, or its schema is newer than this agent_flow.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        max_connections: int = 4,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if urlsplit(url).scheme not in ("postgresql", "postgres"):
+            raise UserError(
+                f"{redact(url)!r} is not a PostgreSQL URL; write postgresql://user@host/database"
+            )
+        if max_connections < 1:
+            raise UserError(f"max_connections={max_connections}; pass 1 or more")
+        if connect_timeout <= 0:
+            raise UserError(f"connect_timeout={connect_timeout}; pass a positive number of seconds")
+        self.url = url
+        self.schema = schema
+        #: The URL without its password, with the schema as ``open_store`` takes it.
+        self.location = redact(url) + (
+            f"{'&' if '?' in url else '?'}schema={schema}" if schema else ""
+        )
+        backend = _PostgresBackend(
+            url, schema=schema, max_connections=max_connections, connect_timeout=connect_timeout
+        )
+        where = repr(redact(url) + (f" (schema {schema})" if schema else ""))
+        super().__init__(backend, where)
+
+    async def _run(
+        self, fn: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _R:
+        try:
+            return await super()._run(fn, *args, **kwargs)
+        except psycopg.OperationalError as err:
+            raise StoreError(
+                f"the session store {self._where} cannot be reached or failed ({err}); check "
+                "the URL and that the PostgreSQL server runs"
+            ) from err
+        except psycopg.Error as err:
+            raise StoreError(
+                f"the session store {self._where} failed ({err}); check the server's log"
+            ) from err
+
+    def __repr__(self) -> str:
+        return f"PostgresSessionStore({redact(self.url)!r}, schema={self.schema!r})"
