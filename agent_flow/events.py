@@ -191,7 +191,8 @@ class ToolCallCompleted(_Event):
 class ToolCallFailed(_Event):
     """A tool call could not produce a result; the model receives `error` as its result.
 
-    Causes: unknown tool, invalid arguments, the tool raised or timed out, or it was denied.
+    Causes: unknown tool, invalid arguments, the tool raised or timed out, or it was denied;
+    ``error_kind`` names which (`agent_flow.tools.ErrorKind`).
     """
 
     kind: Literal["tool_call_failed"] = "tool_call_failed"
@@ -199,6 +200,7 @@ class ToolCallFailed(_Event):
     name: str
     error: str
     duration_ms: float
+    error_kind: str | None = None
 
 
 class EnvironmentUpdated(_Event):

@@ -404,6 +404,7 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
                 name=request.name,
                 error=result.content,
                 duration_ms=0.0,
+                error_kind=result.error_kind,
             )
         else:
             for problem in outcome.handler_errors:
