@@ -14,6 +14,8 @@ whether or not telemetry is installed. It is imported on the first price asked f
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import TYPE_CHECKING
 
 from agent_flow.llm.base import Usage
@@ -21,7 +23,34 @@ from agent_flow.llm.base import Usage
 if TYPE_CHECKING:
     from agent_flow.config import Pricing
 
-__all__ = ["price_usage"]
+__all__ = ["preload", "price_usage"]
+
+_loader: threading.Thread | None = None
+_loader_lock = threading.Lock()
+
+
+def preload() -> None:
+    """Load the price data in a background thread, once per process, and return at once.
+
+    Loading it takes a few hundred milliseconds; an agent starts this when it is built so
+    that its first priced call does not hold up the event loop (and the answer) meanwhile.
+    """
+    global _loader
+    with _loader_lock:
+        if _loader is not None or "genai_prices.data_snapshot" in sys.modules:
+            return
+        _loader = threading.Thread(target=_load, name="agent_flow-price-data", daemon=True)
+        _loader.start()
+
+
+def _load() -> None:
+    try:
+        from genai_prices import data_snapshot
+
+        data_snapshot.get_snapshot()
+    # Only a head start: pricing itself reports any real problem when it is asked.
+    except Exception:
+        return
 
 
 def price_usage(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from agent_flow import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.errors import UserError
 from agent_flow.llm import OpenAIClient
 from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.telemetry import SEMCONV_VERSION, instrument
@@ -387,3 +390,25 @@ async def test_metrics_follow_the_conventions_and_the_budget(
     assert "summarized" in actions
     assert points["agent_flow.history.pruned_tokens"][0].value > 0
     assert points["agent_flow.cost"][0].value == pytest.approx(outcome.cost_usd)
+
+
+def test_the_core_never_loads_opentelemetry_or_the_price_data_on_import() -> None:
+    code = (
+        "import sys\n"
+        "import agent_flow, agent_flow.agent, agent_flow.cli\n"
+        "ring = [m for m in sys.modules if m.startswith('agent_flow.telemetry')]\n"
+        "assert not ring, ring\n"
+        "import agent_flow.telemetry\n"
+        "loaded = [m for m in sys.modules if m.startswith(('opentelemetry', 'genai_prices'))]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_instrumenting_without_the_api_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agent, _ = _agent()
+    monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
+    with pytest.raises(UserError, match=r"pip install 'agent-flow\[otel\]'"):
+        instrument(agent)

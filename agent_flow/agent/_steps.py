@@ -161,13 +161,18 @@ async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: i
     """
     run.usage = run.usage + report.usage
     run.usage_per_call.append(report.usage)
-    model = report.model or _model_name(run.agent.llm)
-    cost = price_usage(
-        model,
-        report.usage,
-        pricing=run.agent.config.pricing,
-        base_url=_base_url(run.agent.llm),
-    )
+    # The model that answered is the one billed (``gpt-4o-mini-2024-07-18``); a name the
+    # price data does not know (a proxy's alias) falls back to the model asked for.
+    cost = None
+    for model in dict.fromkeys([report.model, _model_name(run.agent.llm)]):
+        cost = price_usage(
+            model,
+            report.usage,
+            pricing=run.agent.config.pricing,
+            base_url=_base_url(run.agent.llm),
+        )
+        if cost is not None:
+            break
     run.cost_per_call.append(cost)
     if cost is not None:
         run.cost_usd += cost
