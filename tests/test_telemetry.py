@@ -218,6 +218,10 @@ async def test_spans_carry_the_conventions_attributes_and_the_budget_story(
     assert summary.attributes is not None
     assert summary.attributes["gen_ai.usage.input_tokens"] == 1200
     assert summary.attributes["agent_flow.iteration"] == 13
+    # The run's cost sums every call's, the summarizer's included.
+    costs = [float(s.attributes["agent_flow.cost_usd"]) for s in chats]  # type: ignore[index,arg-type]
+    assert len(costs) == len(outcome.cost_per_call) == 18
+    assert sum(costs) == pytest.approx(outcome.cost_usd)
 
     tools = {
         s.attributes["gen_ai.tool.call.id"]: s
@@ -412,3 +416,22 @@ def test_instrumenting_without_the_api_says_what_to_install(
     monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
     with pytest.raises(UserError, match=r"pip install 'agent-flow\[otel\]'"):
         instrument(agent)
+
+
+async def test_a_run_started_under_a_span_is_its_child(
+    exporter: tuple[InMemorySpanExporter, TracerProvider],
+) -> None:
+    spans, provider = exporter
+    agent = AgentExecutor(
+        FunctionLLM(lambda r: reply("hi")),
+        config=AgentConfig(context=ContextConfig(counter="approx")),
+    )
+    instrument(agent, tracer_provider=provider, metrics=False)
+    # The caller's context (a request's span, or one extracted from a traceparent header) is
+    # the run's parent: the trace goes on across the service into the agent.
+    with provider.get_tracer("caller").start_as_current_span("POST /runs") as request:
+        await agent.run("x")
+    (run,) = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert run.parent is not None
+    assert run.parent.span_id == request.get_span_context().span_id
+    assert run.context.trace_id == request.get_span_context().trace_id

@@ -21,6 +21,7 @@ Message contents (task, answers, tool arguments and results) are recorded only w
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,23 @@ __all__ = [
 #: The variable the GenAI instrumentations read to record message contents.
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _SCOPE = "agent_flow"
+_KINDS = (
+    "run_started",
+    "iteration_started",
+    "context_built",
+    "model_responded",
+    "tool_call_started",
+    "tool_call_completed",
+    "tool_call_failed",
+    "approval_required",
+    "approval_resolved",
+    "environment_updated",
+    "history_pruned",
+    "plan_updated",
+    "warning_raised",
+    "execution_error",
+    "run_finished",
+)
 
 
 def _require_api() -> None:
@@ -118,10 +136,13 @@ def instrument(
         capture_content=capture_content,
         is_mcp=_mcp_server_of(agent),
     )
-    agent.events.on(None, hook)
+    # Only the kinds it reads: the stream's deltas cost nothing unless contents are recorded.
+    kinds = set(_KINDS) | ({"text_delta"} if capture_content else set())
+    agent.events.on(kinds, hook)
     return Instrumentation(hook)
 
 
+@functools.cache
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from agent_flow.history.pruning import PruneReport
 
 _SECTIONS = ("system_template", "environment", "tools", "history", "priming", "reserve", "total")
+_SECTION_ATTRIBUTES = tuple((section, {n.SECTION: section}) for section in _SECTIONS)
 
 
 class _Metrics:
@@ -80,11 +81,11 @@ class _Metrics:
         self._duration.record(duration_ms / 1000, attributes)
 
     def prompt(self, breakdown: PromptBreakdown) -> None:
-        if breakdown.budget <= 0:
+        budget = breakdown.budget
+        if budget <= 0:
             return
-        values = breakdown.model_dump()
-        for section in _SECTIONS:
-            self._utilization.record(values[section] / breakdown.budget, {n.SECTION: section})
+        for section, attributes in _SECTION_ATTRIBUTES:
+            self._utilization.record(getattr(breakdown, section) / budget, attributes)
 
     def pruned(self, report: PruneReport) -> None:
         for action, ids in (

@@ -92,6 +92,8 @@ class _RunSpans:
     tools: dict[str, Span] = field(default_factory=dict)
     fatal_error: str | None = None
     iteration: int = 0
+    # False when no SDK records spans (the API's no-op tracer): only metrics are kept.
+    recording: bool = True
 
 
 class _EventTracer:
@@ -120,6 +122,9 @@ class _EventTracer:
             return
         run = self._runs.get(event.run_id)
         if run is None:
+            return
+        if not run.recording:
+            self._metrics_only(run, event)
             return
         match event:
             case IterationStarted(iteration=iteration):
@@ -181,6 +186,24 @@ class _EventTracer:
             case _:
                 pass
 
+    def _metrics_only(self, run: _RunSpans, event: AgentEvent) -> None:
+        """What a run costs when its spans go nowhere: the metrics, or nothing at all."""
+        metrics = self._metrics
+        match event:
+            case ContextBuilt() if metrics is not None:
+                metrics.prompt(event.breakdown)
+            case ModelResponded() if metrics is not None:
+                metrics.model_call(event, self._call_attributes(run, event))
+            case HistoryPruned() if metrics is not None:
+                metrics.pruned(event.report)
+            case ExecutionError(fatal=True):
+                run.fatal_error = event.error_type
+            case RunFinished():
+                del self._runs[event.run_id]
+                self._run_metrics(run, event)
+            case _:
+                pass
+
     # -- the run ---------------------------------------------------------------------------
 
     def _run_started(self, event: RunStarted) -> None:
@@ -211,7 +234,9 @@ class _EventTracer:
             attributes=attributes,
             start_time=_ns(event.timestamp),
         )
-        self._runs[event.run_id] = _RunSpans(span=span, model=event.model, common=common)
+        self._runs[event.run_id] = _RunSpans(
+            span=span, model=event.model, common=common, recording=span.is_recording()
+        )
 
     def _run_finished(self, run: _RunSpans, event: RunFinished) -> None:
         from opentelemetry.trace import StatusCode
@@ -238,6 +263,9 @@ class _EventTracer:
             run.span.set_status(StatusCode.ERROR, event.final_text[:200])
         run.span.end(end_time=end)
         del self._runs[event.run_id]
+        self._run_metrics(run, event)
+
+    def _run_metrics(self, run: _RunSpans, event: RunFinished) -> None:
         if self._metrics is not None:
             self._metrics.operation(
                 event.duration_ms,
@@ -319,13 +347,14 @@ class _EventTracer:
         span.set_attributes(attributes)
         span.end(end_time=end)
         if self._metrics is not None:
-            metric_attributes = {
-                n.OPERATION_NAME: n.CHAT,
-                n.REQUEST_MODEL: run.model,
-                **run.common,
-                **({n.RESPONSE_MODEL: event.model} if event.model else {}),
-            }
-            self._metrics.model_call(event, metric_attributes)
+            self._metrics.model_call(event, self._call_attributes(run, event))
+
+    def _call_attributes(self, run: _RunSpans, event: ModelResponded) -> dict[str, Any]:
+        """The attributes of a model call's metric points."""
+        attributes = {n.OPERATION_NAME: n.CHAT, n.REQUEST_MODEL: run.model, **run.common}
+        if event.model:
+            attributes[n.RESPONSE_MODEL] = event.model
+        return attributes
 
     # -- tool calls ------------------------------------------------------------------------
 
