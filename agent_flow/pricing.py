@@ -3,13 +3,15 @@
 Prices come from `genai-prices` (maintained price data for most providers and models, with
 their changes over time), read from the snapshot bundled in the installed package: nothing is
 downloaded. A `agent_flow.config.Pricing` given in the config overrides it (private or
-self-hosted models). A model neither knows is priced ``None``: unknown, never 0.
+self-hosted models). A model the data does not know, without an override, is priced
+``None``: unknown, never 0.
 
 genai-prices is a core dependency rather than part of an extra: it is small (pure Python,
 its data a few MB, its own dependencies pydantic and httpx2, which the core already pulls
 in), works offline, and the cost limit (``max_cost_usd``) is a core feature that must hold
-whether or not telemetry is installed. It is imported on the first price asked for, so
-``import agent_flow`` does not pay for loading its data.
+whether or not telemetry is installed. ``import agent_flow`` does not load it: an agent,
+when built, starts loading it in a background thread (`preload`), so neither the import nor
+the first answer waits for its few hundred milliseconds.
 """
 
 from __future__ import annotations

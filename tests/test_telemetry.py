@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from agent_flow import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.errors import UserError
+from agent_flow.errors import ModelConnectionError, UserError
 from agent_flow.llm import OpenAIClient
 from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.telemetry import SEMCONV_VERSION, instrument
@@ -435,3 +435,35 @@ async def test_a_run_started_under_a_span_is_its_child(
     assert run.parent is not None
     assert run.parent.span_id == request.get_span_context().span_id
     assert run.context.trace_id == request.get_span_context().trace_id
+
+
+async def test_a_retried_model_call_is_a_failed_chat_span_then_another(
+    exporter: tuple[InMemorySpanExporter, TracerProvider],
+) -> None:
+    spans, provider = exporter
+    attempts = 0
+
+    def flaky(request: LLMRequest) -> ScriptedReply:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise ModelConnectionError("the connection dropped mid-answer")
+        return reply("hi")
+
+    agent = AgentExecutor(
+        FunctionLLM(flaky, model="m"), config=AgentConfig(context=ContextConfig(counter="approx"))
+    )
+    instrument(agent, tracer_provider=provider, metrics=False)
+    outcome = await agent.run("x")
+    assert outcome.final_text == "hi"
+    finished = list(spans.get_finished_spans())
+    assert _tree(finished) == [["invoke_agent agent", ["chat m", "chat m"]]]
+    failed, retried = sorted(
+        (s for s in finished if s.name == "chat m"), key=lambda s: s.start_time or 0
+    )
+    assert failed.attributes is not None
+    assert failed.attributes["error.type"] == "ModelConnectionError"
+    assert failed.status.status_code is StatusCode.ERROR
+    assert retried.attributes is not None
+    assert "error.type" not in retried.attributes
+    assert retried.attributes["gen_ai.response.finish_reasons"] == ("stop",)

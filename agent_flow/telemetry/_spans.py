@@ -286,7 +286,7 @@ class _EventTracer:
         run.chat.end(end_time=_ns(event.timestamp))
         run.chat = None
         if not event.fatal:
-            run.chat = self._chat_span(run, _ns(event.timestamp), {})
+            run.chat = self._chat_span(run, _ns(event.timestamp), {n.ITERATION: run.iteration})
 
     # -- model calls -----------------------------------------------------------------------
 
