@@ -164,17 +164,38 @@ class PolicyConfig(BaseModel):
 
 
 class Pricing(BaseModel):
-    """Prices in US dollars per million tokens, for the cost limit."""
+    """Prices in US dollars per million tokens, overriding the price data for every model.
+
+    Without it, model calls are priced from genai-prices' data (see `agent_flow.pricing`);
+    set it for private or self-hosted models that data does not know.
+
+    Attributes:
+        input_per_million: Price of a million prompt tokens.
+        output_per_million: Price of a million completion tokens (reasoning included).
+        cached_input_per_million: Price of a million prompt tokens served from the
+            provider's cache (``None``: the input price).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input_per_million: float = Field(ge=0)
     output_per_million: float = Field(ge=0)
+    cached_input_per_million: float | None = Field(default=None, ge=0)
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """The cost of this many tokens."""
+    def cost(
+        self, prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None
+    ) -> float:
+        """The cost of this many tokens (`cached_tokens` are part of `prompt_tokens`)."""
+        cached = min(cached_tokens or 0, prompt_tokens)
+        cached_price = (
+            self.input_per_million
+            if self.cached_input_per_million is None
+            else self.cached_input_per_million
+        )
         return (
-            prompt_tokens * self.input_per_million + completion_tokens * self.output_per_million
+            (prompt_tokens - cached) * self.input_per_million
+            + cached * cached_price
+            + completion_tokens * self.output_per_million
         ) / 1_000_000
 
 
@@ -208,8 +229,12 @@ class AgentConfig(BaseModel):
             ``update_plan``.
         max_iterations: Model calls per run before it stops.
         max_total_tokens: Prompt + completion tokens per run before it stops.
-        max_cost_usd: Cost per run before it stops (needs `pricing`).
-        pricing: Prices used for `max_cost_usd`.
+        max_cost_usd: Cost per run, in US dollars, that it never exceeds: the run stops
+            before a model call whose worst case (its counted prompt and the full output
+            allowance) would pass it. The model must be priced (genai-prices knows it, or
+            `pricing` is set); a run whose model has no known price stops with an error
+            rather than run unlimited.
+        pricing: Prices overriding genai-prices' data for this agent's model calls.
         output_schema: A JSON schema the final answer must match (JSON text).
         max_output_retries: Corrections asked for before a bad final answer ends the run.
         on_text_answer: What an answer without tool calls does: ``finish`` the run, or
@@ -276,8 +301,6 @@ class AgentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
-        if self.max_cost_usd is not None and self.pricing is None:
-            raise ValueError("max_cost_usd needs pricing (input/output dollars per million)")
         names = [skill.name for skill in self.skills]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

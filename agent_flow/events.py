@@ -96,12 +96,13 @@ class _Event(BaseModel):
 
 
 class RunStarted(_Event):
-    """A run began with this user message."""
+    """A run began with this user message, for this agent and model (at `base_url`)."""
 
     kind: Literal["run_started"] = "run_started"
     task: str
     agent: str
     model: str
+    base_url: str | None = None
 
 
 class IterationStarted(_Event):
@@ -144,10 +145,12 @@ class ToolCallArgumentsDelta(_Event):
 
 
 class ModelResponded(_Event):
-    """A model call finished: its finish reason and token usage.
+    """A model call finished: its finish reason, token usage and cost.
 
     ``source`` says who made it: the agent's own step, or the summarizer while pruning the
-    history (its tokens count in the run's usage and limits too).
+    history (its tokens count in the run's usage and limits too). ``model`` is the model
+    that answered, as the server named it (``None``: not reported); ``cost_usd`` the call's
+    price in US dollars (``None``: unknown, see `agent_flow.pricing`).
     """
 
     kind: Literal["model_responded"] = "model_responded"
@@ -158,6 +161,10 @@ class ModelResponded(_Event):
     tool_calls: int
     duration_ms: float
     source: Literal["agent", "summarizer"] = "agent"
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    model: str | None = None
+    cost_usd: float | None = None
 
 
 class ToolCallStarted(_Event):
@@ -184,7 +191,8 @@ class ToolCallCompleted(_Event):
 class ToolCallFailed(_Event):
     """A tool call could not produce a result; the model receives `error` as its result.
 
-    Causes: unknown tool, invalid arguments, the tool raised or timed out, or it was denied.
+    Causes: unknown tool, invalid arguments, the tool raised or timed out, or it was denied;
+    ``error_kind`` names which (`agent_flow.tools.ErrorKind`).
     """
 
     kind: Literal["tool_call_failed"] = "tool_call_failed"
@@ -192,6 +200,7 @@ class ToolCallFailed(_Event):
     name: str
     error: str
     duration_ms: float
+    error_kind: str | None = None
 
 
 class EnvironmentUpdated(_Event):
@@ -266,6 +275,7 @@ class RunFinished(_Event):
     prompt_tokens: int
     completion_tokens: int
     duration_ms: float
+    cost_usd: float | None = None
 
 
 class EventsDropped(_Event):

@@ -201,9 +201,18 @@ async def test_token_and_cost_limits_stop_the_run() -> None:
     assert outcome.usage.total_tokens == 2100
     assert len(outcome.usage_per_call) == 3
 
-    pricing = Pricing(input_per_million=1000.0, output_per_million=1000.0)
-    outcome = await make_agent(looping, max_cost_usd=1.0, pricing=pricing).run("x")
-    assert (outcome.stop_reason, outcome.iterations) == (StopReason.COST_LIMIT, 2)
+    pricing = Pricing(input_per_million=100.0, output_per_million=100.0)
+    outcome = await make_agent(looping, max_cost_usd=0.5, pricing=pricing).run("x")
+    # $0.07 a call, but each could cost its prompt plus a 2,000-token reserve: the run
+    # stops before the call that might pass $0.50, not after it.
+    assert outcome.stop_reason is StopReason.COST_LIMIT
+    calls = len(outcome.usage_per_call)
+    assert calls >= 2
+    assert outcome.iterations == calls + 1  # the last iteration made no call
+    assert outcome.cost_usd == pytest.approx(0.07 * calls)
+    assert outcome.cost_usd is not None
+    assert outcome.cost_usd <= 0.5
+    assert outcome.final_text.startswith("stopped before a model call")
 
 
 async def test_an_unmeetable_context_budget_stops_the_run() -> None:

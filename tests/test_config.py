@@ -109,7 +109,6 @@ def test_explicit_overrides_win_over_everything(tmp_path: Path) -> None:
         ("[agent]\nllm = 'nope'\n[llms.a]\nmodel = 'm'\n", "'nope', which is not among"),
         ("[agnet]\nname = 'x'\n", "unknown top-level table(s) ['agnet']"),
         ("[agent\n", "not valid TOML"),
-        ("[agent]\nmax_cost_usd = 1.0\n", "max_cost_usd needs pricing"),
         ("[agent]\nllm = 'local'\n", "define it in an [llms.local] table"),
     ],
 )

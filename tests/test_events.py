@@ -16,12 +16,14 @@ from agent_flow.events import (
     EnvironmentUpdated,
     EventBus,
     EventsDropped,
+    HistoryPruned,
     Subscription,
     TextDelta,
     ToolCallStarted,
     event_from_json,
     event_to_json,
 )
+from agent_flow.history import PruneReport
 from tests.strategies import json_values
 
 

@@ -59,6 +59,7 @@ class _EventHooks(ToolHooks):
                 name=call.name,
                 error=result.content,
                 duration_ms=duration_ms,
+                error_kind=result.error_kind,
             )
         else:
             await self._emit(

@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from agent_flow.agent._steps import _count_model_call, _model_step, _tool_step
+from agent_flow.agent._steps import (
+    _base_url,
+    _count_model_call,
+    _model_name,
+    _model_step,
+    _tool_step,
+)
 from agent_flow.agent.outcome import (
     ExecutionOutcome,
     Finish,
@@ -65,7 +71,6 @@ from agent_flow.events import (
 )
 from agent_flow.history import ToolResultEntry, UserMessage
 from agent_flow.llm.base import (
-    LLMClient,
     Usage,
 )
 from agent_flow.llm.metering import listen_for_model_calls
@@ -90,6 +95,9 @@ class _Run:
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     usage: Usage = field(default_factory=Usage)
     usage_per_call: list[Usage] = field(default_factory=list)
+    # Dollars of the calls with a known price, and each call's price (None: unknown).
+    cost_usd: float = 0.0
+    cost_per_call: list[float | None] = field(default_factory=list)
     tool_uses: list[ToolUse] = field(default_factory=list)
     errors: list[RunErrorInfo] = field(default_factory=list)
     reprompts: int = 0
@@ -138,6 +146,7 @@ class _Run:
                 task=message,
                 agent=self.agent.config.name,
                 model=_model_name(self.agent.llm),
+                base_url=_base_url(self.agent.llm),
             )
             if self.agent._counter_note is not None:
                 await self.emit(WarningRaised, message=self.agent._counter_note, source="tokens")
@@ -194,10 +203,9 @@ class _Run:
             config.max_total_tokens
         ):
             return Finish(StopReason.TOKEN_LIMIT)
-        if config.max_cost_usd is not None and config.pricing is not None:
-            cost = config.pricing.cost(self.usage.prompt_tokens, self.usage.completion_tokens)
-            if cost >= config.max_cost_usd:
-                return Finish(StopReason.COST_LIMIT)
+        # The summarizer's calls are not checked before they are made: stop after them.
+        if config.max_cost_usd is not None and self.cost_usd >= config.max_cost_usd:
+            return Finish(StopReason.COST_LIMIT)
         return None
 
     async def _after_step(self) -> None:
@@ -234,6 +242,8 @@ class _Run:
             tool_uses=tuple(self.tool_uses),
             usage=self.usage,
             usage_per_call=tuple(self.usage_per_call),
+            cost_usd=self._run_cost(),
+            cost_per_call=tuple(self.cost_per_call),
             errors=tuple(self.errors),
             iterations=self.iteration,
             started_at=self.started_at,
@@ -268,8 +278,15 @@ class _Run:
             iterations=self.iteration,
             prompt_tokens=self.usage.prompt_tokens,
             completion_tokens=self.usage.completion_tokens,
+            cost_usd=self._run_cost(),
             duration_ms=duration_ms,
         )
+
+    def _run_cost(self) -> float | None:
+        """The run's cost so far: ``None`` (unknown) if any call's price is unknown."""
+        if any(cost is None for cost in self.cost_per_call):
+            return None
+        return self.cost_usd
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -308,10 +325,6 @@ class _Run:
         if self.recorder is not None:
             self.recorder.record(event)
         await self.agent.events.publish(event)
-
-
-def _model_name(client: LLMClient) -> str:
-    return str(getattr(client, "model", "") or type(client).__name__)
 
 
 def _wrap(err: Exception) -> AgentFlowError:

@@ -67,6 +67,7 @@ from agent_flow.llm.base import (
 )
 from agent_flow.llm.metering import ModelCallReport
 from agent_flow.messages import ToolCall
+from agent_flow.pricing import price_usage
 from agent_flow.tools import (
     ControlSignal,
     ConverseMessage,
@@ -108,6 +109,9 @@ async def _model_step(run: _Run) -> Step:
         )
         await run._error(no_room, fatal=True)
         return Finish(StopReason.CONTEXT_BUDGET, text=str(no_room))
+    over_budget = await _cost_limit_before_call(run, prompt.total_tokens, allowed)
+    if over_budget is not None:
+        return over_budget
     request = LLMRequest(messages=prompt.messages, tools=prompt.tools, max_tokens=allowed)
 
     completion: Completion | None = None
@@ -157,16 +161,77 @@ async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: i
     """
     run.usage = run.usage + report.usage
     run.usage_per_call.append(report.usage)
+    # The model that answered is the one billed (``gpt-4o-mini-2024-07-18``); a name the
+    # price data does not know (a proxy's alias) falls back to the model asked for.
+    cost = None
+    for model in dict.fromkeys([report.model, _model_name(run.agent.llm)]):
+        cost = price_usage(
+            model,
+            report.usage,
+            pricing=run.agent.config.pricing,
+            base_url=_base_url(run.agent.llm),
+        )
+        if cost is not None:
+            break
+    run.cost_per_call.append(cost)
+    if cost is not None:
+        run.cost_usd += cost
     await run.emit(
         ModelResponded,
         iteration=run.iteration,
         finish_reason=report.finish_reason,
         prompt_tokens=report.usage.prompt_tokens,
         completion_tokens=report.usage.completion_tokens,
+        cached_tokens=report.usage.cached_tokens,
+        reasoning_tokens=report.usage.reasoning_tokens,
         tool_calls=tool_calls,
         duration_ms=report.duration_ms,
         source=report.source,
+        model=report.model,
+        cost_usd=cost,
     )
+
+
+async def _cost_limit_before_call(run: _Run, prompt_tokens: int, allowed: int) -> Finish | None:
+    """Stop before a model call whose worst case would pass ``max_cost_usd``.
+
+    The worst case is the counted prompt with the whole output allowance used: a run stopped
+    here never spends more than its limit (as far as the counter counts what the provider
+    bills). A model without a known price cannot be held to a limit: that ends the run.
+    """
+    limit = run.agent.config.max_cost_usd
+    if limit is None:
+        return None
+    model = _model_name(run.agent.llm)
+    worst = price_usage(
+        model,
+        Usage(prompt_tokens=prompt_tokens, completion_tokens=allowed),
+        pricing=run.agent.config.pricing,
+        base_url=_base_url(run.agent.llm),
+    )
+    if worst is None:
+        err = ConfigError(
+            f"max_cost_usd is {limit} but the model {model!r} has no known price; set "
+            "pricing (input/output dollars per million tokens) in the agent's config"
+        )
+        await run._error(err, fatal=True)
+        return Finish(StopReason.ERROR, text=str(err))
+    if run.cost_usd + worst > limit:
+        return Finish(
+            StopReason.COST_LIMIT,
+            text=f"stopped before a model call that could cost ${worst:.6f}: with the "
+            f"${run.cost_usd:.6f} spent it would pass max_cost_usd (${limit})",
+        )
+    return None
+
+
+def _model_name(client: object) -> str:
+    return str(getattr(client, "model", "") or type(client).__name__)
+
+
+def _base_url(client: object) -> str | None:
+    url = getattr(client, "base_url", None)
+    return url if isinstance(url, str) and url else None
 
 
 def _output_allowance(run: _Run, prompt_tokens: int) -> int:
@@ -344,6 +409,7 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
                 name=request.name,
                 error=result.content,
                 duration_ms=0.0,
+                error_kind=result.error_kind,
             )
         else:
             for problem in outcome.handler_errors:

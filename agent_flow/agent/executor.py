@@ -37,6 +37,7 @@ from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscrip
 from agent_flow.history import History, UserMessage
 from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
+from agent_flow.pricing import preload
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
@@ -138,6 +139,10 @@ class AgentExecutor:
         self.context.prompt_format = prompt_format_of(llm)
         self._base_template = self.context.system_prompt_template
         self.tools = tools if tools is not None else tool_executor_from_config(self.config)
+        if self.config.pricing is None:
+            # Model calls are priced from genai-prices' data: load it while the agent gets
+            # ready, not in the event loop when the first answer arrives.
+            preload()
         self._hooks = _EventHooks(self._emit)
         # The approver goes with each execute call, never onto the executor: agents sharing
         # one ToolExecutor each answer for their own calls (None: the executor's default).

@@ -130,6 +130,11 @@ class ExecutionOutcome(BaseModel):
         usage: Token usage summed over model calls (the summarizer's included).
         usage_per_call: Usage of each model call, in the order they finished (the
             summarizer's included; ``ModelResponded`` events say whose each was).
+        cost_usd: What the run's model calls cost in US dollars (the summarizer's
+            included), priced as `agent_flow.pricing.price_usage` prices them; ``None``
+            when any call's price is unknown (never a misleading 0).
+        cost_per_call: Each call's cost, in the order of `usage_per_call` (``None``:
+            unknown).
         errors: Errors that occurred, fatal or survived.
         iterations: Model calls made.
         started_at: When the run began.
@@ -146,6 +151,8 @@ class ExecutionOutcome(BaseModel):
     tool_uses: tuple[ToolUse, ...] = ()
     usage: Usage = Usage()
     usage_per_call: tuple[Usage, ...] = ()
+    cost_usd: float | None = None
+    cost_per_call: tuple[float | None, ...] = ()
     errors: tuple[RunErrorInfo, ...] = ()
     iterations: int
     started_at: datetime

@@ -101,6 +101,13 @@ def _agent_options() -> _Parser:
         "unconfined unless bubblewrap is installed: see `agent-flow tools`)",
     )
     agent.add_argument("--db", metavar="PATH|URL", help=_db_help())
+    agent.add_argument(
+        "--otel",
+        action="store_true",
+        help="export the run as OpenTelemetry GenAI traces and metrics over OTLP/HTTP, to "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318); on by itself when that "
+        "variable is set; needs: pip install 'agent-flow[otel]'",
+    )
     output = options.add_argument_group(
         "output (default: a status line while it runs, then the answer as Markdown)"
     ).add_mutually_exclusive_group()

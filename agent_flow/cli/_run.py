@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,7 @@ async def _open_session(
             store=store,
         )
     await _start_agent(agent, tools, stack)
+    _export_telemetry(agent, args, stack)
     _check_budget(
         lambda: agent.context.history_budget(tools=agent.offered_tools()),
         args,
@@ -187,6 +189,23 @@ async def _open_session(
     )
     agent.events.on(None, JsonLinesWriter(streams.stdout) if mode == "json" else renderer)
     return _Session(agent, llm, store, renderer, bool(args.session), asker, mode)
+
+
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def _export_telemetry(
+    agent: AgentExecutor, args: argparse.Namespace, stack: contextlib.AsyncExitStack
+) -> None:
+    """With ``--otel`` (or an OTLP endpoint in the environment), export the run over OTLP."""
+    if not (args.otel or any(os.environ.get(name) for name in _OTLP_ENDPOINTS)):
+        return
+    # Imported here: the telemetry ring and OpenTelemetry only for runs that export.
+    from agent_flow.telemetry import configure_otlp, instrument
+
+    export = configure_otlp()
+    stack.callback(export.shutdown)  # flushes what is buffered when the command ends
+    instrument(agent)
 
 
 def _close_at_exit(llm: object, stack: contextlib.AsyncExitStack) -> None:

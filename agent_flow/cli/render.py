@@ -55,7 +55,7 @@ from agent_flow.events import (
 from agent_flow.history import PruneReport
 from agent_flow.prompt import PromptBreakdown
 
-__all__ = ["EventRenderer", "JsonLinesWriter", "make_console"]
+__all__ = ["EventRenderer", "JsonLinesWriter", "format_cost", "make_console"]
 
 BAR_WIDTH = 30
 _SHOWN_CHANGES = 6
@@ -148,6 +148,15 @@ def _value(value: JsonValue | None, limit: int = 60) -> str:
         return f"[{len(value)} items]"
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_cost(cost_usd: float | None) -> str:
+    """A cost for the terminal: ``$0.0123``; ``cost unknown`` when it is (never ``$0``)."""
+    if cost_usd is None:
+        return "cost unknown"
+    if cost_usd == 0 or cost_usd >= 0.01:
+        return f"${cost_usd:,.2f}"
+    return f"${cost_usd:.6f}".rstrip("0")
 
 
 class EventRenderer:
@@ -339,7 +348,8 @@ class EventRenderer:
                     f"{'summarizer' if event.source == 'summarizer' else 'model'} answered in "
                     f"{event.duration_ms:,.0f} ms: "
                     f"{event.prompt_tokens:,} prompt + {event.completion_tokens:,} completion "
-                    f"tokens, {event.tool_calls} tool call(s), finish {event.finish_reason}",
+                    f"tokens ({format_cost(event.cost_usd)}), {event.tool_calls} tool call(s), "
+                    f"finish {event.finish_reason}",
                     "dim",
                 )
             case ToolCallStarted():
@@ -462,7 +472,8 @@ class EventRenderer:
         self.line(
             f"{self._g('end')} run finished: {event.stop_reason} after {event.iterations} "
             f"iteration(s) · {event.prompt_tokens:,} prompt + {event.completion_tokens:,} "
-            f"completion tokens · {event.duration_ms / 1000:.1f} s",
+            f"completion tokens · {format_cost(event.cost_usd)} · "
+            f"{event.duration_ms / 1000:.1f} s",
             "bold",
         )
         # An answer streamed as text was shown already; a fatal error has its own line.
