@@ -41,20 +41,25 @@ class ApiError(Exception):
     """A client's mistake, answered with `status` and an `ErrorBody`."""
 
     def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        field: str | None = None,
-        run_id: str | None = None,
+        self, status: int, code: str, message: str, *, field: str = "", run_id: str = ""
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
-        self.field = field
-        self.run_id = run_id
+        self.field = field or None
+        self.run_id = run_id or None
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The default rebuilds from ``args`` (the message alone) and would lose the rest.
+        return (
+            _rebuild_api_error,
+            (self.status, self.code, self.message, self.field or "", self.run_id or ""),
+        )
+
+
+def _rebuild_api_error(status: int, code: str, message: str, field: str, run_id: str) -> ApiError:
+    return ApiError(status, code, message, field=field, run_id=run_id)
 
 
 class SessionManager:
@@ -280,7 +285,7 @@ class SessionManager:
                     "run_in_progress",
                     f"session {session_id!r} is running {live.run_id}; wait for it to finish "
                     "or cancel it",
-                    run_id=live.run_id,
+                    run_id=live.run_id or "",
                 )
             agent = await self.agent(live)
             base = (await self.info(session_id)).event_count

@@ -8,28 +8,32 @@ Routes (JSON unless said otherwise; every 4xx body is an `ErrorBody`):
 - ``GET /sessions/{id}/events`` the event stream (SSE; ``Last-Event-ID`` resumes it);
 - ``GET /sessions/{id}/approvals``, ``POST /sessions/{id}/approvals/{call_id}``;
 - ``POST /sessions/{id}/cancel``; ``POST /sessions/{id}/resume``;
-- ``GET /sessions/{id}/export`` JSON lines.
+- ``GET /sessions/{id}/export`` JSON lines;
+- ``POST /agui`` AG-UI (`agent_flow.server._agui`).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
+from ag_ui.core import RunAgentInput
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment
 from agent_flow.events import ContextBuilt
 from agent_flow.history import History
+from agent_flow.server._agui import AgUiRun, user_text
 from agent_flow.server._live import LiveSession
 from agent_flow.server._manager import ApiError, LLMFactory, SessionManager, ToolsFactory
 from agent_flow.server._middleware import BearerTokenMiddleware, BodyLimitMiddleware
@@ -214,6 +218,54 @@ def create_app(
                 event=event.kind,
                 id=None if event_id is None else str(event_id),
             )
+
+    @app.post(
+        "/agui",
+        response_model=None,
+        responses={
+            200: {"description": "AG-UI events (SSE)", "content": {"text/event-stream": {}}}
+        },
+    )
+    async def agui_run(body: RunAgentInput) -> StreamingResponse:
+        """AG-UI: run the thread's session on the last user message; stream AG-UI events.
+
+        The thread id is the session id (a session is created for a new thread). The
+        environment is the shared state: a ``STATE_SNAPSHOT`` first, then ``STATE_DELTA``
+        JSON Patches as it changes.
+        """
+        thread = body.thread_id
+        if not re.fullmatch(SESSION_ID_PATTERN, thread):
+            raise ApiError(
+                422,
+                "invalid_field",
+                f"threadId {thread!r} is not a valid session id; use 1 to 128 letters, digits "
+                "or '._:-', starting with a letter or digit",
+                field="threadId",
+            )
+        message = user_text(body)
+        if message is None:
+            raise ApiError(
+                422, "invalid_field", "messages holds no user message with text", field="messages"
+            )
+        if manager.loaded(thread) is None:
+            try:
+                await manager.info(thread)
+            except ApiError:
+                await manager.create(CreateSession(session_id=thread, title=message[:80]))
+        live = await manager.live(thread)
+        agent = await manager.agent(live)
+        subscription = live.bus.subscribe(policy="wait", maxsize=settings.watcher_queue)
+        run = AgUiRun(thread, body.run_id, agent.environment)
+        try:
+            agent_run_id, _ = await manager.send(thread, message)
+        except BaseException:
+            await subscription.aclose()
+            raise
+        return StreamingResponse(
+            run.stream(subscription, agent_run_id),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
 
     return app
 
