@@ -20,6 +20,9 @@ async def send_error(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_PUBLIC = frozenset({"/", "/static/inspector.js", "/static/inspector.css"})
+
+
 class BearerTokenMiddleware:
     """Refuse every HTTP request without ``Authorization: Bearer <token>`` (401)."""
 
@@ -29,6 +32,10 @@ class BearerTokenMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "GET" and scope["path"] in _PUBLIC:
+            # The inspector's static files hold no data; the page asks for the token.
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")

@@ -9,11 +9,13 @@ Routes (JSON unless said otherwise; every 4xx body is an `ErrorBody`):
 - ``GET /sessions/{id}/approvals``, ``POST /sessions/{id}/approvals/{call_id}``;
 - ``POST /sessions/{id}/cancel``; ``POST /sessions/{id}/resume``;
 - ``GET /sessions/{id}/export`` JSON lines;
-- ``POST /agui`` AG-UI (`agent_flow.server._agui`).
+- ``POST /agui`` AG-UI (`agent_flow.server._agui`);
+- ``GET /`` the inspector page (``static/``; it calls the routes above).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import io
 import json
 import re
@@ -26,7 +28,13 @@ from ag_ui.core import RunAgentInput
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from agent_flow.config import AgentConfig
@@ -219,6 +227,19 @@ def create_app(
                 id=None if event_id is None else str(event_id),
             )
 
+    @app.get("/", include_in_schema=False)
+    async def inspector() -> HTMLResponse:
+        """The inspector page (static; it reads everything through the API)."""
+        return HTMLResponse(_static("index.html"))
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def inspector_asset(name: str) -> Response:
+        """The inspector's script and style sheet."""
+        media = _ASSETS.get(name)
+        if media is None:
+            raise ApiError(404, "not_found", f"no inspector file is called {name!r}")
+        return Response(_static(name), media_type=media)
+
     @app.post(
         "/agui",
         response_model=None,
@@ -268,6 +289,14 @@ def create_app(
         )
 
     return app
+
+
+#: The inspector's files besides the page, with their media types.
+_ASSETS = {"inspector.js": "text/javascript", "inspector.css": "text/css"}
+
+
+def _static(name: str) -> str:
+    return (importlib.resources.files("agent_flow.server") / "static" / name).read_text("utf-8")
 
 
 def _resume_point(
