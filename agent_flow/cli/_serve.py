@@ -45,6 +45,9 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
     config = _load_config(args.config, warn)
     async with _store(args) as store:
         app = create_app(config, store=store, settings=settings)
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port))
+        # Event streams stay open until their client leaves: give them 5 s on shutdown.
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5)
+        )
         await server.serve()
     return EXIT_OK
