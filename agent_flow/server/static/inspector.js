@@ -4,7 +4,9 @@
 // can go in the Authorization header; it resumes after the last event id it received.
 "use strict";
 
-const state = { session: null, lastId: -1, abort: null, env: {}, oldEnv: {} };
+// `resolved` holds answered call ids: a session view fetched before the answer must not bring
+// its card back, and an event must not add a card a view already added.
+const state = { session: null, lastId: -1, abort: null, env: {}, oldEnv: {}, resolved: new Set() };
 const $ = (id) => document.getElementById(id);
 
 function headers(json) {
@@ -50,7 +52,7 @@ async function loadSessions() {
 
 async function openSession(id) {
   if (state.abort) state.abort.abort();
-  state.session = id; state.lastId = -1; state.env = {}; state.oldEnv = {};
+  state.session = id; state.lastId = -1; state.env = {}; state.oldEnv = {}; state.resolved = new Set();
   $("session-pane").hidden = false;
   $("events").replaceChildren(); $("budget").replaceChildren(); $("approvals").replaceChildren();
   await refresh();
@@ -66,7 +68,8 @@ async function refresh() {
   $("environment").replaceChildren(tree(view.environment, state.oldEnv, ""));
   const plan = (view.environment.task && view.environment.task.plan) || [];
   $("plan").replaceChildren(...plan.map((step) => element("li", { class: step.completed ? "done" : "" }, step.description)));
-  $("approvals").replaceChildren(...view.pending_approvals.map(approvalCard));
+  const pending = view.pending_approvals.filter((a) => !state.resolved.has(a.call_id));
+  $("approvals").replaceChildren(...pending.map(approvalCard));
 }
 
 function tree(value, old, path) {
@@ -90,6 +93,7 @@ function approvalCard(approval) {
     element("strong", {}, `${approval.name} needs approval`), element("div", {}, approval.reason),
     element("code", {}, JSON.stringify(approval.arguments, null, 1)), approve, " ", deny);
   const answer = (approved) => async () => {
+    state.resolved.add(approval.call_id);
     card.remove();
     await api("POST", `sessions/${state.session}/approvals/${encodeURIComponent(approval.call_id)}`, { approved });
   };
@@ -133,10 +137,15 @@ function describe(event) {
   }
 }
 
-let refreshing = null;
-function scheduleRefresh() {
-  if (refreshing) return;
-  refreshing = Promise.resolve().then(() => refresh()).finally(() => { refreshing = null; });
+// One refresh at a time; a change seen during one triggers another after it, so the last
+// view shown is never older than the last event.
+let refreshing = false, again = false;
+async function scheduleRefresh() {
+  if (refreshing) { again = true; return; }
+  refreshing = true;
+  try {
+    do { again = false; await refresh(); } while (again);
+  } finally { refreshing = false; }
 }
 
 function onEvent(id, event) {
@@ -147,12 +156,13 @@ function onEvent(id, event) {
     const rows = $("budget").children;
     if (rows.length) rows[rows.length - 1].querySelector(".marks").append(" pruned");
   }
-  if (event.kind === "approval_required") {
+  const card = (callId) => document.querySelector(`.approval[data-call="${CSS.escape(callId)}"]`);
+  if (event.kind === "approval_required" && !state.resolved.has(event.call_id) && !card(event.call_id)) {
     $("approvals").append(approvalCard({ call_id: event.call_id, name: event.name, reason: event.reason, arguments: JSON.parse(event.arguments || "{}") }));
   }
   if (event.kind === "approval_resolved") {
-    const card = document.querySelector(`.approval[data-call="${CSS.escape(event.call_id)}"]`);
-    if (card) card.remove();
+    state.resolved.add(event.call_id);
+    if (card(event.call_id)) card(event.call_id).remove();
   }
   if (["environment_updated", "plan_updated", "run_finished", "run_started"].includes(event.kind)) scheduleRefresh();
   if (event.kind === "run_finished") loadSessions();
