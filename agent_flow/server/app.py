@@ -53,6 +53,7 @@ from agent_flow.server.models import (
     ErrorBody,
     HistorySummary,
     MessageAccepted,
+    RunCancelled,
     SendMessage,
     SessionList,
     SessionSummary,
@@ -172,11 +173,10 @@ def create_app(
         await manager.agent(live)
         return await _view(manager, live, await manager.info(live.id))
 
-    @app.post("/sessions/{session_id}/cancel", response_model=MessageAccepted)
-    async def cancel_run(live: Live) -> MessageAccepted:
+    @app.post("/sessions/{session_id}/cancel", response_model=RunCancelled)
+    async def cancel_run(live: Live) -> RunCancelled:
         """Cancel the session's run (it ends as ``cancelled``)."""
-        run_id = await manager.cancel(live.id)
-        return MessageAccepted(session_id=live.id, run_id=run_id, first_event_id=0)
+        return RunCancelled(session_id=live.id, run_id=await manager.cancel(live.id))
 
     @app.get("/sessions/{session_id}/approvals", response_model=list[ApprovalView])
     async def list_approvals(live: Live) -> list[ApprovalView]:

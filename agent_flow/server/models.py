@@ -18,6 +18,7 @@ __all__ = [
     "ErrorBody",
     "HistorySummary",
     "MessageAccepted",
+    "RunCancelled",
     "SendMessage",
     "SessionList",
     "SessionOptions",
@@ -71,6 +72,13 @@ class MessageAccepted(BaseModel):
     session_id: str
     run_id: str
     first_event_id: int = Field(description="The SSE id of the run's first event.")
+
+
+class RunCancelled(BaseModel):
+    """The run asked to stop; its ``run_finished`` event says when it has."""
+
+    session_id: str
+    run_id: str
 
 
 class ApprovalDecision(BaseModel):
