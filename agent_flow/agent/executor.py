@@ -389,6 +389,11 @@ class AgentExecutor:
         """The stored session this agent writes to (None without a store, or before a run)."""
         return self.recorder.session_id if self.recorder is not None else None
 
+    @property
+    def run_id(self) -> str | None:
+        """The id of the run under way, or claimed by `run` / `send` (None when idle)."""
+        return self._run.run_id if self._running() and self._run is not None else None
+
     def subscribe(
         self,
         *,

@@ -16,6 +16,7 @@ from agent_flow.cli._chat import _chat_command
 from agent_flow.cli._exit import EXIT_USAGE
 from agent_flow.cli._prompt import EDITING_HELP
 from agent_flow.cli._run import _demo_command, _run_command
+from agent_flow.cli._serve import _serve_command
 from agent_flow.cli._sessions import (
     _sessions_delete,
     _sessions_export,
@@ -283,6 +284,26 @@ def build_parser() -> argparse.ArgumentParser:
     delete = actions.add_parser("delete", help="delete a session", parents=[db])
     delete.add_argument("id")
     delete.set_defaults(handler=_sessions_delete)
+
+    serve = sub("serve", "serve sessions over HTTP with live event streams (SSE)", [db])
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--token",
+        help="bearer token every request must carry (default $AGENT_FLOW_SERVER_TOKEN); "
+        "required unless bound to loopback",
+    )
+    serve.add_argument(
+        "--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this origin"
+    )
+    serve.add_argument(
+        "--workspace-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="sessions may choose a workspace under this directory (repeatable)",
+    )
+    serve.set_defaults(handler=_serve_command)
 
     tools = sub(
         "tools",

@@ -1,0 +1,53 @@
+"""``agent-flow serve``: the HTTP service (`agent_flow.server`) on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pydantic import ValidationError
+
+from agent_flow.cli._build import _load_config
+from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
+from agent_flow.cli._sessions import _store
+
+#: Where ``serve`` reads the bearer token when ``--token`` is not given.
+TOKEN_VARIABLE = "AGENT_FLOW_SERVER_TOKEN"
+
+
+async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
+    try:
+        import uvicorn
+
+        from agent_flow.server import ServerSettings, create_app
+    except ImportError as err:
+        raise _Failure(
+            EXIT_USAGE,
+            f"agent-flow serve needs the server extra ({err.name} is missing); install it with "
+            "pip install 'agent-flow[server]'",
+        ) from None
+    token = args.token or os.environ.get(TOKEN_VARIABLE) or None
+    try:
+        settings = ServerSettings(
+            host=args.host,
+            port=args.port,
+            token=token,
+            cors_origins=tuple(args.cors_origin),
+            workspace_roots=tuple(args.workspace_root),
+        )
+    except ValidationError as err:
+        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise _Failure(EXIT_USAGE, message) from None
+
+    def warn(text: str) -> None:
+        streams.stderr.write(f"agent-flow: warning: {text}\n")
+
+    config = _load_config(args.config, warn)
+    async with _store(args) as store:
+        app = create_app(config, store=store, settings=settings)
+        # Event streams stay open until their client leaves: give them 5 s on shutdown.
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5)
+        )
+        await server.serve()
+    return EXIT_OK

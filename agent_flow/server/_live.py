@@ -1,0 +1,177 @@
+"""One session as the server holds it: its bus, its agent, its run, its pending approvals.
+
+The numbering of the event stream lives here. An event's SSE id is its position in the
+session's stored event list (0 for the first event of the first run): a run whose first event
+follows ``n`` stored events numbers its events ``n + seq``. The events of the latest run are
+also kept in memory, recorded *before* they are published (through `_BufferingRecorder`, the
+agent's `StepRecorder`), so a watcher that takes a copy of them and subscribes to the bus in
+one synchronous step misses nothing: an event is either in its copy, or published after its
+subscription opened (or both, and it is sent once: ids only ever grow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from agent_flow.agent import AgentExecutor
+from agent_flow.environment import Environment
+from agent_flow.events import (
+    AgentEvent,
+    BackpressurePolicy,
+    ContextBuilt,
+    EventBus,
+    RunFinished,
+)
+from agent_flow.history import History
+from agent_flow.prompt import PromptBreakdown
+from agent_flow.server.models import SessionOptions
+from agent_flow.sessions.protocol import SessionStore, StepRecorder
+from agent_flow.tools import ApprovalRequest, ApprovalResponse
+
+__all__ = ["LiveSession"]
+
+
+@dataclass
+class _Pending:
+    request: ApprovalRequest
+    answer: asyncio.Future[ApprovalResponse]
+
+
+@dataclass
+class LiveSession:
+    """A session the server has loaded (its agent is built on its first message)."""
+
+    id: str
+    options: SessionOptions
+    store: SessionStore
+    approval_timeout: float
+    bus: EventBus = field(default_factory=EventBus)
+    agent: AgentExecutor | None = None
+    task: asyncio.Task[object] | None = None
+    run_id: str | None = None
+    #: The stored position of each run's first event, by run id.
+    bases: dict[str, int] = field(default_factory=dict)
+    #: The latest run's events, each with its id, in order.
+    buffer: list[tuple[int, AgentEvent]] = field(default_factory=list)
+    last_prompt: PromptBreakdown | None = None
+    approvals: dict[str, _Pending] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def running(self) -> bool:
+        """Whether a run is under way."""
+        return self.task is not None and not self.task.done()
+
+    def event_id(self, event: AgentEvent) -> int | None:
+        """The SSE id of `event` (None for one no run of this server numbered)."""
+        base = self.bases.get(event.run_id)
+        return None if base is None else base + event.seq
+
+    def remember(self, event: AgentEvent) -> None:
+        """Keep an event of the latest run, before it is published."""
+        event_id = self.event_id(event)
+        if event_id is not None:
+            self.buffer.append((event_id, event))
+        if isinstance(event, ContextBuilt):
+            self.last_prompt = event.breakdown
+
+    async def approve(self, request: ApprovalRequest) -> ApprovalResponse:
+        """The agent's approver: wait for `answer`, or deny after the approval timeout."""
+        future: asyncio.Future[ApprovalResponse] = asyncio.get_running_loop().create_future()
+        self.approvals[request.call_id] = _Pending(request, future)
+        try:
+            async with asyncio.timeout(self.approval_timeout):
+                return await future
+        except TimeoutError:
+            return ApprovalResponse(
+                approved=False, reason=f"no answer over HTTP within {self.approval_timeout:g}s"
+            )
+        finally:
+            self.approvals.pop(request.call_id, None)
+
+    def answer(self, call_id: str, response: ApprovalResponse) -> bool:
+        """Answer the approval `call_id` waits for; False when no call waits under that id."""
+        pending = self.approvals.pop(call_id, None)
+        if pending is None or pending.answer.done():
+            return False
+        pending.answer.set_result(response)
+        return True
+
+    def pending_approvals(self) -> list[ApprovalRequest]:
+        """The calls waiting for an answer, oldest first."""
+        return [pending.request for pending in self.approvals.values()]
+
+    async def watch(
+        self, after: int, *, policy: BackpressurePolicy, maxsize: int, follow: bool = True
+    ) -> AsyncIterator[tuple[int | None, AgentEvent]]:
+        """Yield the events after id `after`, stored ones first, then live ones as published.
+
+        Each comes with its id; an `EventsDropped` (this watcher fell behind under
+        ``drop_oldest``) comes with None. Without `follow`, it ends after what happened so far.
+        """
+        # One synchronous step: the copy of the latest run's events and the subscription.
+        recent = list(self.buffer)
+        subscription = self.bus.subscribe(maxsize=maxsize, policy=policy) if follow else None
+        try:
+            last = after
+            stop = recent[0][0] if recent else None
+            if stop is None or stop > last + 1:
+                limit = None if stop is None else stop - (last + 1)
+                stored = await self.store.events(self.id, offset=last + 1, limit=limit)
+                for position, event in enumerate(stored, start=last + 1):
+                    last = position
+                    yield position, event
+            for event_id, event in recent:
+                if event_id > last:
+                    last = event_id
+                    yield event_id, event
+            if subscription is None:
+                return
+            async for event in subscription:
+                live_id = self.event_id(event)
+                if live_id is None:
+                    yield None, event
+                elif live_id > last:
+                    last = live_id
+                    yield live_id, event
+        finally:
+            if subscription is not None:
+                await subscription.aclose()
+
+
+class _BufferingRecorder:
+    """The agent's `StepRecorder`: the store's recorder, telling the session of each event."""
+
+    def __init__(self, inner: StepRecorder, live: LiveSession) -> None:
+        self._inner = inner
+        self._live = live
+
+    @property
+    def session_id(self) -> str | None:
+        return self._inner.session_id
+
+    async def start(self, *, agent: str, task: str) -> None:
+        await self._inner.start(agent=agent, task=task)
+
+    def record(self, event: AgentEvent) -> None:
+        self._live.remember(event)
+        self._inner.record(event)
+
+    async def step(self, history: History, environment: Environment) -> None:
+        await self._inner.step(history, environment)
+
+    async def finish(self, history: History, environment: Environment, final: RunFinished) -> None:
+        try:
+            await self._inner.finish(history, environment, final)
+        except asyncio.CancelledError:
+            # The write finished first (see StepRecorder): `final` is saved and published.
+            self._live.remember(final)
+            raise
+        self._live.remember(final)
+
+
+def buffering_recorder(inner: StepRecorder, live: LiveSession) -> StepRecorder:
+    """Wrap the agent's recorder so that `live` numbers and keeps each event first."""
+    return _BufferingRecorder(inner, live)

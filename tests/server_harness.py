@@ -1,0 +1,117 @@
+"""A real uvicorn on a loopback port for the server tests, and a small SSE reader.
+
+`serving(app)` binds 127.0.0.1:0 and listens *before* uvicorn starts, so a client may connect
+at once (the kernel queues it until uvicorn accepts): nothing waits for the server to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import uvicorn
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[httpx2.AsyncClient]:
+    """Run `app` on a real uvicorn on 127.0.0.1; yield a client pointed at it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with httpx2.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=httpx2.Timeout(30.0)
+        ) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+@dataclass
+class Frame:
+    """One SSE event as received."""
+
+    event: str | None
+    id: str | None
+    data: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+async def frames(
+    response: httpx2.Response, *, comments: list[str] | None = None
+) -> AsyncIterator[Frame]:
+    """Parse the SSE stream of `response` (comments are appended to `comments`)."""
+    event: str | None = None
+    event_id: str | None = None
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield Frame(event, event_id, "\n".join(data))
+            event, event_id, data = None, None, []
+        elif line.startswith(":"):
+            if comments is not None:
+                comments.append(line)
+                yield Frame("comment", None, line)
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "event":
+                event = value
+            elif name == "id":
+                event_id = value
+            elif name == "data":
+                data.append(value)
+
+
+class EventStream:
+    """One SSE response read frame by frame."""
+
+    def __init__(self, response: httpx2.Response, *, comments: list[str] | None = None) -> None:
+        self.response = response
+        self.comments = comments
+        self._frames = frames(response, comments=comments)
+
+    async def next(self) -> Frame:
+        return await anext(self._frames)
+
+    async def until(self, kind: str) -> list[Frame]:
+        """Read frames until one of `kind` arrives (inclusive)."""
+        got: list[Frame] = []
+        async for frame in self._frames:
+            got.append(frame)
+            if frame.event == kind:
+                return got
+        raise AssertionError(f"the stream ended before a {kind} event: {[f.event for f in got]}")
+
+    async def rest(self) -> list[Frame]:
+        """Every frame until the stream ends."""
+        return [frame async for frame in self._frames]
+
+
+@asynccontextmanager
+async def stream(
+    client: httpx2.AsyncClient, path: str, *, headers: dict[str, str] | None = None, **params: Any
+) -> AsyncIterator[EventStream]:
+    """Open the SSE stream at `path`."""
+    async with client.stream("GET", path, headers=headers, params=params) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        yield EventStream(response)

@@ -1,0 +1,370 @@
+"""The HTTP service against a real uvicorn on a loopback port, with real HTTP and SSE clients.
+
+The model is a `ScriptedLLM` per session (through ``llm_factory``), or the real OpenAI client
+talking to the scripted OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
+
+import fastapi.routing
+import httpx2
+from pydantic import ValidationError
+
+from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.llm.base import LLMClient
+from agent_flow.server import ServerSettings, create_app
+from agent_flow.sessions import InMemorySessionStore, SQLiteSessionStore
+from agent_flow.testing import ScriptedLLM, call, reply
+from agent_flow.tools import RiskLevel, ToolExecutor, ToolPolicy, tool
+from tests.openai_server import OpenAIServer, sse_reply, text_chunks
+from tests.server_harness import EventStream, serving, stream
+
+
+@tool(policy=ToolPolicy(requires_approval=True, risk=RiskLevel.HIGH))
+def deploy(target: str) -> str:
+    """Deploy somewhere.
+
+    Args:
+        target: Where.
+    """
+    return f"deployed to {target}"
+
+
+def _config(**fields: object) -> AgentConfig:
+    return AgentConfig(context=ContextConfig(counter="approx"), **fields)  # type: ignore[arg-type]
+
+
+def _tools(config: AgentConfig) -> ToolExecutor:
+    executor = ToolExecutor()
+    executor.register(deploy)
+    return executor
+
+
+class Models:
+    """Hands each new session the next scripted model."""
+
+    def __init__(self, *models: ScriptedLLM) -> None:
+        self.models = list(models)
+
+    def __call__(self, config: AgentConfig) -> LLMClient:
+        return self.models.pop(0)
+
+
+def _approving_script() -> ScriptedLLM:
+    return ScriptedLLM(
+        [
+            reply("deploying", tool_calls=[call("deploy", target="prod", call_id="c1")]),
+            reply("all done"),
+        ]
+    )
+
+
+@pytest.fixture
+def store() -> InMemorySessionStore:
+    return InMemorySessionStore()
+
+
+async def _create(client: httpx2.AsyncClient, **body: object) -> str:
+    response = await client.post("/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+async def test_a_run_streams_its_events_numbered_and_an_approval_is_answered_over_http(
+    store: InMemorySessionStore,
+) -> None:
+    app = create_app(
+        _config(), store=store, llm_factory=Models(_approving_script()), tools_factory=_tools
+    )
+    async with serving(app) as client:
+        sid = await _create(client, title="deploy")
+        async with stream(client, f"/sessions/{sid}/events") as events:
+            sent = await client.post(f"/sessions/{sid}/messages", json={"message": "deploy it"})
+            assert sent.status_code == 202
+            run_id = sent.json()["run_id"]
+            assert sent.json()["first_event_id"] == 0
+            before = await events.until("approval_required")
+            # A second message while the run waits: 409 naming the running run.
+            busy = await client.post(f"/sessions/{sid}/messages", json={"message": "again"})
+            assert busy.status_code == 409
+            assert busy.json()["run_id"] == run_id and busy.json()["code"] == "run_in_progress"
+            view = (await client.get(f"/sessions/{sid}")).json()
+            assert view["state"] == "running"
+            assert [a["call_id"] for a in view["pending_approvals"]] == ["c1"]
+            wrong = await client.post(f"/sessions/{sid}/approvals/nope", json={"approved": True})
+            assert wrong.status_code == 409 and wrong.json()["field"] == "call_id"
+            ok = await client.post(f"/sessions/{sid}/approvals/c1", json={"approved": True})
+            assert ok.status_code == 204
+            after = await events.until("run_finished")
+        frames = before + after
+        ids = [int(frame.id) for frame in frames if frame.id is not None]
+        assert ids == list(range(len(frames)))
+        assert all(frame.json["run_id"] == run_id for frame in frames)
+        assert [f.json["seq"] for f in frames] == ids
+        done = next(f for f in frames if f.event == "tool_call_completed").json
+        assert done["content"] == "deployed to prod"
+        assert frames[-1].json["final_text"] == "all done"
+        # The answer went to the store too: the session reads back complete.
+        view = (await client.get(f"/sessions/{sid}")).json()
+        assert view["state"] == "idle" and view["status"] == "completed"
+        assert view["event_count"] == len(frames)
+        assert view["environment"]["task"]["objective"] == "deploy it"
+        assert view["last_prompt"]["budget"] == _config().context.max_tokens
+        assert view["history"]["entries"] >= 4 and view["pending_approvals"] == []
+
+
+async def test_a_reconnect_with_last_event_id_gets_what_it_missed_then_the_live_stream(
+    store: InMemorySessionStore,
+) -> None:
+    model = ScriptedLLM(
+        [
+            reply("one"),
+            reply("deploying", tool_calls=[call("deploy", target="prod", call_id="c1")]),
+            reply("all done"),
+        ]
+    )
+    app = create_app(_config(), store=store, llm_factory=Models(model), tools_factory=_tools)
+    async with serving(app) as client:
+        sid = await _create(client)
+        async with stream(client, f"/sessions/{sid}/events") as events:
+            await client.post(f"/sessions/{sid}/messages", json={"message": "first"})
+            run1 = await events.until("run_finished")
+            await client.post(f"/sessions/{sid}/messages", json={"message": "now deploy"})
+            partial = await events.until("tool_call_started")
+        # Disconnected mid-run; the run goes on and waits for approval meanwhile.
+        seen = run1 + partial
+        last = seen[-1].id
+        assert last is not None
+        # Three watchers at once: one resuming by header, one by query, one from the start.
+        async with (
+            stream(client, f"/sessions/{sid}/events", headers={"Last-Event-ID": last}) as resumed,
+            stream(client, f"/sessions/{sid}/events", after=2) as by_query,
+            stream(client, f"/sessions/{sid}/events") as whole,
+        ):
+            missed = await resumed.until("approval_required")
+            answer = await client.post(f"/sessions/{sid}/approvals/c1", json={"approved": False})
+            assert answer.status_code == 204
+            rest = await resumed.until("run_finished")
+            # The other two read both runs: the first from the store, the second live.
+            from_query = await by_query.until("run_finished") + await by_query.until("run_finished")
+            everything = await whole.until("run_finished") + await whole.until("run_finished")
+        ids = [int(f.id) for f in [*seen, *missed, *rest] if f.id is not None]
+        assert ids == list(range(len(ids)))  # no gap, no duplicate across the reconnect
+        assert [f.data for f in everything] == [f.data for f in [*seen, *missed, *rest]]
+        assert [int(f.id) for f in from_query if f.id] == ids[3:]
+        failed = next(f for f in rest if f.event == "tool_call_failed").json
+        assert failed["call_id"] == "c1"
+        # Replay without following ends after the stored events.
+        async with stream(client, f"/sessions/{sid}/events", follow="false", after=-1) as replay:
+            stored = await replay.rest()
+        assert [f.data for f in stored] == [f.data for f in everything]
+
+
+async def test_an_unanswered_approval_is_denied_after_the_timeout(
+    store: InMemorySessionStore,
+) -> None:
+    settings = ServerSettings(approval_timeout=0.01)
+    app = create_app(
+        _config(),
+        store=store,
+        settings=settings,
+        llm_factory=Models(_approving_script()),
+        tools_factory=_tools,
+    )
+    async with serving(app) as client:
+        sid = await _create(client)
+        async with stream(client, f"/sessions/{sid}/events") as events:
+            await client.post(f"/sessions/{sid}/messages", json={"message": "deploy"})
+            frames = await events.until("run_finished")
+        resolved = next(f for f in frames if f.event == "approval_resolved").json
+        assert resolved["approved"] is False and "within" in resolved["reason"]
+        late = await client.post(f"/sessions/{sid}/approvals/c1", json={"approved": True})
+        assert late.status_code == 409
+
+
+async def test_cancel_ends_the_run_as_cancelled_and_409_when_idle(
+    store: InMemorySessionStore,
+) -> None:
+    app = create_app(
+        _config(), store=store, llm_factory=Models(_approving_script()), tools_factory=_tools
+    )
+    async with serving(app) as client:
+        sid = await _create(client)
+        idle = await client.post(f"/sessions/{sid}/cancel")
+        assert idle.status_code == 409 and idle.json()["code"] == "not_running"
+        async with stream(client, f"/sessions/{sid}/events") as events:
+            run_id = (
+                await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
+            ).json()["run_id"]
+            await events.until("approval_required")
+            cancelled = await client.post(f"/sessions/{sid}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["run_id"] == run_id
+            frames = await events.until("run_finished")
+        assert frames[-1].json["stop_reason"] == "cancelled"
+        assert (await client.get(f"/sessions/{sid}")).json()["status"] == "cancelled"
+
+
+async def test_a_session_resumes_after_a_restart_and_exports_then_deletes(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    async with SQLiteSessionStore(path) as store:
+        app = create_app(_config(), store=store, llm_factory=Models(ScriptedLLM([reply("hi")])))
+        async with serving(app) as client:
+            sid = await _create(client, session_id="keep-me")
+            async with stream(client, f"/sessions/{sid}/events") as events:
+                await client.post(f"/sessions/{sid}/messages", json={"message": "remember 42"})
+                first = await events.until("run_finished")
+    model = ScriptedLLM([reply("it was 42")])
+    async with SQLiteSessionStore(path) as store:
+        app = create_app(_config(), store=store, llm_factory=Models(model))
+        async with serving(app) as client:
+            listed = (await client.get("/sessions")).json()["sessions"]
+            assert [s["id"] for s in listed] == ["keep-me"]
+            resumed = await client.post("/sessions/keep-me/resume")
+            assert resumed.status_code == 200 and resumed.json()["history"]["entries"] == 2
+            async with stream(
+                client, "/sessions/keep-me/events", headers={"Last-Event-ID": first[-1].id or ""}
+            ) as events:
+                sent = await client.post("/sessions/keep-me/messages", json={"message": "what?"})
+                assert sent.json()["first_event_id"] == len(first)
+                second = await events.until("run_finished")
+            assert [int(f.id or -1) for f in second] == list(
+                range(len(first), len(first) + len(second))
+            )
+            prompt = [m.content for m in model.last_request.messages]
+            assert "remember 42" in str(prompt) and "hi" in str(prompt)
+            exported = await client.get("/sessions/keep-me/export")
+            assert exported.status_code == 200
+            lines = exported.text.splitlines()
+            assert '"remember 42"' in exported.text and len(lines) > len(first)
+            assert (await client.delete("/sessions/keep-me")).status_code == 204
+            gone = await client.get("/sessions/keep-me")
+            assert gone.status_code == 404 and gone.json()["field"] == "session_id"
+
+
+async def test_bad_input_gets_a_precise_4xx_naming_the_field(
+    store: InMemorySessionStore, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    (root / "project").mkdir(parents=True)
+    settings = ServerSettings(max_body_bytes=2000, workspace_roots=(root,))
+    app = create_app(_config(), store=store, settings=settings, llm_factory=Models())
+    async with serving(app) as client:
+        malformed = await client.post(
+            "/sessions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert malformed.status_code == 400 and malformed.json()["code"] == "malformed_json"
+        unknown = await client.get("/sessions/nobody")
+        assert unknown.status_code == 404
+        bad_id = await client.get("/sessions/..%2Fetc")
+        assert bad_id.status_code in (404, 422)
+        bad_id = await client.get("/sessions/-x")
+        assert bad_id.status_code == 422 and bad_id.json()["field"] == "session_id"
+        huge = await client.post("/sessions", json={"title": "x" * 5000})
+        assert huge.status_code == 413 and huge.json()["code"] == "body_too_large"
+        small = await client.post("/sessions", json={"max_tokens": 3})
+        assert small.status_code == 422 and small.json()["field"] == "max_tokens"
+        extra = await client.post("/sessions", json={"api_key": "sk-x"})
+        assert extra.status_code == 422 and extra.json()["field"] == "api_key"
+        outside = await client.post("/sessions", json={"workspace": str(tmp_path)})
+        assert outside.status_code == 422 and outside.json()["field"] == "workspace"
+        escape = await client.post(
+            "/sessions", json={"workspace": str(root / "project" / ".." / "..")}
+        )
+        assert escape.status_code == 422
+        skill = await client.post("/sessions", json={"skill": "nope"})
+        assert skill.status_code == 422 and skill.json()["field"] == "skill"
+        inside = await client.post("/sessions", json={"workspace": str(root / "project")})
+        assert inside.status_code == 201
+        assert inside.json()["options"]["workspace"] == str(root / "project")
+        taken = await client.post("/sessions", json={"session_id": inside.json()["id"]})
+        assert taken.status_code == 409
+        header = await client.get(
+            f"/sessions/{inside.json()['id']}/events", headers={"Last-Event-ID": "abc"}
+        )
+        assert header.status_code == 400 and header.json()["field"] == "Last-Event-ID"
+
+
+async def test_off_loopback_needs_a_token_and_the_token_guards_every_route_incl_sse(
+    store: InMemorySessionStore,
+) -> None:
+    with pytest.raises(ValidationError, match="bearer token"):
+        ServerSettings(host="0.0.0.0")
+    settings = ServerSettings(host="0.0.0.0", token="s3cret", cors_origins=("http://ui.test",))
+    app = create_app(_config(), store=store, settings=settings, llm_factory=Models())
+    async with serving(app) as client:
+        for method, path in [
+            ("GET", "/sessions"),
+            ("POST", "/sessions"),
+            ("GET", "/sessions/a/events"),
+        ]:
+            refused = await client.request(method, path, json={} if method == "POST" else None)
+            assert refused.status_code == 401 and refused.json()["code"] == "unauthorized"
+        wrong = await client.get("/sessions", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        assert (await client.get("/sessions", headers=auth)).status_code == 200
+        preflight = await client.options(
+            "/sessions",
+            headers={"Origin": "http://ui.test", "Access-Control-Request-Method": "POST"},
+        )
+        assert preflight.headers["access-control-allow-origin"] == "http://ui.test"
+
+
+async def test_idle_streams_get_keep_alive_comments(
+    store: InMemorySessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastapi.routing, "_PING_INTERVAL", 0.01)
+    app = create_app(_config(), store=store, llm_factory=Models())
+    async with serving(app) as client:
+        sid = await _create(client)
+        comments: list[str] = []
+        async with client.stream("GET", f"/sessions/{sid}/events") as response:
+            events = EventStream(response, comments=comments)
+            await events.until("comment")
+        assert comments[0] == ": ping"
+
+
+async def test_the_real_openai_client_runs_and_no_key_appears_anywhere(
+    store: InMemorySessionStore, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-very-secret-value-123"
+    monkeypatch.setenv("SERVER_TEST_KEY", secret)
+    openai_server.script(sse_reply(text_chunks("hello from the wire")))
+    config = _config(
+        llm={"model": "m", "base_url": openai_server.base_url, "api_key_env": "SERVER_TEST_KEY"}
+    )
+    app = create_app(config, store=store)
+    seen: list[str] = []
+    async with serving(app) as client:
+        created = await client.post("/sessions", json={"model": "other-model"})
+        seen.append(created.text)
+        sid = created.json()["id"]
+        async with stream(client, f"/sessions/{sid}/events") as events:
+            seen.append(
+                (await client.post(f"/sessions/{sid}/messages", json={"message": "hi"})).text
+            )
+            frames = await events.until("run_finished")
+        seen += [f.data for f in frames]
+        for path in (f"/sessions/{sid}", "/sessions", f"/sessions/{sid}/export", "/openapi.json"):
+            seen.append((await client.get(path)).text)
+    assert frames[-1].json["final_text"] == "hello from the wire"
+    assert openai_server.requests[0].body["model"] == "other-model"
+    assert openai_server.requests[0].headers["authorization"] == f"Bearer {secret}"
+    assert not [text for text in seen if secret in text]
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+    import io
+
+    from agent_flow.cli import main
+
+    err = io.StringIO()
+    code = main(["serve", "--host", "0.0.0.0", "--db", str(tmp_path / "s.db")], stderr=err)
+    assert code == 2
+    assert "bearer token" in err.getvalue() and "0.0.0.0" in err.getvalue()
