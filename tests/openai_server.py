@@ -41,7 +41,9 @@ __all__ = [
     "completion_body",
     "error_reply",
     "json_reply",
+    "llama_cpp_like",
     "sse_reply",
+    "stream_error_reply",
     "text_chunks",
     "tool_call_chunks",
 ]
@@ -164,6 +166,29 @@ def error_reply(
         "param": None,
     }
     return json_reply({"error": error}, status=status, headers=extra)
+
+
+def stream_error_reply(message: str = "scripted stream error") -> Reply:
+    """HTTP 200 and a stream whose only event is an error (how llama-cpp-python refuses)."""
+    return sse_reply([{"error": {"message": message, "type": "server_error", "code": 500}}])
+
+
+def llama_cpp_like(reply: Reply) -> Callable[[RecordedRequest], Reply]:
+    """`reply`, unless the request has an assistant message with ``"content": null``.
+
+    llama-cpp-python's server answers such a request with HTTP 500 (its template cannot
+    render a null content), and the same request fails the same way however often it is sent.
+    """
+
+    def answer(request: RecordedRequest) -> Reply:
+        for message in request.body.get("messages", []):
+            if message.get("role") == "assistant" and message.get("content", "") is None:
+                return error_reply(
+                    500, 'can only concatenate str (not "NoneType") to str', retry_after_ms=None
+                )
+        return reply
+
+    return answer
 
 
 def sse_reply(

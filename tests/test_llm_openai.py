@@ -717,7 +717,7 @@ async def test_neutral_messages_and_settings_are_converted_to_the_wire_format(
         {"role": "user", "content": "Read a.py", "name": "ana"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",
             "tool_calls": [
                 {
                     "id": "c1",

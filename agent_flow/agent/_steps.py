@@ -85,6 +85,15 @@ _REPROMPT = (
     "summary; if you need the user, call ask_question; otherwise continue with your tools."
 )
 
+# Answers the model did not end on its own: never reported as a clean answer.
+_CUT_ANSWERS = {
+    "length": "the model's answer was cut at its token limit (finish reason 'length')",
+    "content_filter": (
+        "the provider's content filter withheld part or all of the model's answer "
+        "(finish reason 'content_filter')"
+    ),
+}
+
 
 async def _model_step(run: _Run) -> Step:
     """Steps 2-5: prompt, model call, record the turn, decide what follows."""
@@ -112,9 +121,10 @@ async def _model_step(run: _Run) -> Step:
 
     completion: Completion | None = None
     started = time.perf_counter()
+    relayed: set[str] = set()  # warnings already published while streaming
     for attempt in range(run.agent.config.model_retries + 1):
         try:
-            completion = await _call_model(run, request)
+            completion = await _call_model(run, request, relayed)
             break
         except ModelError as err:
             last_try = attempt == run.agent.config.model_retries
@@ -135,17 +145,16 @@ async def _model_step(run: _Run) -> Step:
         tool_calls=len(completion.tool_calls),
     )
     for warning in completion.warnings:
-        await run.emit(WarningRaised, message=warning, source="model")
+        if warning not in relayed:
+            await run.emit(WarningRaised, message=warning, source="model")
 
     _record_turn(run, completion)
+    if completion.finish_reason in _CUT_ANSWERS:
+        await run.emit(
+            WarningRaised, message=_CUT_ANSWERS[completion.finish_reason], source="model"
+        )
     if completion.tool_calls:
         return RunTools(completion.tool_calls)
-    if completion.finish_reason == "length":
-        await run.emit(
-            WarningRaised,
-            message="the model's answer was cut at its token limit",
-            source="model",
-        )
     return await _text_answer(run, completion.text)
 
 
@@ -193,7 +202,7 @@ def _configured_max_tokens(config: AgentConfig) -> int | None:
         return None
 
 
-async def _call_model(run: _Run, request: LLMRequest) -> Completion:
+async def _call_model(run: _Run, request: LLMRequest, relayed: set[str]) -> Completion:
     if not run.agent.stream:
         return await run.agent.llm.complete(request)
     completion: Completion | None = None
@@ -202,7 +211,7 @@ async def _call_model(run: _Run, request: LLMRequest) -> Completion:
     # holds us up), it is closed now, releasing its connection, not whenever it is collected.
     async with contextlib.aclosing(_closable(stream)):
         async for delta in stream:
-            completion = await _relay(run, delta) or completion
+            completion = await _relay(run, delta, relayed) or completion
     if completion is None:
         raise ModelResponseError("the model's stream ended without a final answer")
     return completion
@@ -223,7 +232,7 @@ def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
     return stream if isinstance(stream, _Closable) else _NothingToClose()
 
 
-async def _relay(run: _Run, delta: StreamEvent) -> Completion | None:
+async def _relay(run: _Run, delta: StreamEvent, relayed: set[str]) -> Completion | None:
     """Publish one stream chunk as an event; return it if it is the final `Completion`."""
     match delta:
         case TextChunk(text=text):
@@ -239,6 +248,7 @@ async def _relay(run: _Run, delta: StreamEvent) -> Completion | None:
                 ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
             )
         case StreamWarning(message=message):
+            relayed.add(message)
             await run.emit(WarningRaised, message=message, source="model")
         case Completion():
             return delta

@@ -91,6 +91,10 @@ class StreamSupport:
         self.options_accepted = True
         self._no_stream_with_tools: set[str] = set()
 
+    def refuse_stream_with_tools(self, model: str) -> None:
+        """Remember that `model`'s answers cannot be streamed while tools are offered."""
+        self._no_stream_with_tools.add(model)
+
     async def open(
         self,
         post: Callable[[JsonObject], Awaitable[AsyncStream[object]]],

@@ -73,6 +73,8 @@ class LLMConfig(BaseModel):
         stream: Stream answers (deltas arrive as they are generated).
         stream_usage: Ask streamed answers to report usage.
         tool_mode: ``"native"`` tool calling or ``"xml"`` in the prompt.
+        tool_choice: ``tool_choice`` sent when tools are offered and a request sets none
+            (``"auto"``; ``None`` or empty: send none).
         extra_body: Provider-specific request fields.
         system_prompt: A default system prompt agents using this config start from.
     """
@@ -96,6 +98,7 @@ class LLMConfig(BaseModel):
     stream: bool = True
     stream_usage: bool = True
     tool_mode: ToolMode = "native"
+    tool_choice: str | None = "auto"
     extra_body: JsonObject = Field(default_factory=dict)
     system_prompt: str | None = None
 
@@ -178,6 +181,7 @@ class LLMOverrides(BaseModel):
     stream: bool | None = None
     stream_usage: bool | None = None
     tool_mode: ToolMode | None = None
+    tool_choice: str | None = None
     extra_body: JsonObject | None = None
     system_prompt: str | None = None
 

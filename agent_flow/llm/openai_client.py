@@ -41,7 +41,12 @@ from pydantic import SecretStr
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError, ModelError, ModelResponseError
 from agent_flow.llm._openai_errors import translate_error
-from agent_flow.llm._openai_stream import WARNINGS, StreamSupport, read_stream
+from agent_flow.llm._openai_stream import (
+    STREAM_WITH_TOOLS_UNSUPPORTED,
+    WARNINGS,
+    StreamSupport,
+    read_stream,
+)
 from agent_flow.llm._openai_wire import (
     Assembler,
     encode_body,
@@ -96,6 +101,9 @@ class OpenAIClient:
         max_retries: Retries of connection errors, 408/409/429/5xx (honouring
             ``Retry-After``) before an error is raised; default the SDK's 2.
         tool_mode: ``"native"`` tool calling, or ``"xml"`` for models without it.
+        tool_choice: The ``tool_choice`` sent whenever tools are offered and the request sets
+            none (``"auto"``: llama-cpp-python drops the tools of a request without one);
+            ``None`` sends none.
         stream_usage: Ask for usage in streamed answers (``stream_options.include_usage``).
         temperature: Default sampling temperature.
         max_tokens: Limit on generated tokens: sent when a request sets none, and caps a
@@ -125,6 +133,7 @@ class OpenAIClient:
         connect_timeout: float | None = None,
         max_retries: int | None = None,
         tool_mode: ToolMode = "native",
+        tool_choice: str | None = "auto",
         stream_usage: bool = True,
         temperature: float | None = None,
         max_tokens: int | None = None,
@@ -136,6 +145,7 @@ class OpenAIClient:
             raise ConfigError("the model name is empty; pass the model the server should run")
         self.model = model
         self.tool_mode: ToolMode = tool_mode
+        self.tool_choice = tool_choice or None
         self.stream_usage = stream_usage
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -213,6 +223,7 @@ class OpenAIClient:
             return cls(
                 config.model,
                 tool_mode=config.tool_mode,
+                tool_choice=config.tool_choice,
                 stream_usage=config.stream_usage,
                 temperature=config.temperature,
                 max_tokens=config.max_tokens,
@@ -231,6 +242,7 @@ class OpenAIClient:
             connect_timeout=config.connect_timeout,
             max_retries=config.max_retries,
             tool_mode=config.tool_mode,
+            tool_choice=config.tool_choice,
             stream_usage=config.stream_usage,
             temperature=config.temperature,
             max_tokens=config.max_tokens,
@@ -304,8 +316,9 @@ class OpenAIClient:
                 fields["stream_options"] = {"include_usage": True}
         if tools:
             fields["tools"] = cast(list[JsonValue], tools_to_wire(tools))
-            if request.tool_choice is not None:
-                fields["tool_choice"] = tool_choice_to_wire(request.tool_choice)
+            choice = request.tool_choice or self.tool_choice
+            if choice is not None:
+                fields["tool_choice"] = tool_choice_to_wire(choice)
             if request.parallel_tool_calls is not None:
                 fields["parallel_tool_calls"] = request.parallel_tool_calls
         temperature = request.temperature if request.temperature is not None else self.temperature
@@ -418,7 +431,31 @@ class OpenAIClient:
                 async for event in events:
                     yield event
         except openai.OpenAIError as err:
-            raise self._translate(err, streaming=True) from err
+            if not self._refused_in_stream(err, fields, assembler):
+                raise self._translate(err, streaming=True) from err
+        else:
+            return
+        # The server accepted the stream (HTTP 200), then refused it in its first event:
+        # llama-cpp-python does so when tools are offered. Ask again without streaming.
+        self._streaming.refuse_stream_with_tools(cast(str, fields["model"]))
+        yield StreamWarning(
+            code=STREAM_WITH_TOOLS_UNSUPPORTED, message=WARNINGS[STREAM_WITH_TOOLS_UNSUPPORTED]
+        )
+        notes.append(WARNINGS[STREAM_WITH_TOOLS_UNSUPPORTED])
+        assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
+        async for event in self._fallback(messages, fields, assembler, notes):
+            yield event
+
+    @staticmethod
+    def _refused_in_stream(
+        err: openai.OpenAIError, fields: JsonObject, assembler: Assembler
+    ) -> bool:
+        """Whether `err` is an error event sent before any chunk of a stream offering tools."""
+        return (
+            type(err) is openai.APIError  # an error event in the stream, not a transport error
+            and "tools" in fields
+            and assembler.chunks == 0
+        )
 
     async def _fallback(
         self,
