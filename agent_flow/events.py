@@ -61,7 +61,9 @@ __all__ = [
     "ExecutionError",
     "HistoryPruned",
     "IterationStarted",
+    "ModelOutputDiscarded",
     "ModelResponded",
+    "ModelRetrying",
     "PlanUpdated",
     "RunFinished",
     "RunStarted",
@@ -158,6 +160,33 @@ class ModelResponded(_Event):
     tool_calls: int
     duration_ms: float
     source: Literal["agent", "summarizer"] = "agent"
+
+
+class ModelRetrying(_Event):
+    """A model call failed and is tried again after `delay` seconds (one event per retry).
+
+    ``attempt`` is the attempt that failed, of at most ``max_attempts``.
+    """
+
+    kind: Literal["model_retrying"] = "model_retrying"
+    iteration: int
+    attempt: int
+    max_attempts: int
+    delay: float
+    reason: str
+
+
+class ModelOutputDiscarded(_Event):
+    """The deltas streamed by an abandoned model attempt are void: drop them.
+
+    Published before the `ModelRetrying` of that attempt; ``text`` is the text that was
+    streamed (a consumer joining `TextDelta` texts removes this much).
+    """
+
+    kind: Literal["model_output_discarded"] = "model_output_discarded"
+    iteration: int
+    attempt: int
+    text: str
 
 
 class ToolCallStarted(_Event):
@@ -288,6 +317,8 @@ AgentEvent: TypeAlias = Annotated[
     | TextDelta
     | ToolCallArgumentsDelta
     | ModelResponded
+    | ModelRetrying
+    | ModelOutputDiscarded
     | ToolCallStarted
     | ToolCallCompleted
     | ToolCallFailed

@@ -90,6 +90,10 @@ class Reply:
             then arrives in pieces).
         drop_after: Close the connection abruptly after this many frames (mid-stream).
         hang: Never answer (for timeout tests); the request still counts.
+        stall_after: Send this many frames, then go silent without closing (a stalled
+            server mid-stream).
+        close_at_once: Read the request, then close the connection without a byte of answer
+            (a server that accepts and then closes).
     """
 
     status: int = 200
@@ -99,6 +103,8 @@ class Reply:
     split_bytes: int | None = None
     drop_after: int | None = None
     hang: bool = False
+    stall_after: int | None = None
+    close_at_once: bool = False
     _encoded: bytes = field(default=b"", repr=False)
 
     def encoded_head(self) -> bytes:
@@ -119,7 +125,13 @@ ReplyLike: TypeAlias = Reply | Callable[[RecordedRequest], "Reply | Awaitable[Re
 
 def _prepare(reply: Reply) -> Reply:
     """Encode a whole, undisturbed reply once, so serving it is a single write."""
-    if reply.split_bytes or reply.drop_after is not None or reply.hang:
+    if (
+        reply.split_bytes
+        or reply.drop_after is not None
+        or reply.hang
+        or reply.stall_after is not None
+        or reply.close_at_once
+    ):
         return reply
     head = reply.encoded_head()
     if reply.events is None:
@@ -197,12 +209,20 @@ def sse_reply(
     done: bool = True,
     split_bytes: int | None = None,
     drop_after: int | None = None,
+    stall_after: int | None = None,
 ) -> Reply:
     """A streamed answer: each chunk is one frame (a dict as JSON; str/bytes sent as is)."""
     frames = [b"data: " + _frame_data(chunk) + b"\n\n" for chunk in chunks]
     if done:
         frames.append(b"data: [DONE]\n\n")
-    return _prepare(Reply(events=tuple(frames), split_bytes=split_bytes, drop_after=drop_after))
+    return _prepare(
+        Reply(
+            events=tuple(frames),
+            split_bytes=split_bytes,
+            drop_after=drop_after,
+            stall_after=stall_after,
+        )
+    )
 
 
 def _frame_data(chunk: object) -> bytes:
@@ -483,6 +503,9 @@ class OpenAIServer:
         if reply.hang:
             await self._closing.wait()
             return False
+        if reply.close_at_once:
+            writer.transport.abort()
+            return False
         if reply._encoded:
             writer.write(reply._encoded)
             await writer.drain()
@@ -496,6 +519,10 @@ class OpenAIServer:
             if reply.drop_after is not None and number >= reply.drop_after:
                 await writer.drain()
                 writer.transport.abort()
+                return False
+            if reply.stall_after is not None and number >= reply.stall_after:
+                await writer.drain()
+                await self._closing.wait()
                 return False
             size = reply.split_bytes or len(frame)
             for start in range(0, len(frame), size):

@@ -13,20 +13,31 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent_flow.agent import ExecutionOutcome
-from agent_flow.events import AgentEvent, WarningRaised
+from agent_flow.agent import ExecutionOutcome, StopReason
+from agent_flow.errors import ModelConnectionError, ModelServerError, ModelTimeoutError
+from agent_flow.events import (
+    AgentEvent,
+    ModelOutputDiscarded,
+    ModelRetrying,
+    TextDelta,
+    WarningRaised,
+)
 from agent_flow.llm import (
     Completion,
     LLMRequest,
     OpenAIClient,
+    RetryNotice,
     StreamEvent,
     StreamWarning,
+    TextChunk,
     ToolCallChunk,
 )
+from agent_flow.llm._openai_retry import Timeouts
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
-from tests.helpers import make_agent
+from tests.helpers import drain_into, make_agent
 from tests.openai_server import (
     OpenAIServer,
+    Reply,
     completion_body,
     error_reply,
     json_reply,
@@ -251,3 +262,133 @@ async def test_a_stream_warning_is_published_once(
     _, events = await run_agent(client, max_iterations=1)
     fallbacks = [m for m in warnings_of(events) if "without streaming" in m]
     assert len(fallbacks) == 1
+
+
+# -- 2. timeouts and retries -------------------------------------------------------------------
+
+
+def test_the_default_timeouts_and_the_one_retry_layer() -> None:
+    llm = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    assert llm.timeouts == Timeouts(connect=10.0, first_byte=120.0, chunk=60.0, request=600.0)
+    assert llm.max_retries == 2
+    assert llm.sdk_client.max_retries == 0  # so attempts are never multiplied
+
+
+async def test_a_server_that_never_starts_answering_hits_the_first_byte_timeout(
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.script(Reply(hang=True))
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", first_byte_timeout=0.2, max_retries=0
+    ) as llm:
+        with pytest.raises(ModelTimeoutError, match=r"first-byte timeout of 0.2 s"):
+            await collect(llm.stream(WITH_TOOLS))
+
+
+async def test_a_stream_that_stalls_mid_answer_hits_the_chunk_timeout(
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.script(sse_reply(text_chunks("abcdef", chunk_size=2), stall_after=3))
+    seen: list[StreamEvent] = []
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", chunk_timeout=0.2, max_retries=0
+    ) as llm:
+        with pytest.raises(ModelTimeoutError, match=r"chunk timeout of 0.2 s") as caught:
+            await drain_into(llm.stream(WITH_TOOLS), seen)
+    assert "".join(e.text for e in seen if isinstance(e, TextChunk)) == "abcd"
+    assert caught.value.attempts == 1
+
+
+async def test_a_non_streamed_answer_that_never_comes_hits_the_request_timeout(
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.script(Reply(hang=True))
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", timeout=0.2, max_retries=0
+    ) as llm:
+        with pytest.raises(ModelTimeoutError, match=r"request timeout of 0.2 s"):
+            await llm.complete(WITH_TOOLS)
+
+
+async def test_retry_after_is_honoured_and_announced(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    openai_server.script(
+        error_reply(429, "slow down", retry_after_ms=None, headers={"retry-after": "0.3"}),
+        sse_reply(text_chunks("ok")),
+    )
+    events = await collect(client.stream(WITH_TOOLS))
+    notices = [e for e in events if isinstance(e, RetryNotice)]
+    assert [(n.attempt, n.max_attempts, n.discarded) for n in notices] == [(1, 3, False)]
+    assert 0.3 <= notices[0].delay <= 0.33
+    assert "HTTP 429" in notices[0].reason
+    assert final_completion(events).text == "ok"
+    assert len(openai_server.requests) == 2
+
+
+async def test_a_500_repeated_on_the_identical_request_is_not_retried_as_transient(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    openai_server.handler = lambda request: error_reply(500, "template failed", retry_after_ms=1)
+    with pytest.raises(ModelServerError, match="not transient") as caught:
+        await client.complete(WITH_TOOLS)
+    assert caught.value.attempts == 2
+    assert len(openai_server.requests) == 2
+
+
+async def test_a_server_that_accepts_then_closes_is_not_reported_as_unreachable(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    client.max_retries = 0
+    openai_server.script(Reply(close_at_once=True))
+    with pytest.raises(ModelConnectionError, match="accepted the connection and closed it"):
+        await client.complete(WITH_TOOLS)
+
+
+async def test_a_cut_stream_is_retried_and_its_partial_text_discarded(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    client.retry_base_delay = 0.001
+    openai_server.script(
+        sse_reply(text_chunks("the first try", chunk_size=4), drop_after=3),
+        sse_reply(text_chunks("second", chunk_size=4)),
+    )
+    events = await collect(client.stream(WITH_TOOLS))
+    notices = [e for e in events if isinstance(e, RetryNotice)]
+    assert [(n.attempt, n.discarded) for n in notices] == [(1, True)]
+    assert final_completion(events).text == "second"
+
+
+async def test_an_agent_voids_the_partial_text_of_a_retried_attempt(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    client.retry_base_delay = 0.001
+    openai_server.script(
+        sse_reply(text_chunks("the first try", chunk_size=4), drop_after=3),
+        sse_reply(text_chunks("second", chunk_size=4)),
+    )
+    _, events = await run_agent(client, max_iterations=1)
+    joined = ""
+    for event in events:
+        if isinstance(event, TextDelta):
+            joined += event.text
+        elif isinstance(event, ModelOutputDiscarded):
+            assert joined.endswith(event.text)
+            joined = joined[: len(joined) - len(event.text)]
+    assert joined == "second"
+    kinds = [e.kind for e in events if isinstance(e, ModelOutputDiscarded | ModelRetrying)]
+    assert kinds == ["model_output_discarded", "model_retrying"]
+
+
+async def test_an_agent_does_not_multiply_the_client_s_attempts(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    openai_server.handler = lambda request: error_reply(
+        503, f"busy {len(openai_server.requests)}", retry_after_ms=1
+    )
+    outcome, events = await run_agent(client, max_iterations=1)
+    assert outcome.stop_reason is StopReason.ERROR
+    assert len(openai_server.requests) == 3
+    retrying = [e for e in events if isinstance(e, ModelRetrying)]
+    assert [(e.attempt, e.max_attempts) for e in retrying] == [(1, 3), (2, 3)]
+    assert "gave up after 3 attempts" in outcome.errors[-1].message

@@ -38,7 +38,9 @@ from agent_flow.errors import (
 from agent_flow.events import (
     ContextBuilt,
     EnvironmentUpdated,
+    ModelOutputDiscarded,
     ModelResponded,
+    ModelRetrying,
     PlanUpdated,
     TextDelta,
     ThinkingDelta,
@@ -56,6 +58,7 @@ from agent_flow.history import (
 from agent_flow.llm.base import (
     Completion,
     LLMRequest,
+    RetryNotice,
     StreamEvent,
     StreamWarning,
     TextChunk,
@@ -121,17 +124,23 @@ async def _model_step(run: _Run) -> Step:
 
     completion: Completion | None = None
     started = time.perf_counter()
-    relayed: set[str] = set()  # warnings already published while streaming
-    for attempt in range(run.agent.config.model_retries + 1):
+    call = _CallState()
+    attempts = run.agent.config.model_retries + 1
+    for attempt in range(1, attempts + 1):
         try:
-            completion = await _call_model(run, request, relayed)
+            completion = await _call_model(run, request, call)
             break
         except ModelError as err:
-            last_try = attempt == run.agent.config.model_retries
-            if not err.retryable or last_try:
+            # A client with its own retry layer (err.attempts set) has retried already.
+            if not err.retryable or err.attempts is not None or attempt == attempts:
                 await run._error(err, fatal=True)
                 return Finish(StopReason.ERROR, text=str(err))
             await run._error(err, fatal=False)
+            await _retrying(
+                run,
+                call,
+                RetryNotice(attempt=attempt, max_attempts=attempts, delay=0.0, reason=str(err)),
+            )
     assert completion is not None
     await _count_model_call(
         run,
@@ -145,7 +154,7 @@ async def _model_step(run: _Run) -> Step:
         tool_calls=len(completion.tool_calls),
     )
     for warning in completion.warnings:
-        if warning not in relayed:
+        if warning not in call.relayed:
             await run.emit(WarningRaised, message=warning, source="model")
 
     _record_turn(run, completion)
@@ -202,7 +211,35 @@ def _configured_max_tokens(config: AgentConfig) -> int | None:
         return None
 
 
-async def _call_model(run: _Run, request: LLMRequest, relayed: set[str]) -> Completion:
+class _CallState:
+    """What one model call has published so far, across its attempts."""
+
+    def __init__(self) -> None:
+        self.relayed: set[str] = set()  # warnings already published while streaming
+        self.text: list[str] = []  # the text streamed by the current attempt
+
+
+async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
+    """Void what the failed attempt streamed, then announce the next attempt."""
+    if call.text:
+        await run.emit(
+            ModelOutputDiscarded,
+            iteration=run.iteration,
+            attempt=notice.attempt,
+            text="".join(call.text),
+        )
+        call.text.clear()
+    await run.emit(
+        ModelRetrying,
+        iteration=run.iteration,
+        attempt=notice.attempt,
+        max_attempts=notice.max_attempts,
+        delay=notice.delay,
+        reason=notice.reason,
+    )
+
+
+async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
     if not run.agent.stream:
         return await run.agent.llm.complete(request)
     completion: Completion | None = None
@@ -211,7 +248,7 @@ async def _call_model(run: _Run, request: LLMRequest, relayed: set[str]) -> Comp
     # holds us up), it is closed now, releasing its connection, not whenever it is collected.
     async with contextlib.aclosing(_closable(stream)):
         async for delta in stream:
-            completion = await _relay(run, delta, relayed) or completion
+            completion = await _relay(run, delta, call) or completion
     if completion is None:
         raise ModelResponseError("the model's stream ended without a final answer")
     return completion
@@ -232,10 +269,11 @@ def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
     return stream if isinstance(stream, _Closable) else _NothingToClose()
 
 
-async def _relay(run: _Run, delta: StreamEvent, relayed: set[str]) -> Completion | None:
+async def _relay(run: _Run, delta: StreamEvent, call: _CallState) -> Completion | None:
     """Publish one stream chunk as an event; return it if it is the final `Completion`."""
     match delta:
         case TextChunk(text=text):
+            call.text.append(text)
             await run.emit(TextDelta, text=text)
         case ThinkingChunk(text=text):
             await run.emit(ThinkingDelta, text=text)
@@ -247,8 +285,10 @@ async def _relay(run: _Run, delta: StreamEvent, relayed: set[str]) -> Completion
             await run.emit(
                 ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
             )
+        case RetryNotice():
+            await _retrying(run, call, delta)
         case StreamWarning(message=message):
-            relayed.add(message)
+            call.relayed.add(message)
             await run.emit(WarningRaised, message=message, source="model")
         case Completion():
             return delta

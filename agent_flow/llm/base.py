@@ -42,6 +42,7 @@ __all__ = [
     "LLMRequest",
     "NativeFormat",
     "PromptFormat",
+    "RetryNotice",
     "StreamEvent",
     "StreamWarning",
     "TextChunk",
@@ -216,6 +217,31 @@ class StreamWarning(BaseModel):
     message: str
 
 
+class RetryNotice(BaseModel):
+    """An attempt failed and the client tries again after `delay` seconds.
+
+    Every chunk streamed since the previous notice (or the start) belonged to the abandoned
+    attempt: a consumer joining the deltas must discard them.
+
+    Attributes:
+        attempt: The attempt that failed (1 for the first).
+        max_attempts: The most attempts the client makes.
+        delay: Seconds waited before the next attempt (the server's ``Retry-After``, or a
+            jittered backoff).
+        reason: What went wrong, one sentence.
+        discarded: Whether chunks of the abandoned attempt were streamed (and are void).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["retry"] = "retry"
+    attempt: int
+    max_attempts: int
+    delay: float
+    reason: str
+    discarded: bool = False
+
+
 class Completion(BaseModel):
     """The model's whole answer to one request, normalized.
 
@@ -256,7 +282,13 @@ class Completion(BaseModel):
 
 #: One item of a streamed answer; the last one is always a `Completion`.
 StreamEvent: TypeAlias = Annotated[
-    TextChunk | ThinkingChunk | ToolCallChunk | ToolCallArgumentsChunk | StreamWarning | Completion,
+    TextChunk
+    | ThinkingChunk
+    | ToolCallChunk
+    | ToolCallArgumentsChunk
+    | StreamWarning
+    | RetryNotice
+    | Completion,
     Field(discriminator="kind"),
 ]
 STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)

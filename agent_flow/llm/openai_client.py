@@ -27,9 +27,10 @@ are redacted).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, cast
@@ -38,12 +39,15 @@ import openai
 from openai import AsyncOpenAI, AsyncStream
 from pydantic import SecretStr
 
+from agent_flow._defaults import DEFAULT_MODEL_RETRIES, RETRY_BASE_DELAY
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow.errors import ConfigError, ModelError, ModelResponseError
+from agent_flow.errors import ConfigError, ModelError, ModelResponseError, ModelTimeoutError
 from agent_flow.llm._openai_errors import translate_error
+from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
 from agent_flow.llm._openai_stream import (
     STREAM_WITH_TOOLS_UNSUPPORTED,
     WARNINGS,
+    StreamClock,
     StreamSupport,
     read_stream,
 )
@@ -59,8 +63,13 @@ from agent_flow.llm.base import (
     Completion,
     LLMRequest,
     PromptFormat,
+    RetryNotice,
     StreamEvent,
     StreamWarning,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     ToolMode,
 )
 from agent_flow.llm.xml_tools import XML_FORMAT
@@ -77,6 +86,8 @@ __all__ = ["OpenAIClient"]
 _PATH = "/chat/completions"
 _NO_KEY_PLACEHOLDER = "no-key-needed"  # local servers ignore the key; the SDK wants one
 _DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+_BACKSTOP = 5.0  # seconds the SDK's read timeout lies behind the request timeout
+_CHUNKS = (TextChunk, ThinkingChunk, ToolCallChunk, ToolCallArgumentsChunk)
 
 
 class OpenAIClient:
@@ -95,11 +106,13 @@ class OpenAIClient:
         organization: OpenAI organization (default ``OPENAI_ORG_ID``).
         project: OpenAI project (default ``OPENAI_PROJECT_ID``).
         headers: Extra headers sent with every request.
-        timeout: Seconds the SDK waits for the server (per request, and per chunk while
-            streaming); default the SDK's 600 s.
-        connect_timeout: Seconds to wait for a connection (default ``min(timeout, 5)``).
-        max_retries: Retries of connection errors, 408/409/429/5xx (honouring
-            ``Retry-After``) before an error is raised; default the SDK's 2.
+        timeout: Seconds one attempt may take in all (default 600).
+        connect_timeout: Seconds to wait for a connection (default 10).
+        first_byte_timeout: Seconds a streamed answer may take to start (default 120).
+        chunk_timeout: Seconds a streamed answer may go silent between chunks (default 60).
+        max_retries: Retries of failures that may pass (connection errors, timeouts, 429,
+            5xx, cut streams), honouring ``Retry-After``, else after a jittered backoff;
+            default 2. This is the only retry layer: the SDK's own is switched off.
         tool_mode: ``"native"`` tool calling, or ``"xml"`` for models without it.
         tool_choice: The ``tool_choice`` sent whenever tools are offered and the request sets
             none (``"auto"``: llama-cpp-python drops the tools of a request without one);
@@ -131,6 +144,8 @@ class OpenAIClient:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         connect_timeout: float | None = None,
+        first_byte_timeout: float | None = None,
+        chunk_timeout: float | None = None,
         max_retries: int | None = None,
         tool_mode: ToolMode = "native",
         tool_choice: str | None = "auto",
@@ -153,6 +168,15 @@ class OpenAIClient:
         self.extra_body: JsonObject = dict(extra_body or {})
         self._api_key_env = api_key_env
         self._streaming = StreamSupport()
+        defaults = Timeouts()
+        self.timeouts = Timeouts(
+            connect=connect_timeout or defaults.connect,
+            first_byte=first_byte_timeout or defaults.first_byte,
+            chunk=chunk_timeout or defaults.chunk,
+            request=timeout or defaults.request,
+        )
+        self.max_retries = DEFAULT_MODEL_RETRIES if max_retries is None else max_retries
+        self.retry_base_delay = RETRY_BASE_DELAY
         if sdk_client is not None:
             given = [
                 name
@@ -162,9 +186,7 @@ class OpenAIClient:
                     ("organization", organization),
                     ("project", project),
                     ("headers", headers),
-                    ("timeout", timeout),
                     ("connect_timeout", connect_timeout),
-                    ("max_retries", max_retries),
                 )
                 if value is not None
             ]
@@ -173,7 +195,8 @@ class OpenAIClient:
                     f"sdk_client was given together with {', '.join(given)}; configure those "
                     "on the AsyncOpenAI client instead"
                 )
-            self._sdk = sdk_client
+            # One retry layer: this client's. The copy shares the caller's connections.
+            self._sdk = sdk_client.with_options(max_retries=0)
             self._owns_sdk = False
             # Pre-encoded bodies only for the plain client: subclasses (Azure deployments)
             # read fields of the body to build the URL.
@@ -192,11 +215,10 @@ class OpenAIClient:
                 )
             key = _NO_KEY_PLACEHOLDER
         self._secret = SecretStr(key)
-        sdk_timeout: openai.Timeout | openai.NotGiven = openai.NOT_GIVEN
-        if timeout is not None or connect_timeout is not None:
-            total = 600.0 if timeout is None else timeout
-            connect = connect_timeout if connect_timeout is not None else min(total, 5.0)
-            sdk_timeout = openai.Timeout(total, connect=connect)
+        # The SDK's read limit is only a backstop behind this client's own timers.
+        sdk_timeout = openai.Timeout(
+            self.timeouts.request + _BACKSTOP, connect=self.timeouts.connect
+        )
         self._sdk = AsyncOpenAI(
             api_key=key,
             base_url=resolved_url,
@@ -204,7 +226,7 @@ class OpenAIClient:
             project=project,
             default_headers=dict(headers) if headers else None,
             timeout=sdk_timeout,
-            max_retries=openai.DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+            max_retries=0,
         )
         self._owns_sdk = True
         self._encode_bytes = True
@@ -229,6 +251,10 @@ class OpenAIClient:
                 max_tokens=config.max_tokens,
                 max_tokens_field=config.resolved_max_tokens_field(),
                 extra_body=config.extra_body,
+                timeout=config.timeout,
+                first_byte_timeout=config.first_byte_timeout,
+                chunk_timeout=config.chunk_timeout,
+                max_retries=config.max_retries,
                 sdk_client=sdk_client,
             )
         return cls(
@@ -240,6 +266,8 @@ class OpenAIClient:
             headers=config.headers or None,
             timeout=config.timeout,
             connect_timeout=config.connect_timeout,
+            first_byte_timeout=config.first_byte_timeout,
+            chunk_timeout=config.chunk_timeout,
             max_retries=config.max_retries,
             tool_mode=config.tool_mode,
             tool_choice=config.tool_choice,
@@ -381,15 +409,47 @@ class OpenAIClient:
             stream_cls=AsyncStream[object],
         )
 
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_retries, base_delay=self.retry_base_delay)
+
     async def complete(self, request: LLMRequest) -> Completion:
-        """Return the model's whole answer (a non-streamed request).
+        """Return the model's whole answer (a non-streamed request), retrying what may pass.
 
         Raises:
-            ModelError: A precise subclass; see the module docstring.
+            ModelError: A precise subclass; see the module docstring. Its ``attempts`` says
+                how many attempts were made.
         """
+        policy = self._policy()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._complete_once(request)
+            except ModelError as err:
+                delay = policy.delay(err, attempt)
+                if delay is None:
+                    raise
+            await asyncio.sleep(delay)
+
+    async def _complete_once(self, request: LLMRequest) -> Completion:
         messages, fields = self._prepare(request, stream=False)
+        data = await self._post_whole(messages, fields)
+        assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
+        assembler.feed_response(data)
+        _, completion = assembler.finish(require_finish_reason=False)
+        return completion
+
+    async def _post_whole(self, messages: Sequence[ChatMessage], fields: JsonObject) -> object:
+        """Post a non-streamed request under the request timeout; return the parsed answer."""
+        limit = self.timeouts.request
         try:
-            data = await self._post_json(messages, fields)
+            async with asyncio.timeout(limit):
+                return await self._post_json(messages, fields)
+        except TimeoutError as err:
+            raise ModelTimeoutError(
+                f"the model server at {self.base_url} did not answer within the request "
+                f"timeout of {limit:g} s; raise it (--timeout, or timeout in the LLM config)"
+            ) from err
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=False) from err
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -397,24 +457,59 @@ class OpenAIClient:
                 f"the server's answer from {self.base_url} is not valid JSON ({err}); "
                 "check the base URL"
             ) from err
-        assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
-        assembler.feed_response(data)
-        _, completion = assembler.finish(require_finish_reason=False)
-        return completion
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamEvent]:
-        """Yield the answer as chunks, then the final `Completion`.
+        """Yield the answer as chunks, then the final `Completion`, retrying what may pass.
+
+        A failed attempt that is tried again yields a `RetryNotice`; the chunks yielded
+        before it belong to the abandoned attempt and are void.
 
         Raises:
-            ModelError: A precise subclass; see the module docstring.
+            ModelError: A precise subclass; see the module docstring. Its ``attempts`` says
+                how many attempts were made.
         """
+        policy = self._policy()
+        attempt = 0
+        while True:
+            attempt += 1
+            streamed = False
+            try:
+                async with aclosing(self._stream_once(request)) as events:
+                    async for event in events:
+                        streamed = streamed or isinstance(event, _CHUNKS)
+                        yield event
+                return
+            except ModelError as err:
+                delay = policy.delay(err, attempt)
+                if delay is None:
+                    raise
+                reason = str(err)
+            yield RetryNotice(
+                attempt=attempt,
+                max_attempts=policy.max_attempts,
+                delay=delay,
+                reason=reason,
+                discarded=streamed,
+            )
+            await asyncio.sleep(delay)
+
+    async def _stream_once(self, request: LLMRequest) -> AsyncGenerator[StreamEvent, None]:
         messages, fields = self._prepare(request, stream=True)
         assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
+        clock = StreamClock(
+            first_byte=self.timeouts.first_byte,
+            chunk=self.timeouts.chunk,
+            request=self.timeouts.request,
+        )
         codes: list[str] = []
         try:
-            sdk_stream = await self._streaming.open(
-                lambda body: self._post_stream(messages, body), fields, codes
-            )
+            when, sentence = clock.next_deadline(first=True)
+            async with asyncio.timeout_at(when):
+                sdk_stream = await self._streaming.open(
+                    lambda body: self._post_stream(messages, body), fields, codes
+                )
+        except TimeoutError as err:
+            raise ModelTimeoutError(f"the model server at {self.base_url} {sentence}") from err
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=False) from err
         for code in codes:
@@ -426,7 +521,7 @@ class OpenAIClient:
             return
         try:
             async with aclosing(
-                read_stream(sdk_stream, assembler, notes, where=self.base_url)
+                read_stream(sdk_stream, assembler, notes, where=self.base_url, clock=clock)
             ) as events:
                 async for event in events:
                     yield event
@@ -465,14 +560,7 @@ class OpenAIClient:
         warnings: list[str],
     ) -> AsyncIterator[StreamEvent]:
         plain = {k: v for k, v in fields.items() if k not in ("stream", "stream_options")}
-        try:
-            data = await self._post_json(messages, plain)
-        except openai.OpenAIError as err:
-            raise self._translate(err, streaming=False) from err
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ModelResponseError(
-                f"the server's answer from {self.base_url} is not valid JSON ({err})"
-            ) from err
+        data = await self._post_whole(messages, plain)
         for event in assembler.feed_response(data):
             yield event
         events, completion = assembler.finish(warnings=warnings, require_finish_reason=False)
@@ -488,8 +576,8 @@ class OpenAIClient:
             where=self.base_url,
             secret=self._secret.get_secret_value(),
             api_key_env=self._api_key_env,
-            max_retries=self._sdk.max_retries,
             streaming=streaming,
+            connect_timeout=self.timeouts.connect,
         )
 
 
