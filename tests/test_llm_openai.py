@@ -131,6 +131,7 @@ async def test_usage_in_the_last_chunk_is_reported_with_cached_and_reasoning_tok
         "total_tokens": 150,
         "cached_tokens": 100,
         "reasoning_tokens": 12,
+        "estimated": False,
     }
 
 

@@ -17,7 +17,9 @@ from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.errors import ModelConnectionError, ModelServerError, ModelTimeoutError
 from agent_flow.events import (
     AgentEvent,
+    ContextBuilt,
     ModelOutputDiscarded,
+    ModelResponded,
     ModelRetrying,
     TextDelta,
     WarningRaised,
@@ -392,3 +394,30 @@ async def test_an_agent_does_not_multiply_the_client_s_attempts(
     retrying = [e for e in events if isinstance(e, ModelRetrying)]
     assert [(e.attempt, e.max_attempts) for e in retrying] == [(1, 3), (2, 3)]
     assert "gave up after 3 attempts" in outcome.errors[-1].message
+
+
+# -- 3. usage that counts ------------------------------------------------------------------------
+
+
+async def test_a_stream_without_usage_is_counted_by_agent_flow_and_limits_hold(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    looping = sse_reply(tool_call_chunks([("c1", "add", '{"a": 1, "b": 2}')], usage=None))
+    openai_server.handler = lambda request: looping
+    outcome, events = await run_agent(client, max_iterations=4, max_total_tokens=300)
+    assert outcome.stop_reason is StopReason.TOKEN_LIMIT
+    assert outcome.usage.estimated
+    assert outcome.usage.prompt_tokens > 0 and outcome.usage.completion_tokens > 0
+    first_prompt = next(e for e in events if isinstance(e, ContextBuilt)).breakdown.total
+    responded = [e for e in events if isinstance(e, ModelResponded)]
+    assert responded[0].prompt_tokens == first_prompt
+    assert len([m for m in warnings_of(events) if "reported no token usage" in m]) == 1
+
+
+async def test_reported_usage_is_not_estimated(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    openai_server.script(sse_reply(text_chunks("done", usage=(30, 4))))
+    outcome, events = await run_agent(client, max_iterations=1)
+    assert (outcome.usage.total_tokens, outcome.usage.estimated) == (34, False)
+    assert not [m for m in warnings_of(events) if "usage" in m]

@@ -142,11 +142,25 @@ async def _model_step(run: _Run) -> Step:
                 RetryNotice(attempt=attempt, max_attempts=attempts, delay=0.0, reason=str(err)),
             )
     assert completion is not None
+    usage = completion.usage
+    if usage is None:
+        usage = _estimated_usage(run, prompt.total_tokens, completion)
+        if not run.usage.estimated:  # once per run
+            await run.emit(
+                WarningRaised,
+                message=(
+                    "the model server reported no token usage, so agent_flow counts it itself "
+                    f"({usage.prompt_tokens} prompt and {usage.completion_tokens} completion "
+                    "tokens for this call, marked as estimated); token and cost limits use "
+                    "these counts"
+                ),
+                source="model",
+            )
     await _count_model_call(
         run,
         ModelCallReport(
             source="agent",
-            usage=completion.usage or Usage(),
+            usage=usage,
             finish_reason=completion.finish_reason,
             duration_ms=(time.perf_counter() - started) * 1000,
             model=completion.model,
@@ -165,6 +179,19 @@ async def _model_step(run: _Run) -> Step:
     if completion.tool_calls:
         return RunTools(completion.tool_calls)
     return await _text_answer(run, completion.text)
+
+
+def _estimated_usage(run: _Run, prompt_tokens: int, completion: Completion) -> Usage:
+    """The usage of a call the server did not report: agent_flow's own counts.
+
+    The prompt is the one the context counted for this call; the answer is counted with
+    the same counter (its text, its thinking and its tool calls as sent back next turn).
+    """
+    counter = run.agent.context.counter
+    answer = counter.count_message(completion.to_message())
+    if completion.thinking:
+        answer += counter.count(completion.thinking)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=answer, estimated=True)
 
 
 async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:

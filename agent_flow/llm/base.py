@@ -111,6 +111,8 @@ class Usage(BaseModel):
             that used tokens.
         cached_tokens: Prompt tokens served from the provider's cache, where reported.
         reasoning_tokens: Completion tokens spent on hidden reasoning, where reported.
+        estimated: Counted by agent_flow because the server reported no usage (its own
+            token counts of what was sent and received), not the server's figures.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -120,6 +122,7 @@ class Usage(BaseModel):
     total_tokens: int = 0
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+    estimated: bool = False
 
     @model_validator(mode="after")
     def _derive_total(self) -> Usage:
@@ -135,6 +138,7 @@ class Usage(BaseModel):
             total_tokens=self.total_tokens + other.total_tokens,
             cached_tokens=_add_optional(self.cached_tokens, other.cached_tokens),
             reasoning_tokens=_add_optional(self.reasoning_tokens, other.reasoning_tokens),
+            estimated=self.estimated or other.estimated,
         )
 
 
