@@ -33,12 +33,13 @@ import typing
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
 
+from agent_flow._event_base import _Event
+from agent_flow._model_call_events import ModelOutputDiscarded, ModelRetrying
 from agent_flow._types import JsonValue
 from agent_flow.context import PromptBreakdown
 from agent_flow.environment import EnvironmentChange, PlanStep
@@ -80,21 +81,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-class _Event(BaseModel):
-    """Fields every event carries."""
-
-    # JSON has no infinity or NaN: refuse them rather than write a line that cannot be read.
-    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
-
-    run_id: str
-    seq: int
-    timestamp: datetime = Field(default_factory=_now)
 
 
 class RunStarted(_Event):
@@ -160,33 +146,6 @@ class ModelResponded(_Event):
     tool_calls: int
     duration_ms: float
     source: Literal["agent", "summarizer"] = "agent"
-
-
-class ModelRetrying(_Event):
-    """A model call failed and is tried again after `delay` seconds (one event per retry).
-
-    ``attempt`` is the attempt that failed, of at most ``max_attempts``.
-    """
-
-    kind: Literal["model_retrying"] = "model_retrying"
-    iteration: int
-    attempt: int
-    max_attempts: int
-    delay: float
-    reason: str
-
-
-class ModelOutputDiscarded(_Event):
-    """The deltas streamed by an abandoned model attempt are void: drop them.
-
-    Published before the `ModelRetrying` of that attempt; ``text`` is the text that was
-    streamed (a consumer joining `TextDelta` texts removes this much).
-    """
-
-    kind: Literal["model_output_discarded"] = "model_output_discarded"
-    iteration: int
-    attempt: int
-    text: str
 
 
 class ToolCallStarted(_Event):

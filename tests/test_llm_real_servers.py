@@ -227,9 +227,10 @@ async def test_answers_cut_by_the_provider_are_not_reported_as_clean(
 
 
 async def run_agent(
-    llm: OpenAIClient, **config: object
+    llm: OpenAIClient, *, stream: bool = True, **config: object
 ) -> tuple[ExecutionOutcome, list[AgentEvent]]:
     agent = make_agent(llm, **config)
+    agent.stream = stream
     events: list[AgentEvent] = []
     subscription = agent.subscribe()
 
@@ -382,13 +383,14 @@ async def test_an_agent_voids_the_partial_text_of_a_retried_attempt(
     assert kinds == ["model_output_discarded", "model_retrying"]
 
 
+@pytest.mark.parametrize("stream", [True, False])
 async def test_an_agent_does_not_multiply_the_client_s_attempts(
-    client: OpenAIClient, openai_server: OpenAIServer
+    client: OpenAIClient, openai_server: OpenAIServer, stream: bool
 ) -> None:
     openai_server.handler = lambda request: error_reply(
         503, f"busy {len(openai_server.requests)}", retry_after_ms=1
     )
-    outcome, events = await run_agent(client, max_iterations=1)
+    outcome, events = await run_agent(client, stream=stream, max_iterations=1)
     assert outcome.stop_reason is StopReason.ERROR
     assert len(openai_server.requests) == 3
     retrying = [e for e in events if isinstance(e, ModelRetrying)]

@@ -56,6 +56,7 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.llm.base import (
+    RETRY_LISTENER,
     Completion,
     LLMRequest,
     RetryNotice,
@@ -268,7 +269,15 @@ async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
 
 async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
     if not run.agent.stream:
-        return await run.agent.llm.complete(request)
+
+        async def retrying(notice: RetryNotice) -> None:
+            await _retrying(run, call, notice)
+
+        token = RETRY_LISTENER.set(retrying)
+        try:
+            return await run.agent.llm.complete(request)
+        finally:
+            RETRY_LISTENER.reset(token)
     completion: Completion | None = None
     stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
     # However the loop leaves the stream (its end, a failure, a cancel while a subscriber

@@ -34,6 +34,7 @@ __all__ = [
     "StreamClock",
     "StreamSupport",
     "read_stream",
+    "refused_in_stream",
 ]
 
 STREAM_OPTIONS_REJECTED = "stream_options_rejected"
@@ -76,6 +77,18 @@ def _rejects_stream_with_tools(err: openai.APIStatusError) -> bool:
         err.status_code in (400, 422, 500, 501)
         and "stream" in text
         and ("tool" in text or "function" in text)
+    )
+
+
+def refused_in_stream(err: openai.OpenAIError, fields: JsonObject, assembler: Assembler) -> bool:
+    """Whether `err` is an error event sent before any chunk of a stream offering tools.
+
+    llama-cpp-python accepts such a stream (HTTP 200) and refuses it in its first event.
+    """
+    return (
+        type(err) is openai.APIError  # an error event in the stream, not a transport error
+        and "tools" in fields
+        and assembler.chunks == 0
     )
 
 

@@ -24,7 +24,8 @@ the prompt that is actually sent; `prompt_format_of` reads it (`NATIVE_FORMAT` o
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Annotated, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -35,6 +36,7 @@ from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
 __all__ = [
     "NATIVE_FORMAT",
+    "RETRY_LISTENER",
     "STREAM_EVENT_ADAPTER",
     "Completion",
     "FinishReason",
@@ -244,6 +246,13 @@ class RetryNotice(BaseModel):
     delay: float
     reason: str
     discarded: bool = False
+
+
+#: Told of each retry of a non-streamed call (`LLMClient.complete`) made in this context;
+#: streamed calls yield their `RetryNotice` instead. An agent sets it around its calls.
+RETRY_LISTENER: ContextVar[Callable[[RetryNotice], Awaitable[None]] | None] = ContextVar(
+    "agent_flow_retry_listener", default=None
+)
 
 
 class Completion(BaseModel):

@@ -50,6 +50,7 @@ from agent_flow.llm._openai_stream import (
     StreamClock,
     StreamSupport,
     read_stream,
+    refused_in_stream,
 )
 from agent_flow.llm._openai_wire import (
     Assembler,
@@ -60,6 +61,7 @@ from agent_flow.llm._openai_wire import (
 )
 from agent_flow.llm.base import (
     NATIVE_FORMAT,
+    RETRY_LISTENER,
     Completion,
     LLMRequest,
     PromptFormat,
@@ -415,6 +417,8 @@ class OpenAIClient:
     async def complete(self, request: LLMRequest) -> Completion:
         """Return the model's whole answer (a non-streamed request), retrying what may pass.
 
+        Each retry is told to the `RETRY_LISTENER` of the calling context, if any.
+
         Raises:
             ModelError: A precise subclass; see the module docstring. Its ``attempts`` says
                 how many attempts were made.
@@ -429,6 +433,12 @@ class OpenAIClient:
                 delay = policy.delay(err, attempt)
                 if delay is None:
                     raise
+                reason = str(err)
+            if (listener := RETRY_LISTENER.get()) is not None:
+                total = policy.max_attempts
+                await listener(
+                    RetryNotice(attempt=attempt, max_attempts=total, delay=delay, reason=reason)
+                )
             await asyncio.sleep(delay)
 
     async def _complete_once(self, request: LLMRequest) -> Completion:
@@ -526,7 +536,7 @@ class OpenAIClient:
                 async for event in events:
                     yield event
         except openai.OpenAIError as err:
-            if not self._refused_in_stream(err, fields, assembler):
+            if not refused_in_stream(err, fields, assembler):
                 raise self._translate(err, streaming=True) from err
         else:
             return
@@ -540,17 +550,6 @@ class OpenAIClient:
         assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
         async for event in self._fallback(messages, fields, assembler, notes):
             yield event
-
-    @staticmethod
-    def _refused_in_stream(
-        err: openai.OpenAIError, fields: JsonObject, assembler: Assembler
-    ) -> bool:
-        """Whether `err` is an error event sent before any chunk of a stream offering tools."""
-        return (
-            type(err) is openai.APIError  # an error event in the stream, not a transport error
-            and "tools" in fields
-            and assembler.chunks == 0
-        )
 
     async def _fallback(
         self,
