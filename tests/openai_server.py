@@ -138,7 +138,9 @@ def _prepare(reply: Reply) -> Reply:
         payload = head + reply.body
     else:
         stream = b"".join(reply.events)
-        payload = head + f"{len(stream):x}\r\n".encode() + stream + b"\r\n0\r\n\r\n"
+        # An empty stream is just the last chunk (a zero-length chunk would end it early).
+        body = f"{len(stream):x}\r\n".encode() + stream + b"\r\n" if stream else b""
+        payload = head + body + b"0\r\n\r\n"
     return Reply(
         status=reply.status,
         headers=reply.headers,

@@ -36,6 +36,7 @@ from agent_flow.llm import (
 )
 from agent_flow.llm._openai_retry import Timeouts
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
+from agent_flow.tools import Tool
 from tests.helpers import drain_into, make_agent
 from tests.openai_server import (
     OpenAIServer,
@@ -204,6 +205,19 @@ async def test_a_stream_refused_inside_http_200_falls_back_to_a_plain_request(
     assert openai_server.bodies[2].get("stream") is None
 
 
+async def test_a_stream_ended_empty_with_tools_falls_back_to_a_plain_request(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    # llama-cpp-python 0.3.36: HTTP 200, then the stream ends without a single event.
+    openai_server.script(sse_reply([], done=False), json_reply(completion_body("fell back")))
+    events = await collect(client.stream(WITH_TOOLS))
+    assert [e.code for e in events if isinstance(e, StreamWarning)] == [
+        "stream_with_tools_unsupported"
+    ]
+    assert final_completion(events).text == "fell back"
+    assert len(openai_server.requests) == 2
+
+
 async def test_a_stream_error_event_without_tools_is_still_an_error(
     client: OpenAIClient, openai_server: OpenAIServer
 ) -> None:
@@ -227,9 +241,9 @@ async def test_answers_cut_by_the_provider_are_not_reported_as_clean(
 
 
 async def run_agent(
-    llm: OpenAIClient, *, stream: bool = True, **config: object
+    llm: OpenAIClient, *tools: Tool, stream: bool = True, **config: object
 ) -> tuple[ExecutionOutcome, list[AgentEvent]]:
-    agent = make_agent(llm, **config)
+    agent = make_agent(llm, *tools, **config)
     agent.stream = stream
     events: list[AgentEvent] = []
     subscription = agent.subscribe()

@@ -22,7 +22,7 @@ import openai
 from openai import AsyncStream
 
 from agent_flow._types import JsonObject
-from agent_flow.errors import MalformedChunkError, ModelTimeoutError
+from agent_flow.errors import IncompleteStreamError, MalformedChunkError, ModelTimeoutError
 from agent_flow.llm._openai_wire import Assembler
 from agent_flow.llm.base import StreamEvent, StreamWarning
 
@@ -80,16 +80,16 @@ def _rejects_stream_with_tools(err: openai.APIStatusError) -> bool:
     )
 
 
-def refused_in_stream(err: openai.OpenAIError, fields: JsonObject, assembler: Assembler) -> bool:
-    """Whether `err` is an error event sent before any chunk of a stream offering tools.
+def refused_in_stream(err: Exception, fields: JsonObject, assembler: Assembler) -> bool:
+    """Whether a stream offering tools was refused after its HTTP 200, before any chunk.
 
-    llama-cpp-python accepts such a stream (HTTP 200) and refuses it in its first event.
+    llama-cpp-python accepts such a stream and then ends it empty (or, in other versions,
+    with an error event): either way not one chunk of an answer arrived.
     """
-    return (
-        type(err) is openai.APIError  # an error event in the stream, not a transport error
-        and "tools" in fields
-        and assembler.chunks == 0
+    refusal = type(err) is openai.APIError or isinstance(
+        err, IncompleteStreamError | openai.APIConnectionError
     )
+    return refusal and "tools" in fields and assembler.chunks == 0
 
 
 class _StreamWithToolsRejected(Exception):

@@ -1,25 +1,21 @@
 """`OpenAIClient`: the `LLMClient` for every OpenAI-compatible chat-completions server.
 
-Built on the official SDK's `AsyncOpenAI`, so connection handling, timeouts, retries with
-backoff and ``Retry-After`` are the SDK's. What this module adds is what real servers need:
+Built on the official SDK's `AsyncOpenAI` (connections, HTTP), with what real servers need:
 
-- The request body is built here from the neutral messages as plain JSON (each message
-  encoded once while it lives, see `encode_body`) and posted through the SDK's lower-level
-  ``post`` (its escape hatch for raw bodies), which skips the SDK's per-call transform of
-  typed parameters: the cost of a call barely grows with the length of the history.
-  Streams are read as raw chunk dicts.
-- Every answer goes through one `Assembler` that normalizes what servers disagree about (see
-  `agent_flow.llm._openai_wire`).
-- Failures end in a precise `ModelError` subclass (see `agent_flow.llm._openai_errors`):
-  HTTP errors (after the SDK's retries) carry status, provider code and body; a stream
-  that stops without a finish reason raises `IncompleteStreamError`, a connection dropped
-  mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError` — never a
-  silently truncated answer. (A connection lost after the finish reason arrived loses only
-  usage: the answer is returned, with a warning.)
-- Servers that reject ``stream_options`` get the stream requested again without it (once;
-  remembered); servers that cannot stream with tools get a non-streamed request for that
-  call (see `agent_flow.llm._openai_stream`). Both are reported as `StreamWarning` events and
-  in `Completion.warnings`.
+- The request body is built here as plain JSON (each message encoded once while it lives,
+  see `encode_body`) and posted through the SDK's lower-level ``post``, skipping its
+  per-call transform of typed parameters. Streams are read as raw chunk dicts.
+- Every answer goes through one `Assembler` that normalizes what servers disagree about
+  (see `agent_flow.llm._openai_wire`).
+- One retry layer, this client's (the SDK's is off), with named timeouts per attempt (see
+  `agent_flow.llm._openai_retry`); streams announce each retry with a `RetryNotice`.
+- Failures end in a precise `ModelError` subclass (see `agent_flow.llm._openai_errors`): a
+  stream that stops without a finish reason raises `IncompleteStreamError`, a connection
+  dropped mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError`; never a
+  silently truncated answer (a connection lost after the finish reason loses only usage).
+- Servers that reject ``stream_options`` get the stream requested again without it; servers
+  that cannot stream with tools (refusing with an HTTP error, or after an HTTP 200) get a
+  non-streamed request (see `agent_flow.llm._openai_stream`), reported as `StreamWarning`s.
 
 The API key is kept out of every repr, log line and exception (server messages that echo it
 are redacted).
@@ -41,7 +37,14 @@ from pydantic import SecretStr
 
 from agent_flow._defaults import DEFAULT_MODEL_RETRIES, RETRY_BASE_DELAY
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow.errors import ConfigError, ModelError, ModelResponseError, ModelTimeoutError
+from agent_flow.errors import (
+    ConfigError,
+    IncompleteStreamError,
+    ModelConnectionError,
+    ModelError,
+    ModelResponseError,
+    ModelTimeoutError,
+)
 from agent_flow.llm._openai_errors import translate_error
 from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
 from agent_flow.llm._openai_stream import (
@@ -535,18 +538,18 @@ class OpenAIClient:
             ) as events:
                 async for event in events:
                     yield event
-        except openai.OpenAIError as err:
+        except (openai.OpenAIError, IncompleteStreamError) as err:
             if not refused_in_stream(err, fields, assembler):
+                if isinstance(err, IncompleteStreamError):
+                    raise
                 raise self._translate(err, streaming=True) from err
         else:
             return
-        # The server accepted the stream (HTTP 200), then refused it in its first event:
+        # The server accepted the stream (HTTP 200), then refused it before any chunk:
         # llama-cpp-python does so when tools are offered. Ask again without streaming.
         self._streaming.refuse_stream_with_tools(cast(str, fields["model"]))
-        yield StreamWarning(
-            code=STREAM_WITH_TOOLS_UNSUPPORTED, message=WARNINGS[STREAM_WITH_TOOLS_UNSUPPORTED]
-        )
-        notes.append(WARNINGS[STREAM_WITH_TOOLS_UNSUPPORTED])
+        notes.append(warning := WARNINGS[STREAM_WITH_TOOLS_UNSUPPORTED])
+        yield StreamWarning(code=STREAM_WITH_TOOLS_UNSUPPORTED, message=warning)
         assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
         async for event in self._fallback(messages, fields, assembler, notes):
             yield event
@@ -559,7 +562,10 @@ class OpenAIClient:
         warnings: list[str],
     ) -> AsyncIterator[StreamEvent]:
         plain = {k: v for k, v in fields.items() if k not in ("stream", "stream_options")}
-        data = await self._post_whole(messages, plain)
+        try:
+            data = await self._post_whole(messages, plain)
+        except ModelConnectionError:  # a stream refused after HTTP 200 can leave a dead
+            data = await self._post_whole(messages, plain)  # pooled connection: once more
         for event in assembler.feed_response(data):
             yield event
         events, completion = assembler.finish(warnings=warnings, require_finish_reason=False)
