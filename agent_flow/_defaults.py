@@ -56,6 +56,29 @@ rendered environment.
 DEFAULT_MAX_ITERATIONS: Final = 25
 """Model calls per run before the run stops."""
 
+# -- model calls (OpenAIClient, LLMConfig) ------------------------------------------------------
+
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+"""Seconds to wait for the model server to accept a connection."""
+
+DEFAULT_FIRST_BYTE_TIMEOUT: Final = 120.0
+"""Seconds a streamed answer may take to start (the response and its first chunk)."""
+
+DEFAULT_CHUNK_TIMEOUT: Final = 60.0
+"""Seconds a streamed answer may go silent between two chunks."""
+
+DEFAULT_REQUEST_TIMEOUT: Final = 600.0
+"""Seconds one attempt at a model call may take in all (a non-streamed answer included)."""
+
+DEFAULT_MODEL_RETRIES: Final = 2
+"""Retries of a model call that failed in a way that may pass (so 3 attempts in all)."""
+
+RETRY_BASE_DELAY: Final = 0.5
+"""Seconds before the first retry when the server gives no ``Retry-After`` (doubling, jittered)."""
+
+RETRY_MAX_DELAY: Final = 30.0
+"""The longest wait between attempts; a longer ``Retry-After`` is not waited for."""
+
 # -- tools (AgentConfig, ToolExecutor, MCP servers) --------------------------------------------
 
 DEFAULT_TOOL_TIMEOUT: Final = 60.0

@@ -149,9 +149,15 @@ class ModelError(AgentFlowError):
     Attributes:
         retryable: Whether trying again later may succeed (rate limits, server errors,
             dropped connections) as opposed to errors that will repeat (bad credentials).
+        attempts: How many attempts the client made before raising, when the client has
+            its own retry layer (`OpenAIClient` does); ``None``: it tried once and left
+            retrying to its caller.
+        retry_after: Seconds the server asked to wait before trying again (``Retry-After``).
     """
 
     retryable: bool = False
+    attempts: int | None = None
+    retry_after: float | None = None
 
 
 class ModelHTTPError(ModelError):

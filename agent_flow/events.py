@@ -33,12 +33,13 @@ import typing
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
 
+from agent_flow._event_base import _Event
+from agent_flow._model_call_events import ModelOutputDiscarded, ModelRetrying
 from agent_flow._types import JsonValue
 from agent_flow.environment import EnvironmentChange, PlanStep
 from agent_flow.errors import UserError
@@ -61,7 +62,9 @@ __all__ = [
     "ExecutionError",
     "HistoryPruned",
     "IterationStarted",
+    "ModelOutputDiscarded",
     "ModelResponded",
+    "ModelRetrying",
     "PlanUpdated",
     "RunFinished",
     "RunStarted",
@@ -78,21 +81,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-class _Event(BaseModel):
-    """Fields every event carries."""
-
-    # JSON has no infinity or NaN: refuse them rather than write a line that cannot be read.
-    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
-
-    run_id: str
-    seq: int
-    timestamp: datetime = Field(default_factory=_now)
 
 
 class RunStarted(_Event):
@@ -298,6 +286,8 @@ AgentEvent: TypeAlias = Annotated[
     | TextDelta
     | ToolCallArgumentsDelta
     | ModelResponded
+    | ModelRetrying
+    | ModelOutputDiscarded
     | ToolCallStarted
     | ToolCallCompleted
     | ToolCallFailed

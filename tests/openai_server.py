@@ -41,7 +41,9 @@ __all__ = [
     "completion_body",
     "error_reply",
     "json_reply",
+    "llama_cpp_like",
     "sse_reply",
+    "stream_error_reply",
     "text_chunks",
     "tool_call_chunks",
 ]
@@ -88,6 +90,10 @@ class Reply:
             then arrives in pieces).
         drop_after: Close the connection abruptly after this many frames (mid-stream).
         hang: Never answer (for timeout tests); the request still counts.
+        stall_after: Send this many frames, then go silent without closing (a stalled
+            server mid-stream).
+        close_at_once: Read the request, then close the connection without a byte of answer
+            (a server that accepts and then closes).
     """
 
     status: int = 200
@@ -97,6 +103,8 @@ class Reply:
     split_bytes: int | None = None
     drop_after: int | None = None
     hang: bool = False
+    stall_after: int | None = None
+    close_at_once: bool = False
     _encoded: bytes = field(default=b"", repr=False)
 
     def encoded_head(self) -> bytes:
@@ -117,14 +125,22 @@ ReplyLike: TypeAlias = Reply | Callable[[RecordedRequest], "Reply | Awaitable[Re
 
 def _prepare(reply: Reply) -> Reply:
     """Encode a whole, undisturbed reply once, so serving it is a single write."""
-    if reply.split_bytes or reply.drop_after is not None or reply.hang:
+    if (
+        reply.split_bytes
+        or reply.drop_after is not None
+        or reply.hang
+        or reply.stall_after is not None
+        or reply.close_at_once
+    ):
         return reply
     head = reply.encoded_head()
     if reply.events is None:
         payload = head + reply.body
     else:
         stream = b"".join(reply.events)
-        payload = head + f"{len(stream):x}\r\n".encode() + stream + b"\r\n0\r\n\r\n"
+        # An empty stream is just the last chunk (a zero-length chunk would end it early).
+        body = f"{len(stream):x}\r\n".encode() + stream + b"\r\n" if stream else b""
+        payload = head + body + b"0\r\n\r\n"
     return Reply(
         status=reply.status,
         headers=reply.headers,
@@ -166,18 +182,49 @@ def error_reply(
     return json_reply({"error": error}, status=status, headers=extra)
 
 
+def stream_error_reply(message: str = "scripted stream error") -> Reply:
+    """HTTP 200 and a stream whose only event is an error (how llama-cpp-python refuses)."""
+    return sse_reply([{"error": {"message": message, "type": "server_error", "code": 500}}])
+
+
+def llama_cpp_like(reply: Reply) -> Callable[[RecordedRequest], Reply]:
+    """`reply`, unless the request has an assistant message with ``"content": null``.
+
+    llama-cpp-python's server answers such a request with HTTP 500 (its template cannot
+    render a null content), and the same request fails the same way however often it is sent.
+    """
+
+    def answer(request: RecordedRequest) -> Reply:
+        for message in request.body.get("messages", []):
+            if message.get("role") == "assistant" and message.get("content", "") is None:
+                return error_reply(
+                    500, 'can only concatenate str (not "NoneType") to str', retry_after_ms=None
+                )
+        return reply
+
+    return answer
+
+
 def sse_reply(
     chunks: Iterable[object],
     *,
     done: bool = True,
     split_bytes: int | None = None,
     drop_after: int | None = None,
+    stall_after: int | None = None,
 ) -> Reply:
     """A streamed answer: each chunk is one frame (a dict as JSON; str/bytes sent as is)."""
     frames = [b"data: " + _frame_data(chunk) + b"\n\n" for chunk in chunks]
     if done:
         frames.append(b"data: [DONE]\n\n")
-    return _prepare(Reply(events=tuple(frames), split_bytes=split_bytes, drop_after=drop_after))
+    return _prepare(
+        Reply(
+            events=tuple(frames),
+            split_bytes=split_bytes,
+            drop_after=drop_after,
+            stall_after=stall_after,
+        )
+    )
 
 
 def _frame_data(chunk: object) -> bytes:
@@ -458,6 +505,9 @@ class OpenAIServer:
         if reply.hang:
             await self._closing.wait()
             return False
+        if reply.close_at_once:
+            writer.transport.abort()
+            return False
         if reply._encoded:
             writer.write(reply._encoded)
             await writer.drain()
@@ -471,6 +521,10 @@ class OpenAIServer:
             if reply.drop_after is not None and number >= reply.drop_after:
                 await writer.drain()
                 writer.transport.abort()
+                return False
+            if reply.stall_after is not None and number >= reply.stall_after:
+                await writer.drain()
+                await self._closing.wait()
                 return False
             size = reply.split_bytes or len(frame)
             for start in range(0, len(frame), size):

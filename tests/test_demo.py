@@ -25,6 +25,8 @@ MARKERS = {
     "text_delta": "\nI'll plan the work, then map the project.\n",
     "tool_call_arguments_delta": '  ▸ directory_tree {"path": "."}',
     "model_responded": "  · model answered in ",
+    "model_retrying": "  ⚠ model call failed (attempt 1 of 2), retrying in 0.0 s: the connection",
+    "model_output_discarded": "  ⚠ the 11 characters above from the failed attempt are discarded",
     "tool_call_started": "  ⚙ running project_search",
     "tool_call_completed": "  ✓ project_search (",
     "tool_call_failed": "  ✗ read_file failed: the arguments are not valid JSON",

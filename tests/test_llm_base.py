@@ -16,6 +16,7 @@ from agent_flow.llm import (
     LLMClient,
     LLMRequest,
     OpenAIClient,
+    RetryNotice,
     StreamEvent,
     StreamWarning,
     TextChunk,
@@ -159,6 +160,7 @@ EXAMPLES: list[StreamEvent] = [
     ToolCallChunk(index=0, id="c1", name="ls"),
     ToolCallArgumentsChunk(index=0, id="c1", delta='{"a"'),
     StreamWarning(code="stream_options_rejected", message="no usage"),
+    RetryNotice(attempt=1, max_attempts=3, delay=0.5, reason="HTTP 503", discarded=True),
     Completion(
         text="done",
         tool_calls=(ToolCall.from_raw("c1", "ls", '{"a": [1, {"b": null}]}'),),

@@ -71,6 +71,8 @@ EVENT_KINDS = (
     "text_delta",
     "tool_call_arguments_delta",
     "model_responded",
+    "model_retrying",
+    "model_output_discarded",
     "tool_call_started",
     "tool_call_completed",
     "tool_call_failed",

@@ -38,7 +38,9 @@ from agent_flow.errors import (
 from agent_flow.events import (
     ContextBuilt,
     EnvironmentUpdated,
+    ModelOutputDiscarded,
     ModelResponded,
+    ModelRetrying,
     PlanUpdated,
     TextDelta,
     ThinkingDelta,
@@ -54,8 +56,10 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.llm.base import (
+    RETRY_LISTENER,
     Completion,
     LLMRequest,
+    RetryNotice,
     StreamEvent,
     StreamWarning,
     TextChunk,
@@ -85,6 +89,15 @@ _REPROMPT = (
     "You answered without calling a tool. If the task is done, call task_completion with a "
     "summary; if you need the user, call ask_question; otherwise continue with your tools."
 )
+
+# Answers the model did not end on its own: never reported as a clean answer.
+_CUT_ANSWERS = {
+    "length": "the model's answer was cut at its token limit (finish reason 'length')",
+    "content_filter": (
+        "the provider's content filter withheld part or all of the model's answer "
+        "(finish reason 'content_filter')"
+    ),
+}
 
 
 async def _model_step(run: _Run) -> Step:
@@ -116,22 +129,43 @@ async def _model_step(run: _Run) -> Step:
 
     completion: Completion | None = None
     started = time.perf_counter()
-    for attempt in range(run.agent.config.model_retries + 1):
+    call = _CallState()
+    attempts = run.agent.config.model_retries + 1
+    for attempt in range(1, attempts + 1):
         try:
-            completion = await _call_model(run, request)
+            completion = await _call_model(run, request, call)
             break
         except ModelError as err:
-            last_try = attempt == run.agent.config.model_retries
-            if not err.retryable or last_try:
+            # A client with its own retry layer (err.attempts set) has retried already.
+            if not err.retryable or err.attempts is not None or attempt == attempts:
                 await run._error(err, fatal=True)
                 return Finish(StopReason.ERROR, text=str(err))
             await run._error(err, fatal=False)
+            await _retrying(
+                run,
+                call,
+                RetryNotice(attempt=attempt, max_attempts=attempts, delay=0.0, reason=str(err)),
+            )
     assert completion is not None
+    usage = completion.usage
+    if usage is None:
+        usage = _estimated_usage(run, prompt.total_tokens, completion)
+        if not run.usage.estimated:  # once per run
+            await run.emit(
+                WarningRaised,
+                message=(
+                    "the model server reported no token usage, so agent_flow counts it itself "
+                    f"({usage.prompt_tokens} prompt and {usage.completion_tokens} completion "
+                    "tokens for this call, marked as estimated); token and cost limits use "
+                    "these counts"
+                ),
+                source="model",
+            )
     await _count_model_call(
         run,
         ModelCallReport(
             source="agent",
-            usage=completion.usage or Usage(),
+            usage=usage,
             finish_reason=completion.finish_reason,
             duration_ms=(time.perf_counter() - started) * 1000,
             model=completion.model,
@@ -139,18 +173,30 @@ async def _model_step(run: _Run) -> Step:
         tool_calls=len(completion.tool_calls),
     )
     for warning in completion.warnings:
-        await run.emit(WarningRaised, message=warning, source="model")
+        if warning not in call.relayed:
+            await run.emit(WarningRaised, message=warning, source="model")
 
     _record_turn(run, completion)
+    if completion.finish_reason in _CUT_ANSWERS:
+        await run.emit(
+            WarningRaised, message=_CUT_ANSWERS[completion.finish_reason], source="model"
+        )
     if completion.tool_calls:
         return RunTools(completion.tool_calls)
-    if completion.finish_reason == "length":
-        await run.emit(
-            WarningRaised,
-            message="the model's answer was cut at its token limit",
-            source="model",
-        )
     return await _text_answer(run, completion.text)
+
+
+def _estimated_usage(run: _Run, prompt_tokens: int, completion: Completion) -> Usage:
+    """The usage of a call the server did not report: agent_flow's own counts.
+
+    The prompt is the one the context counted for this call; the answer is counted with
+    the same counter (its text, its thinking and its tool calls as sent back next turn).
+    """
+    counter = run.agent.context.counter
+    answer = counter.count_message(completion.to_message())
+    if completion.thinking:
+        answer += counter.count(completion.thinking)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=answer, estimated=True)
 
 
 async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:
@@ -258,16 +304,52 @@ def _configured_max_tokens(config: AgentConfig) -> int | None:
         return None
 
 
-async def _call_model(run: _Run, request: LLMRequest) -> Completion:
+class _CallState:
+    """What one model call has published so far, across its attempts."""
+
+    def __init__(self) -> None:
+        self.relayed: set[str] = set()  # warnings already published while streaming
+        self.text: list[str] = []  # the text streamed by the current attempt
+
+
+async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
+    """Void what the failed attempt streamed, then announce the next attempt."""
+    if call.text:
+        await run.emit(
+            ModelOutputDiscarded,
+            iteration=run.iteration,
+            attempt=notice.attempt,
+            text="".join(call.text),
+        )
+        call.text.clear()
+    await run.emit(
+        ModelRetrying,
+        iteration=run.iteration,
+        attempt=notice.attempt,
+        max_attempts=notice.max_attempts,
+        delay=notice.delay,
+        reason=notice.reason,
+    )
+
+
+async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
     if not run.agent.stream:
-        return await run.agent.llm.complete(request)
+
+        async def retrying(notice: RetryNotice) -> None:
+            await _retrying(run, call, notice)
+
+        token = RETRY_LISTENER.set(retrying)
+        try:
+            return await run.agent.llm.complete(request)
+        finally:
+            RETRY_LISTENER.reset(token)
     completion: Completion | None = None
     stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
     # However the loop leaves the stream (its end, a failure, a cancel while a subscriber
     # holds us up), it is closed now, releasing its connection, not whenever it is collected.
     async with contextlib.aclosing(_closable(stream)):
         async for delta in stream:
-            completion = await _relay(run, delta) or completion
+            completion = await _relay(run, delta, call) or completion
     if completion is None:
         raise ModelResponseError("the model's stream ended without a final answer")
     return completion
@@ -288,10 +370,11 @@ def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
     return stream if isinstance(stream, _Closable) else _NothingToClose()
 
 
-async def _relay(run: _Run, delta: StreamEvent) -> Completion | None:
+async def _relay(run: _Run, delta: StreamEvent, call: _CallState) -> Completion | None:
     """Publish one stream chunk as an event; return it if it is the final `Completion`."""
     match delta:
         case TextChunk(text=text):
+            call.text.append(text)
             await run.emit(TextDelta, text=text)
         case ThinkingChunk(text=text):
             await run.emit(ThinkingDelta, text=text)
@@ -303,7 +386,10 @@ async def _relay(run: _Run, delta: StreamEvent) -> Completion | None:
             await run.emit(
                 ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
             )
+        case RetryNotice():
+            await _retrying(run, call, delta)
         case StreamWarning(message=message):
+            call.relayed.add(message)
             await run.emit(WarningRaised, message=message, source="model")
         case Completion():
             return delta

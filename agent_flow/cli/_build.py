@@ -79,7 +79,12 @@ def _agent_config(
 
 def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
     """The model to call: the config's, with --model / --base-url / --api-key-env on top."""
-    flags = LLMOverrides(model=args.model, base_url=args.base_url, api_key_env=args.api_key_env)
+    flags = LLMOverrides(
+        model=args.model,
+        base_url=args.base_url,
+        api_key_env=args.api_key_env,
+        timeout=getattr(args, "timeout", None),
+    )
     own = config.llm_overrides
     has_model = config.llm is not None or (own is not None and own.model is not None)
     if has_model:

@@ -63,6 +63,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return value
+
+
 def _agent_options() -> _Parser:
     options = _Parser(add_help=False)
     model = options.add_argument_group("model")
@@ -76,6 +86,13 @@ def _agent_options() -> _Parser:
         "--api-key-env",
         metavar="NAME",
         help="the environment variable holding the API key (default OPENAI_API_KEY)",
+    )
+    model.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="the most one model call attempt may take in all (default 600; connecting 10, "
+        "a streamed answer's start 120, silence between its chunks 60, each capped by this)",
     )
     agent = options.add_argument_group("agent")
     agent.add_argument("--config", metavar="FILE", help="an agent.toml file ([agent], [llms.*])")

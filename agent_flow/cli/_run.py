@@ -222,6 +222,7 @@ def _refuse_flags_for_an_executor(args: argparse.Namespace) -> None:
             ("--model", args.model),
             ("--base-url", args.base_url),
             ("--api-key-env", args.api_key_env),
+            ("--timeout", getattr(args, "timeout", None)),
             ("--config", args.config),
             ("--max-iterations", args.max_iterations),
             ("--budget", args.budget),

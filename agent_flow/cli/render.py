@@ -39,7 +39,9 @@ from agent_flow.events import (
     ExecutionError,
     HistoryPruned,
     IterationStarted,
+    ModelOutputDiscarded,
     ModelResponded,
+    ModelRetrying,
     PlanUpdated,
     RunFinished,
     RunStarted,
@@ -391,6 +393,18 @@ class EventRenderer:
                 self.line(
                     f"  {glyph} {verdict}: {event.name}{reason}",
                     "green" if event.approved else "red",
+                )
+            case ModelRetrying():
+                self.line(
+                    f"  {self._g('warn')} model call failed (attempt {event.attempt} of "
+                    f"{event.max_attempts}), retrying in {event.delay:.1f} s: {event.reason}",
+                    "yellow",
+                )
+            case ModelOutputDiscarded():
+                self.line(
+                    f"  {self._g('warn')} the {len(event.text)} characters above from the failed "
+                    "attempt are discarded",
+                    "yellow",
                 )
             case WarningRaised():
                 source = f" ({event.source})" if event.source else ""

@@ -22,6 +22,7 @@ from agent_flow.errors import (
     ModelServerError,
     ModelTimeoutError,
 )
+from agent_flow.llm._openai_retry import parse_retry_after
 
 __all__ = ["redact", "translate_error"]
 
@@ -32,8 +33,8 @@ def translate_error(
     where: str,
     secret: str,
     api_key_env: str,
-    max_retries: int,
     streaming: bool,
+    connect_timeout: float | None = None,
 ) -> ModelError:
     """Return the `ModelError` that says what `err` means for a call to `where`.
 
@@ -42,14 +43,19 @@ def translate_error(
         where: The server's base URL, named in the message.
         secret: The API key, redacted from everything the server sent back.
         api_key_env: The variable the key came from (named when the key was refused).
-        max_retries: How often the SDK retried before giving up (named in the advice).
         streaming: Whether the answer was being streamed when `err` happened.
+        connect_timeout: The connect timeout in force (named when connecting timed out).
     """
     if isinstance(err, openai.APIStatusError):
-        return _status_error(
-            err, where=where, secret=secret, api_key_env=api_key_env, max_retries=max_retries
-        )
+        error = _status_error(err, where=where, secret=secret, api_key_env=api_key_env)
+        error.retry_after = parse_retry_after(err.response.headers)
+        return error
     if isinstance(err, openai.APITimeoutError):
+        if _caused_by(err, "ConnectTimeout"):
+            return ModelTimeoutError(
+                f"could not connect to the model server at {where} within the connect timeout "
+                f"of {connect_timeout:g} s; check that it is running, or raise connect_timeout"
+            )
         return ModelTimeoutError(
             f"the model server at {where} did not answer in time"
             f"{' while streaming' if streaming else ''}; raise the timeout or check the server"
@@ -60,6 +66,11 @@ def translate_error(
             return ModelConnectionError(
                 f"the connection to the model server at {where} was lost mid-answer "
                 f"({cause}); the answer is incomplete, retry the request"
+            )
+        if _caused_by(err, "RemoteProtocolError", "ReadError"):
+            return ModelConnectionError(
+                f"the model server at {where} accepted the connection and closed it without "
+                f"a complete answer ({cause}); it may have crashed or be overloaded"
             )
         return ModelConnectionError(
             f"could not reach the model server at {where} ({cause}); check that it is "
@@ -78,8 +89,20 @@ def translate_error(
     return ModelError(f"the model call to {where} failed: {redact(str(err), secret)}")
 
 
+def _caused_by(err: BaseException, *names: str) -> bool:
+    """Whether an exception named one of `names` is in `err`'s cause chain."""
+    seen: BaseException | None = err.__cause__ or err.__context__
+    for _ in range(8):
+        if seen is None:
+            return False
+        if type(seen).__name__ in names:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _status_error(
-    err: openai.APIStatusError, *, where: str, secret: str, api_key_env: str, max_retries: int
+    err: openai.APIStatusError, *, where: str, secret: str, api_key_env: str
 ) -> ModelHTTPError:
     status = err.status_code
     body = redact(err.body, secret)
@@ -89,17 +112,16 @@ def _status_error(
         code = kind if isinstance(kind, str) else None
     detail = _message_of(body) or str(redact(err.message, secret))
     label = f"HTTP {status}" + (f" ({code})" if code else "")
-    retried = f" after {max_retries} retries" if max_retries else ""
     cls: type[ModelHTTPError]
     if status in (401, 403):
         cls = ModelAuthenticationError
         advice = f"check the API key (environment variable {api_key_env})"
     elif status == 429:
         cls = ModelRateLimitError
-        advice = f"the server is rate limiting{retried}; wait or lower the request rate"
+        advice = "the server is rate limiting; wait or lower the request rate"
     elif status >= 500:
         cls = ModelServerError
-        advice = f"the server kept failing{retried}; retry later"
+        advice = "the server failed; retry later"
     else:
         cls = ModelBadRequestError
         advice = (

@@ -12,15 +12,17 @@ shorter answer. Each workaround has a stable code and one sentence (`WARNINGS`) 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import cast
 
 import openai
 from openai import AsyncStream
 
 from agent_flow._types import JsonObject
-from agent_flow.errors import MalformedChunkError
+from agent_flow.errors import IncompleteStreamError, MalformedChunkError, ModelTimeoutError
 from agent_flow.llm._openai_wire import Assembler
 from agent_flow.llm.base import StreamEvent, StreamWarning
 
@@ -29,8 +31,10 @@ __all__ = [
     "STREAM_OPTIONS_REJECTED",
     "STREAM_WITH_TOOLS_UNSUPPORTED",
     "WARNINGS",
+    "StreamClock",
     "StreamSupport",
     "read_stream",
+    "refused_in_stream",
 ]
 
 STREAM_OPTIONS_REJECTED = "stream_options_rejected"
@@ -76,6 +80,18 @@ def _rejects_stream_with_tools(err: openai.APIStatusError) -> bool:
     )
 
 
+def refused_in_stream(err: Exception, fields: JsonObject, assembler: Assembler) -> bool:
+    """Whether a stream offering tools was refused after its HTTP 200, before any chunk.
+
+    llama-cpp-python accepts such a stream and then ends it empty (or, in other versions,
+    with an error event): either way not one chunk of an answer arrived.
+    """
+    refusal = type(err) is openai.APIError or isinstance(
+        err, IncompleteStreamError | openai.APIConnectionError
+    )
+    return refusal and "tools" in fields and assembler.chunks == 0
+
+
 class _StreamWithToolsRejected(Exception):
     """Internal: the server refused ``stream`` together with ``tools``."""
 
@@ -90,6 +106,10 @@ class StreamSupport:
     def __init__(self) -> None:
         self.options_accepted = True
         self._no_stream_with_tools: set[str] = set()
+
+    def refuse_stream_with_tools(self, model: str) -> None:
+        """Remember that `model`'s answers cannot be streamed while tools are offered."""
+        self._no_stream_with_tools.add(model)
 
     async def open(
         self,
@@ -149,7 +169,12 @@ class StreamSupport:
 
 
 async def read_stream(
-    sdk_stream: AsyncStream[object], assembler: Assembler, notes: list[str], *, where: str
+    sdk_stream: AsyncStream[object],
+    assembler: Assembler,
+    notes: list[str],
+    *,
+    where: str,
+    clock: StreamClock | None = None,
 ) -> AsyncGenerator[StreamEvent, None]:
     """Yield the chunks of an opened stream, then its `Completion`; close the stream.
 
@@ -158,6 +183,7 @@ async def read_stream(
         assembler: Assembles the answer (and knows the prompt's tool-call ids).
         notes: Warnings for the completion; a connection lost after the answer adds one.
         where: The server's base URL, named in errors.
+        clock: The attempt's timeouts (first chunk, between chunks, whole request).
 
     Raises:
         openai.OpenAIError: As the SDK raised it (the client translates it).
@@ -168,13 +194,21 @@ async def read_stream(
         content_type = sdk_stream.response.headers.get("content-type", "")
         if content_type.startswith("application/json"):
             # The server ignored "stream": read its whole answer instead.
-            data = json.loads(await sdk_stream.response.aread())
+            async with _deadline(clock, first=True, where=where):
+                raw = await sdk_stream.response.aread()
+            data = json.loads(raw)
             for event in assembler.feed_response(data):
                 yield event
             events, completion = assembler.finish(warnings=notes, require_finish_reason=False)
         else:
             try:
-                async for chunk in sdk_stream:
+                chunks = aiter(sdk_stream)
+                while True:
+                    async with _deadline(clock, first=assembler.chunks == 0, where=where):
+                        try:
+                            chunk = await anext(chunks)
+                        except StopAsyncIteration:
+                            break
                     for event in assembler.feed(chunk):
                         yield event
             except openai.APIConnectionError:
@@ -198,6 +232,58 @@ async def read_stream(
     for event in events:
         yield event
     yield completion
+
+
+class StreamClock:
+    """The deadlines of one streamed attempt.
+
+    Args:
+        first_byte: Seconds from the request to the first chunk.
+        chunk: Seconds allowed between two chunks.
+        request: Seconds for the whole attempt.
+    """
+
+    def __init__(self, *, first_byte: float, chunk: float, request: float) -> None:
+        now = asyncio.get_running_loop().time()
+        self.first_byte = first_byte
+        self.chunk = chunk
+        self.request = request
+        self.end = now + request
+        self.first_chunk_by = min(self.end, now + first_byte)
+
+    def next_deadline(self, *, first: bool) -> tuple[float, str]:
+        """The deadline of the next wait, and the sentence naming the timeout that sets it."""
+        if first:
+            if self.first_chunk_by < self.end:
+                return self.first_chunk_by, (
+                    f"did not start answering within the first-byte timeout of "
+                    f"{self.first_byte:g} s; raise first_byte_timeout"
+                )
+        else:
+            by = asyncio.get_running_loop().time() + self.chunk
+            if by < self.end:
+                return by, (
+                    f"sent nothing for the chunk timeout of {self.chunk:g} s mid-answer; "
+                    "raise chunk_timeout"
+                )
+        return self.end, (
+            f"did not finish within the request timeout of {self.request:g} s; "
+            "raise it (--timeout, or timeout in the LLM config)"
+        )
+
+
+@asynccontextmanager
+async def _deadline(clock: StreamClock | None, *, first: bool, where: str) -> AsyncIterator[None]:
+    """Run the body under the clock's next deadline; a missed one is a `ModelTimeoutError`."""
+    if clock is None:
+        yield
+        return
+    when, sentence = clock.next_deadline(first=first)
+    try:
+        async with asyncio.timeout_at(when):
+            yield
+    except TimeoutError as err:
+        raise ModelTimeoutError(f"the model server at {where} {sentence}") from err
 
 
 def _excerpt(err: json.JSONDecodeError | UnicodeDecodeError) -> str:

@@ -56,8 +56,9 @@ def message_to_wire(message: ChatMessage) -> JsonObject:
     if role == "assistant" and message.tool_calls:
         return {
             "role": "assistant",
-            # null, not "", is what OpenAI itself returns next to tool calls.
-            "content": message.content or None,
+            # "", never null: llama-cpp-python answers HTTP 500 to a null content, and every
+            # server accepts an empty string next to tool calls.
+            "content": message.content,
             "tool_calls": [
                 {
                     "id": call.id,
@@ -223,6 +224,7 @@ class Assembler:
         self._calls: dict[int, _PartialCall] = {}
         self._by_raw_id: dict[str, _PartialCall] = {}
         self._last_call: _PartialCall | None = None
+        self._legacy: list[Mapping[str, object]] = []  # legacy function_call fragments
         self._started = 0
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
@@ -357,7 +359,9 @@ class Assembler:
                     self._read_call(fragment, events)
         legacy = delta.get("function_call")
         if isinstance(legacy, dict) and legacy:
-            self._read_call({"index": -1, "function": legacy}, events)
+            # Held back until the answer ends: servers that send both describe one call
+            # twice, and tool_calls (with its id) is the one kept (see `finish`).
+            self._legacy.append(legacy)
 
     def _call_for(self, fragment: Mapping[str, object]) -> _PartialCall:
         index = fragment.get("index")
@@ -456,6 +460,9 @@ class Assembler:
         events: list[StreamEvent] = []
         if self._xml is not None:
             self._read_xml(self._xml.finish(), events)
+        if self._legacy and not self._calls:
+            for fragment in self._legacy:
+                self._read_call({"index": -1, "function": fragment}, events)
         if require_finish_reason and self._finish_reason is None:
             raise IncompleteStreamError(
                 f"the stream ended after {self.chunks} chunk(s) without a finish reason "

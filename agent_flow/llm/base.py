@@ -24,7 +24,8 @@ the prompt that is actually sent; `prompt_format_of` reads it (`NATIVE_FORMAT` o
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Annotated, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -35,6 +36,7 @@ from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
 __all__ = [
     "NATIVE_FORMAT",
+    "RETRY_LISTENER",
     "STREAM_EVENT_ADAPTER",
     "Completion",
     "FinishReason",
@@ -42,6 +44,7 @@ __all__ = [
     "LLMRequest",
     "NativeFormat",
     "PromptFormat",
+    "RetryNotice",
     "StreamEvent",
     "StreamWarning",
     "TextChunk",
@@ -110,6 +113,8 @@ class Usage(BaseModel):
             that used tokens.
         cached_tokens: Prompt tokens served from the provider's cache, where reported.
         reasoning_tokens: Completion tokens spent on hidden reasoning, where reported.
+        estimated: Counted by agent_flow because the server reported no usage (its own
+            token counts of what was sent and received), not the server's figures.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -119,6 +124,7 @@ class Usage(BaseModel):
     total_tokens: int = 0
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+    estimated: bool = False
 
     @model_validator(mode="after")
     def _derive_total(self) -> Usage:
@@ -134,6 +140,7 @@ class Usage(BaseModel):
             total_tokens=self.total_tokens + other.total_tokens,
             cached_tokens=_add_optional(self.cached_tokens, other.cached_tokens),
             reasoning_tokens=_add_optional(self.reasoning_tokens, other.reasoning_tokens),
+            estimated=self.estimated or other.estimated,
         )
 
 
@@ -216,6 +223,38 @@ class StreamWarning(BaseModel):
     message: str
 
 
+class RetryNotice(BaseModel):
+    """An attempt failed and the client tries again after `delay` seconds.
+
+    Every chunk streamed since the previous notice (or the start) belonged to the abandoned
+    attempt: a consumer joining the deltas must discard them.
+
+    Attributes:
+        attempt: The attempt that failed (1 for the first).
+        max_attempts: The most attempts the client makes.
+        delay: Seconds waited before the next attempt (the server's ``Retry-After``, or a
+            jittered backoff).
+        reason: What went wrong, one sentence.
+        discarded: Whether chunks of the abandoned attempt were streamed (and are void).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["retry"] = "retry"
+    attempt: int
+    max_attempts: int
+    delay: float
+    reason: str
+    discarded: bool = False
+
+
+#: Told of each retry of a non-streamed call (`LLMClient.complete`) made in this context;
+#: streamed calls yield their `RetryNotice` instead. An agent sets it around its calls.
+RETRY_LISTENER: ContextVar[Callable[[RetryNotice], Awaitable[None]] | None] = ContextVar(
+    "agent_flow_retry_listener", default=None
+)
+
+
 class Completion(BaseModel):
     """The model's whole answer to one request, normalized.
 
@@ -256,7 +295,13 @@ class Completion(BaseModel):
 
 #: One item of a streamed answer; the last one is always a `Completion`.
 StreamEvent: TypeAlias = Annotated[
-    TextChunk | ThinkingChunk | ToolCallChunk | ToolCallArgumentsChunk | StreamWarning | Completion,
+    TextChunk
+    | ThinkingChunk
+    | ToolCallChunk
+    | ToolCallArgumentsChunk
+    | StreamWarning
+    | RetryNotice
+    | Completion,
     Field(discriminator="kind"),
 ]
 STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)

@@ -67,12 +67,17 @@ class LLMConfig(BaseModel):
         max_tokens: Limit on generated tokens per call.
         max_tokens_field: Body field for `max_tokens` (OpenAI reasoning models need
             ``"max_completion_tokens"``; default chosen per provider).
-        timeout: Seconds to wait for the server (per chunk while streaming).
-        connect_timeout: Seconds to wait for a connection.
-        max_retries: The SDK's retries of connection errors, 408/409/429/5xx.
+        timeout: Seconds one attempt at a model call may take in all (default 600).
+        connect_timeout: Seconds to wait for a connection (default 10).
+        first_byte_timeout: Seconds a streamed answer may take to start (default 120).
+        chunk_timeout: Seconds a streamed answer may go silent between chunks (default 60).
+        max_retries: Retries of failures that may pass (connection errors, timeouts, 429,
+            5xx, cut streams), honouring ``Retry-After`` (default 2).
         stream: Stream answers (deltas arrive as they are generated).
         stream_usage: Ask streamed answers to report usage.
         tool_mode: ``"native"`` tool calling or ``"xml"`` in the prompt.
+        tool_choice: ``tool_choice`` sent when tools are offered and a request sets none
+            (``"auto"``; ``None`` or empty: send none).
         extra_body: Provider-specific request fields.
         system_prompt: A default system prompt agents using this config start from.
     """
@@ -92,10 +97,13 @@ class LLMConfig(BaseModel):
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = None
     timeout: float | None = Field(default=None, gt=0)
     connect_timeout: float | None = Field(default=None, gt=0)
+    first_byte_timeout: float | None = Field(default=None, gt=0)
+    chunk_timeout: float | None = Field(default=None, gt=0)
     max_retries: int | None = Field(default=None, ge=0)
     stream: bool = True
     stream_usage: bool = True
     tool_mode: ToolMode = "native"
+    tool_choice: str | None = "auto"
     extra_body: JsonObject = Field(default_factory=dict)
     system_prompt: str | None = None
 
@@ -174,10 +182,13 @@ class LLMOverrides(BaseModel):
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = None
     timeout: float | None = Field(default=None, gt=0)
     connect_timeout: float | None = Field(default=None, gt=0)
+    first_byte_timeout: float | None = Field(default=None, gt=0)
+    chunk_timeout: float | None = Field(default=None, gt=0)
     max_retries: int | None = Field(default=None, ge=0)
     stream: bool | None = None
     stream_usage: bool | None = None
     tool_mode: ToolMode | None = None
+    tool_choice: str | None = None
     extra_body: JsonObject | None = None
     system_prompt: str | None = None
 

@@ -1,25 +1,21 @@
 """`OpenAIClient`: the `LLMClient` for every OpenAI-compatible chat-completions server.
 
-Built on the official SDK's `AsyncOpenAI`, so connection handling, timeouts, retries with
-backoff and ``Retry-After`` are the SDK's. What this module adds is what real servers need:
+Built on the official SDK's `AsyncOpenAI` (connections, HTTP), with what real servers need:
 
-- The request body is built here from the neutral messages as plain JSON (each message
-  encoded once while it lives, see `encode_body`) and posted through the SDK's lower-level
-  ``post`` (its escape hatch for raw bodies), which skips the SDK's per-call transform of
-  typed parameters: the cost of a call barely grows with the length of the history.
-  Streams are read as raw chunk dicts.
-- Every answer goes through one `Assembler` that normalizes what servers disagree about (see
-  `agent_flow.llm._openai_wire`).
-- Failures end in a precise `ModelError` subclass (see `agent_flow.llm._openai_errors`):
-  HTTP errors (after the SDK's retries) carry status, provider code and body; a stream
-  that stops without a finish reason raises `IncompleteStreamError`, a connection dropped
-  mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError` — never a
-  silently truncated answer. (A connection lost after the finish reason arrived loses only
-  usage: the answer is returned, with a warning.)
-- Servers that reject ``stream_options`` get the stream requested again without it (once;
-  remembered); servers that cannot stream with tools get a non-streamed request for that
-  call (see `agent_flow.llm._openai_stream`). Both are reported as `StreamWarning` events and
-  in `Completion.warnings`.
+- The request body is built here as plain JSON (each message encoded once while it lives,
+  see `encode_body`) and posted through the SDK's lower-level ``post``, skipping its
+  per-call transform of typed parameters. Streams are read as raw chunk dicts.
+- Every answer goes through one `Assembler` that normalizes what servers disagree about
+  (see `agent_flow.llm._openai_wire`).
+- One retry layer, this client's (the SDK's is off), with named timeouts per attempt (see
+  `agent_flow.llm._openai_retry`); streams announce each retry with a `RetryNotice`.
+- Failures end in a precise `ModelError` subclass (see `agent_flow.llm._openai_errors`): a
+  stream that stops without a finish reason raises `IncompleteStreamError`, a connection
+  dropped mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError`; never a
+  silently truncated answer (a connection lost after the finish reason loses only usage).
+- Servers that reject ``stream_options`` get the stream requested again without it; servers
+  that cannot stream with tools (refusing with an HTTP error, or after an HTTP 200) get a
+  non-streamed request (see `agent_flow.llm._openai_stream`), reported as `StreamWarning`s.
 
 The API key is kept out of every repr, log line and exception (server messages that echo it
 are redacted).
@@ -27,9 +23,10 @@ are redacted).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, cast
@@ -38,10 +35,26 @@ import openai
 from openai import AsyncOpenAI, AsyncStream
 from pydantic import SecretStr
 
+from agent_flow._defaults import DEFAULT_MODEL_RETRIES, RETRY_BASE_DELAY
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow.errors import ConfigError, ModelError, ModelResponseError
+from agent_flow.errors import (
+    ConfigError,
+    IncompleteStreamError,
+    ModelConnectionError,
+    ModelError,
+    ModelResponseError,
+    ModelTimeoutError,
+)
 from agent_flow.llm._openai_errors import translate_error
-from agent_flow.llm._openai_stream import WARNINGS, StreamSupport, read_stream
+from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
+from agent_flow.llm._openai_stream import (
+    STREAM_WITH_TOOLS_UNSUPPORTED,
+    WARNINGS,
+    StreamClock,
+    StreamSupport,
+    read_stream,
+    refused_in_stream,
+)
 from agent_flow.llm._openai_wire import (
     Assembler,
     encode_body,
@@ -51,11 +64,17 @@ from agent_flow.llm._openai_wire import (
 )
 from agent_flow.llm.base import (
     NATIVE_FORMAT,
+    RETRY_LISTENER,
     Completion,
     LLMRequest,
     PromptFormat,
+    RetryNotice,
     StreamEvent,
     StreamWarning,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
     ToolMode,
 )
 from agent_flow.llm.xml_tools import XML_FORMAT
@@ -72,6 +91,8 @@ __all__ = ["OpenAIClient"]
 _PATH = "/chat/completions"
 _NO_KEY_PLACEHOLDER = "no-key-needed"  # local servers ignore the key; the SDK wants one
 _DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+_BACKSTOP = 5.0  # seconds the SDK's read timeout lies behind the request timeout
+_CHUNKS = (TextChunk, ThinkingChunk, ToolCallChunk, ToolCallArgumentsChunk)
 
 
 class OpenAIClient:
@@ -90,12 +111,17 @@ class OpenAIClient:
         organization: OpenAI organization (default ``OPENAI_ORG_ID``).
         project: OpenAI project (default ``OPENAI_PROJECT_ID``).
         headers: Extra headers sent with every request.
-        timeout: Seconds the SDK waits for the server (per request, and per chunk while
-            streaming); default the SDK's 600 s.
-        connect_timeout: Seconds to wait for a connection (default ``min(timeout, 5)``).
-        max_retries: Retries of connection errors, 408/409/429/5xx (honouring
-            ``Retry-After``) before an error is raised; default the SDK's 2.
+        timeout: Seconds one attempt may take in all (default 600).
+        connect_timeout: Seconds to wait for a connection (default 10).
+        first_byte_timeout: Seconds a streamed answer may take to start (default 120).
+        chunk_timeout: Seconds a streamed answer may go silent between chunks (default 60).
+        max_retries: Retries of failures that may pass (connection errors, timeouts, 429,
+            5xx, cut streams), honouring ``Retry-After``, else after a jittered backoff;
+            default 2. This is the only retry layer: the SDK's own is switched off.
         tool_mode: ``"native"`` tool calling, or ``"xml"`` for models without it.
+        tool_choice: The ``tool_choice`` sent whenever tools are offered and the request sets
+            none (``"auto"``: llama-cpp-python drops the tools of a request without one);
+            ``None`` sends none.
         stream_usage: Ask for usage in streamed answers (``stream_options.include_usage``).
         temperature: Default sampling temperature.
         max_tokens: Limit on generated tokens: sent when a request sets none, and caps a
@@ -123,8 +149,11 @@ class OpenAIClient:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         connect_timeout: float | None = None,
+        first_byte_timeout: float | None = None,
+        chunk_timeout: float | None = None,
         max_retries: int | None = None,
         tool_mode: ToolMode = "native",
+        tool_choice: str | None = "auto",
         stream_usage: bool = True,
         temperature: float | None = None,
         max_tokens: int | None = None,
@@ -136,6 +165,7 @@ class OpenAIClient:
             raise ConfigError("the model name is empty; pass the model the server should run")
         self.model = model
         self.tool_mode: ToolMode = tool_mode
+        self.tool_choice = tool_choice or None
         self.stream_usage = stream_usage
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -143,6 +173,15 @@ class OpenAIClient:
         self.extra_body: JsonObject = dict(extra_body or {})
         self._api_key_env = api_key_env
         self._streaming = StreamSupport()
+        defaults = Timeouts()
+        self.timeouts = Timeouts(
+            connect=connect_timeout or defaults.connect,
+            first_byte=first_byte_timeout or defaults.first_byte,
+            chunk=chunk_timeout or defaults.chunk,
+            request=timeout or defaults.request,
+        )
+        self.max_retries = DEFAULT_MODEL_RETRIES if max_retries is None else max_retries
+        self.retry_base_delay = RETRY_BASE_DELAY
         if sdk_client is not None:
             given = [
                 name
@@ -152,9 +191,7 @@ class OpenAIClient:
                     ("organization", organization),
                     ("project", project),
                     ("headers", headers),
-                    ("timeout", timeout),
                     ("connect_timeout", connect_timeout),
-                    ("max_retries", max_retries),
                 )
                 if value is not None
             ]
@@ -163,7 +200,8 @@ class OpenAIClient:
                     f"sdk_client was given together with {', '.join(given)}; configure those "
                     "on the AsyncOpenAI client instead"
                 )
-            self._sdk = sdk_client
+            # One retry layer: this client's. The copy shares the caller's connections.
+            self._sdk = sdk_client.with_options(max_retries=0)
             self._owns_sdk = False
             # Pre-encoded bodies only for the plain client: subclasses (Azure deployments)
             # read fields of the body to build the URL.
@@ -182,11 +220,10 @@ class OpenAIClient:
                 )
             key = _NO_KEY_PLACEHOLDER
         self._secret = SecretStr(key)
-        sdk_timeout: openai.Timeout | openai.NotGiven = openai.NOT_GIVEN
-        if timeout is not None or connect_timeout is not None:
-            total = 600.0 if timeout is None else timeout
-            connect = connect_timeout if connect_timeout is not None else min(total, 5.0)
-            sdk_timeout = openai.Timeout(total, connect=connect)
+        # The SDK's read limit is only a backstop behind this client's own timers.
+        sdk_timeout = openai.Timeout(
+            self.timeouts.request + _BACKSTOP, connect=self.timeouts.connect
+        )
         self._sdk = AsyncOpenAI(
             api_key=key,
             base_url=resolved_url,
@@ -194,7 +231,7 @@ class OpenAIClient:
             project=project,
             default_headers=dict(headers) if headers else None,
             timeout=sdk_timeout,
-            max_retries=openai.DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+            max_retries=0,
         )
         self._owns_sdk = True
         self._encode_bytes = True
@@ -213,11 +250,16 @@ class OpenAIClient:
             return cls(
                 config.model,
                 tool_mode=config.tool_mode,
+                tool_choice=config.tool_choice,
                 stream_usage=config.stream_usage,
                 temperature=config.temperature,
                 max_tokens=config.max_tokens,
                 max_tokens_field=config.resolved_max_tokens_field(),
                 extra_body=config.extra_body,
+                timeout=config.timeout,
+                first_byte_timeout=config.first_byte_timeout,
+                chunk_timeout=config.chunk_timeout,
+                max_retries=config.max_retries,
                 sdk_client=sdk_client,
             )
         return cls(
@@ -229,8 +271,11 @@ class OpenAIClient:
             headers=config.headers or None,
             timeout=config.timeout,
             connect_timeout=config.connect_timeout,
+            first_byte_timeout=config.first_byte_timeout,
+            chunk_timeout=config.chunk_timeout,
             max_retries=config.max_retries,
             tool_mode=config.tool_mode,
+            tool_choice=config.tool_choice,
             stream_usage=config.stream_usage,
             temperature=config.temperature,
             max_tokens=config.max_tokens,
@@ -304,8 +349,9 @@ class OpenAIClient:
                 fields["stream_options"] = {"include_usage": True}
         if tools:
             fields["tools"] = cast(list[JsonValue], tools_to_wire(tools))
-            if request.tool_choice is not None:
-                fields["tool_choice"] = tool_choice_to_wire(request.tool_choice)
+            choice = request.tool_choice or self.tool_choice
+            if choice is not None:
+                fields["tool_choice"] = tool_choice_to_wire(choice)
             if request.parallel_tool_calls is not None:
                 fields["parallel_tool_calls"] = request.parallel_tool_calls
         temperature = request.temperature if request.temperature is not None else self.temperature
@@ -368,15 +414,55 @@ class OpenAIClient:
             stream_cls=AsyncStream[object],
         )
 
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_retries, base_delay=self.retry_base_delay)
+
     async def complete(self, request: LLMRequest) -> Completion:
-        """Return the model's whole answer (a non-streamed request).
+        """Return the model's whole answer (a non-streamed request), retrying what may pass.
+
+        Each retry is told to the `RETRY_LISTENER` of the calling context, if any.
 
         Raises:
-            ModelError: A precise subclass; see the module docstring.
+            ModelError: A precise subclass; see the module docstring. Its ``attempts`` says
+                how many attempts were made.
         """
+        policy = self._policy()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._complete_once(request)
+            except ModelError as err:
+                delay = policy.delay(err, attempt)
+                if delay is None:
+                    raise
+                reason = str(err)
+            if (listener := RETRY_LISTENER.get()) is not None:
+                total = policy.max_attempts
+                await listener(
+                    RetryNotice(attempt=attempt, max_attempts=total, delay=delay, reason=reason)
+                )
+            await asyncio.sleep(delay)
+
+    async def _complete_once(self, request: LLMRequest) -> Completion:
         messages, fields = self._prepare(request, stream=False)
+        data = await self._post_whole(messages, fields)
+        assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
+        assembler.feed_response(data)
+        _, completion = assembler.finish(require_finish_reason=False)
+        return completion
+
+    async def _post_whole(self, messages: Sequence[ChatMessage], fields: JsonObject) -> object:
+        """Post a non-streamed request under the request timeout; return the parsed answer."""
+        limit = self.timeouts.request
         try:
-            data = await self._post_json(messages, fields)
+            async with asyncio.timeout(limit):
+                return await self._post_json(messages, fields)
+        except TimeoutError as err:
+            raise ModelTimeoutError(
+                f"the model server at {self.base_url} did not answer within the request "
+                f"timeout of {limit:g} s; raise it (--timeout, or timeout in the LLM config)"
+            ) from err
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=False) from err
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -384,24 +470,59 @@ class OpenAIClient:
                 f"the server's answer from {self.base_url} is not valid JSON ({err}); "
                 "check the base URL"
             ) from err
-        assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
-        assembler.feed_response(data)
-        _, completion = assembler.finish(require_finish_reason=False)
-        return completion
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[StreamEvent]:
-        """Yield the answer as chunks, then the final `Completion`.
+        """Yield the answer as chunks, then the final `Completion`, retrying what may pass.
+
+        A failed attempt that is tried again yields a `RetryNotice`; the chunks yielded
+        before it belong to the abandoned attempt and are void.
 
         Raises:
-            ModelError: A precise subclass; see the module docstring.
+            ModelError: A precise subclass; see the module docstring. Its ``attempts`` says
+                how many attempts were made.
         """
+        policy = self._policy()
+        attempt = 0
+        while True:
+            attempt += 1
+            streamed = False
+            try:
+                async with aclosing(self._stream_once(request)) as events:
+                    async for event in events:
+                        streamed = streamed or isinstance(event, _CHUNKS)
+                        yield event
+                return
+            except ModelError as err:
+                delay = policy.delay(err, attempt)
+                if delay is None:
+                    raise
+                reason = str(err)
+            yield RetryNotice(
+                attempt=attempt,
+                max_attempts=policy.max_attempts,
+                delay=delay,
+                reason=reason,
+                discarded=streamed,
+            )
+            await asyncio.sleep(delay)
+
+    async def _stream_once(self, request: LLMRequest) -> AsyncGenerator[StreamEvent, None]:
         messages, fields = self._prepare(request, stream=True)
         assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
+        clock = StreamClock(
+            first_byte=self.timeouts.first_byte,
+            chunk=self.timeouts.chunk,
+            request=self.timeouts.request,
+        )
         codes: list[str] = []
         try:
-            sdk_stream = await self._streaming.open(
-                lambda body: self._post_stream(messages, body), fields, codes
-            )
+            when, sentence = clock.next_deadline(first=True)
+            async with asyncio.timeout_at(when):
+                sdk_stream = await self._streaming.open(
+                    lambda body: self._post_stream(messages, body), fields, codes
+                )
+        except TimeoutError as err:
+            raise ModelTimeoutError(f"the model server at {self.base_url} {sentence}") from err
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=False) from err
         for code in codes:
@@ -413,12 +534,25 @@ class OpenAIClient:
             return
         try:
             async with aclosing(
-                read_stream(sdk_stream, assembler, notes, where=self.base_url)
+                read_stream(sdk_stream, assembler, notes, where=self.base_url, clock=clock)
             ) as events:
                 async for event in events:
                     yield event
-        except openai.OpenAIError as err:
-            raise self._translate(err, streaming=True) from err
+        except (openai.OpenAIError, IncompleteStreamError) as err:
+            if not refused_in_stream(err, fields, assembler):
+                if isinstance(err, IncompleteStreamError):
+                    raise
+                raise self._translate(err, streaming=True) from err
+        else:
+            return
+        # The server accepted the stream (HTTP 200), then refused it before any chunk:
+        # llama-cpp-python does so when tools are offered. Ask again without streaming.
+        self._streaming.refuse_stream_with_tools(cast(str, fields["model"]))
+        notes.append(warning := WARNINGS[STREAM_WITH_TOOLS_UNSUPPORTED])
+        yield StreamWarning(code=STREAM_WITH_TOOLS_UNSUPPORTED, message=warning)
+        assembler = Assembler(request.messages, xml=self.tool_mode == "xml")
+        async for event in self._fallback(messages, fields, assembler, notes):
+            yield event
 
     async def _fallback(
         self,
@@ -429,13 +563,9 @@ class OpenAIClient:
     ) -> AsyncIterator[StreamEvent]:
         plain = {k: v for k, v in fields.items() if k not in ("stream", "stream_options")}
         try:
-            data = await self._post_json(messages, plain)
-        except openai.OpenAIError as err:
-            raise self._translate(err, streaming=False) from err
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ModelResponseError(
-                f"the server's answer from {self.base_url} is not valid JSON ({err})"
-            ) from err
+            data = await self._post_whole(messages, plain)
+        except ModelConnectionError:  # a stream refused after HTTP 200 can leave a dead
+            data = await self._post_whole(messages, plain)  # pooled connection: once more
         for event in assembler.feed_response(data):
             yield event
         events, completion = assembler.finish(warnings=warnings, require_finish_reason=False)
@@ -451,8 +581,8 @@ class OpenAIClient:
             where=self.base_url,
             secret=self._secret.get_secret_value(),
             api_key_env=self._api_key_env,
-            max_retries=self._sdk.max_retries,
             streaming=streaming,
+            connect_timeout=self.timeouts.connect,
         )
 
 
