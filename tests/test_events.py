@@ -41,7 +41,7 @@ def event_classes() -> list[type]:
 
 
 def test_every_event_class_is_in_the_union_and_has_a_distinct_kind() -> None:
-    import agent_flow.events as module
+    import agent_flow.events.models as module
 
     members = set(event_classes())
     defined = {
