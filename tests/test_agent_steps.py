@@ -123,7 +123,7 @@ class StreamingModel:
 
 
 async def test_the_model_stream_is_closed_when_the_run_is_cancelled_mid_stream() -> None:
-    """agent/_steps.py `_call_model` left the stream unclosed when it stopped reading it: the
+    """agent/_model_call.py `_call_model` left the stream unclosed when it stopped reading it: the
     connection stayed open until garbage collection.
     """
     stream = RecordingStream([TextChunk(text="part")])

@@ -41,13 +41,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from agent_flow.agent._steps import (
-    _base_url,
-    _count_model_call,
-    _model_name,
-    _model_step,
-    _tool_step,
-)
+from agent_flow.agent._model_call import _base_url, _count_model_call, _model_name
+from agent_flow.agent._steps import _model_step, _tool_step
 from agent_flow.agent.outcome import (
     ExecutionOutcome,
     Finish,

@@ -9,13 +9,21 @@ loop-control tools and watches for a stuck model, returning `Continue` or `Finis
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agent_flow._types import JsonObject
+from agent_flow.agent._model_call import (
+    _call_model,
+    _CallState,
+    _cost_limit_before_call,
+    _count_model_call,
+    _estimated_usage,
+    _output_allowance,
+    _retrying,
+)
 from agent_flow.agent._output import _validate_output, _validate_result
 from agent_flow.agent.outcome import (
     Continue,
@@ -26,25 +34,16 @@ from agent_flow.agent.outcome import (
     StopReason,
     ToolUse,
 )
-from agent_flow.config import AgentConfig
 from agent_flow.environment import TaskStatus
 from agent_flow.errors import (
-    ConfigError,
     ContextBudgetError,
     ModelError,
-    ModelResponseError,
     OutputValidationError,
 )
 from agent_flow.events import (
     ContextBuilt,
     EnvironmentUpdated,
-    ModelOutputDiscarded,
-    ModelResponded,
-    ModelRetrying,
     PlanUpdated,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
     ToolCallFailed,
     WarningRaised,
 )
@@ -56,22 +55,13 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.llm.base import (
-    RETRY_LISTENER,
     Completion,
     LLMRequest,
     RetryNotice,
-    StreamEvent,
-    StreamWarning,
-    TextChunk,
-    ThinkingChunk,
-    ToolCallArgumentsChunk,
-    ToolCallChunk,
-    Usage,
     prompt_format_of,
 )
 from agent_flow.llm.metering import ModelCallReport
 from agent_flow.messages import ToolCall
-from agent_flow.pricing import price_usage
 from agent_flow.tools import (
     ControlSignal,
     ConverseMessage,
@@ -184,216 +174,6 @@ async def _model_step(run: _Run) -> Step:
     if completion.tool_calls:
         return RunTools(completion.tool_calls)
     return await _text_answer(run, completion.text)
-
-
-def _estimated_usage(run: _Run, prompt_tokens: int, completion: Completion) -> Usage:
-    """The usage of a call the server did not report: agent_flow's own counts.
-
-    The prompt is the one the context counted for this call; the answer is counted with
-    the same counter (its text, its thinking and its tool calls as sent back next turn).
-    """
-    counter = run.agent.context.counter
-    answer = counter.count_message(completion.to_message())
-    if completion.thinking:
-        answer += counter.count(completion.thinking)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=answer, estimated=True)
-
-
-async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:
-    """Count a model call in the run's usage (and so its limits) and publish it.
-
-    The agent's own calls come from `_model_step`; the summarizer's arrive while pruning,
-    through `agent_flow.llm.metering` (see `_Run._after_step`).
-    """
-    run.usage = run.usage + report.usage
-    run.usage_per_call.append(report.usage)
-    # The model that answered is the one billed (``gpt-4o-mini-2024-07-18``); a name the
-    # price data does not know (a proxy's alias) falls back to the model asked for.
-    cost = None
-    for model in dict.fromkeys([report.model, _model_name(run.agent.llm)]):
-        cost = price_usage(
-            model,
-            report.usage,
-            pricing=run.agent.config.pricing,
-            base_url=_base_url(run.agent.llm),
-        )
-        if cost is not None:
-            break
-    run.cost_per_call.append(cost)
-    if cost is not None:
-        run.cost_usd += cost
-    await run.emit(
-        ModelResponded,
-        iteration=run.iteration,
-        finish_reason=report.finish_reason,
-        prompt_tokens=report.usage.prompt_tokens,
-        completion_tokens=report.usage.completion_tokens,
-        cached_tokens=report.usage.cached_tokens,
-        reasoning_tokens=report.usage.reasoning_tokens,
-        tool_calls=tool_calls,
-        duration_ms=report.duration_ms,
-        source=report.source,
-        model=report.model,
-        cost_usd=cost,
-    )
-
-
-async def _cost_limit_before_call(run: _Run, prompt_tokens: int, allowed: int) -> Finish | None:
-    """Stop before a model call whose worst case would pass ``max_cost_usd``.
-
-    The worst case is the counted prompt with the whole output allowance used: a run stopped
-    here never spends more than its limit (as far as the counter counts what the provider
-    bills). A model without a known price cannot be held to a limit: that ends the run.
-    """
-    limit = run.agent.config.max_cost_usd
-    if limit is None:
-        return None
-    model = _model_name(run.agent.llm)
-    worst = price_usage(
-        model,
-        Usage(prompt_tokens=prompt_tokens, completion_tokens=allowed),
-        pricing=run.agent.config.pricing,
-        base_url=_base_url(run.agent.llm),
-    )
-    if worst is None:
-        err = ConfigError(
-            f"max_cost_usd is {limit} but the model {model!r} has no known price; set "
-            "pricing (input/output dollars per million tokens) in the agent's config"
-        )
-        await run._error(err, fatal=True)
-        return Finish(StopReason.ERROR, text=str(err))
-    if run.cost_usd + worst > limit:
-        return Finish(
-            StopReason.COST_LIMIT,
-            text=f"stopped before a model call that could cost ${worst:.6f}: with the "
-            f"${run.cost_usd:.6f} spent it would pass max_cost_usd (${limit})",
-        )
-    return None
-
-
-def _model_name(client: object) -> str:
-    return str(getattr(client, "model", "") or type(client).__name__)
-
-
-def _base_url(client: object) -> str | None:
-    url = getattr(client, "base_url", None)
-    return url if isinstance(url, str) and url else None
-
-
-def _output_allowance(run: _Run, prompt_tokens: int) -> int:
-    """The request's ``max_tokens``: the output reserve, capped by the configured limit.
-
-    The prompt was budgeted to leave the reserve free, so the answer fits the window; it is
-    never allowed more than the window leaves. A reserve of 0 (none set aside) allows what the
-    window leaves.
-    """
-    context = run.agent.context
-    leaves = context.max_tokens - prompt_tokens
-    allowed = min(context.reserve_output_tokens or leaves, leaves)
-    limit = _configured_max_tokens(run.agent.config)
-    return allowed if limit is None else min(allowed, limit)
-
-
-def _configured_max_tokens(config: AgentConfig) -> int | None:
-    """The LLM config's ``max_tokens``, if the agent's config names an LLM that sets one."""
-    if config.llm is None:
-        return None
-    try:
-        return config.resolved_llm().max_tokens
-    except ConfigError:  # the client was built elsewhere; the config's LLM part is unused
-        return None
-
-
-class _CallState:
-    """What one model call has published so far, across its attempts."""
-
-    def __init__(self) -> None:
-        self.relayed: set[str] = set()  # warnings already published while streaming
-        self.text: list[str] = []  # the text streamed by the current attempt
-
-
-async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
-    """Void what the failed attempt streamed, then announce the next attempt."""
-    if call.text:
-        await run.emit(
-            ModelOutputDiscarded,
-            iteration=run.iteration,
-            attempt=notice.attempt,
-            text="".join(call.text),
-        )
-        call.text.clear()
-    await run.emit(
-        ModelRetrying,
-        iteration=run.iteration,
-        attempt=notice.attempt,
-        max_attempts=notice.max_attempts,
-        delay=notice.delay,
-        reason=notice.reason,
-    )
-
-
-async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
-    if not run.agent.stream:
-
-        async def retrying(notice: RetryNotice) -> None:
-            await _retrying(run, call, notice)
-
-        token = RETRY_LISTENER.set(retrying)
-        try:
-            return await run.agent.llm.complete(request)
-        finally:
-            RETRY_LISTENER.reset(token)
-    completion: Completion | None = None
-    stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
-    # However the loop leaves the stream (its end, a failure, a cancel while a subscriber
-    # holds us up), it is closed now, releasing its connection, not whenever it is collected.
-    async with contextlib.aclosing(_closable(stream)):
-        async for delta in stream:
-            completion = await _relay(run, delta, call) or completion
-    if completion is None:
-        raise ModelResponseError("the model's stream ended without a final answer")
-    return completion
-
-
-@runtime_checkable
-class _Closable(Protocol):
-    async def aclose(self) -> object: ...
-
-
-class _NothingToClose:
-    async def aclose(self) -> None:
-        return None
-
-
-def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
-    """`stream` itself when it can be closed (an async generator can), else a stand-in."""
-    return stream if isinstance(stream, _Closable) else _NothingToClose()
-
-
-async def _relay(run: _Run, delta: StreamEvent, call: _CallState) -> Completion | None:
-    """Publish one stream chunk as an event; return it if it is the final `Completion`."""
-    match delta:
-        case TextChunk(text=text):
-            call.text.append(text)
-            await run.emit(TextDelta, text=text)
-        case ThinkingChunk(text=text):
-            await run.emit(ThinkingDelta, text=text)
-        case ToolCallChunk(index=index, id=call_id, name=name):
-            await run.emit(
-                ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
-            )
-        case ToolCallArgumentsChunk(index=index, id=call_id, delta=text):
-            await run.emit(
-                ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
-            )
-        case RetryNotice():
-            await _retrying(run, call, delta)
-        case StreamWarning(message=message):
-            call.relayed.add(message)
-            await run.emit(WarningRaised, message=message, source="model")
-        case Completion():
-            return delta
-    return None
 
 
 def _record_turn(run: _Run, completion: Completion) -> None:
