@@ -338,35 +338,6 @@ def test_any_sequence_of_steps_pruning_and_environment_writes_reads_back_exactly
 # -- several stores, processes and failures ----------------------------------------------------
 
 
-async def test_two_store_objects_on_one_file_read_and_write_alternately(tmp_path: Path) -> None:
-    path = tmp_path / "sessions.db"
-    history, environment = fresh()
-    async with SQLiteSessionStore(path) as writer, SQLiteSessionStore(path) as reader:
-        info = await writer.create(title="shared")
-        for step in range(3):
-            events = add_step(history, environment, step)
-            await writer.save_step(info.id, history=history, environment=environment, events=events)
-            seen = await reader.info(info.id)
-            assert (seen.steps, seen.entry_count) == (step + 1, len(history))
-            assert [s.id for s in await reader.list()] == [info.id]
-            assert len(await reader.events(info.id)) == 2 * (step + 1)
-        # The reader becomes a writer of the same session...
-        state = await reader.load(info.id)
-        assert state.environment is not None
-        theirs = state.history(counter=COUNTER)
-        add_step(theirs, state.environment, 100)
-        await reader.save_step(info.id, history=theirs, environment=state.environment)
-        # ...and the first writer, unaware, saves its own next step: it notices the session
-        # changed, compares with what is stored and leaves exactly its own view.
-        add_step(history, environment, 3)
-        saved = await writer.save_step(info.id, history=history, environment=environment)
-        assert saved.steps == 5
-        final = await reader.load(info.id)
-        assert final.entries == tuple(history.entries)
-        assert final.environment is not None
-        assert final.environment.to_json() == environment.to_json()
-
-
 async def test_readers_go_on_while_another_connection_holds_the_write_lock(
     tmp_path: Path,
 ) -> None:
