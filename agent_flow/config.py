@@ -505,6 +505,17 @@ def _describe(
     return f"invalid agent config in {source}: " + "; ".join(problems)
 
 
+def _read_toml(path: str | Path) -> dict[str, typing.Any]:
+    """The TOML document at `path`, or a `ConfigError` naming the file and what is wrong."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {err}") from err
+
+
 def load_config(
     path: str | Path | None = None,
     *,
@@ -529,13 +540,7 @@ def load_config(
     source = str(path) if path is not None else "defaults"
     data: dict[str, JsonValue] = {}
     if path is not None:
-        try:
-            with open(path, "rb") as handle:
-                document = tomllib.load(handle)
-        except FileNotFoundError as err:
-            raise ConfigError(f"config file {source!r} does not exist") from err
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"config file {source!r} is not valid TOML: {err}") from err
+        document = _read_toml(path)
         unknown = sorted(set(document) - {"agent", "llms", "store"})
         if unknown:
             raise ConfigError(
@@ -582,13 +587,7 @@ def load_store_config(path: str | Path | None) -> StoreConfig:
     if path is None:
         return StoreConfig()
     source = str(path)
-    try:
-        with open(path, "rb") as handle:
-            document = tomllib.load(handle)
-    except FileNotFoundError as err:
-        raise ConfigError(f"config file {source!r} does not exist") from err
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"config file {source!r} is not valid TOML: {err}") from err
+    document = _read_toml(path)
     table = document.get("store", {})
     if not isinstance(table, dict):
         raise ConfigError(f'[store] in {source} must be a table, with url = "..."')
