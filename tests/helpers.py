@@ -15,9 +15,10 @@ from typing import Any
 from agent_flow._types import JsonValue
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.history import ToolCallEntry, ToolResultEntry
+from agent_flow.history import HistoryEntry, ToolCallEntry, ToolResultEntry, build_units
 from agent_flow.llm.base import StreamEvent
 from agent_flow.messages import ChatMessage, ToolCall
+from agent_flow.tokens import TokenCounter
 from agent_flow.tools import MCPServerStdio, Tool, tool
 
 #: The MCP servers the tests start (``tests/mcp_servers/``).
@@ -90,3 +91,17 @@ async def drain_into(events: AsyncIterator[StreamEvent], seen: list[StreamEvent]
     """Consume a model stream, keeping what arrived (also when the consumer is cancelled)."""
     async for event in events:
         seen.append(event)
+
+
+def unit_groups(
+    entries: list[HistoryEntry], cuts: list[int], counter: TokenCounter
+) -> list[list[HistoryEntry]]:
+    """Split `entries` into steps of whole units: `cuts` says how many units each step adds."""
+    units = build_units(entries, counter)
+    groups: list[list[HistoryEntry]] = []
+    start = 0
+    for cut in [*cuts, len(units)]:
+        end = min(len(units), start + cut)
+        groups.append([e for u in units[start:end] for e in u.entries])
+        start = end
+    return groups

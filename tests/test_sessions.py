@@ -31,7 +31,6 @@ from agent_flow.history import (
     ToolCallEntry,
     ToolResultEntry,
     UserMessage,
-    build_units,
 )
 from agent_flow.sessions import (
     SCHEMA_VERSION,
@@ -45,6 +44,7 @@ from agent_flow.sessions import (
 from agent_flow.tokens import ApproxCounter
 from tests._env_strategies import pointer_writes
 from tests._history_strategies import entry_lists, pruning_strategies
+from tests.helpers import unit_groups
 from tests.store_helpers import session_writer
 from tests.store_helpers.session_writer import add_step
 
@@ -271,17 +271,6 @@ async def test_the_stored_change_log_is_trimmed_to_the_environments_limit(tmp_pa
     assert sorted(versions) == [8, 9, 10]
 
 
-def _unit_groups(entries: list[HistoryEntry], cuts: list[int]) -> list[list[HistoryEntry]]:
-    units = build_units(entries, COUNTER)
-    groups: list[list[HistoryEntry]] = []
-    start = 0
-    for cut in [*cuts, len(units)]:
-        end = min(len(units), start + cut) if cut else start
-        groups.append([e for u in units[start:end] for e in u.entries])
-        start = end
-    return groups
-
-
 @settings(max_examples=30)
 @given(
     entries=entry_lists(max_units=12),
@@ -309,7 +298,7 @@ def test_any_sequence_of_steps_pruning_and_environment_writes_reads_back_exactly
         ):
             info = await writer.create(session_id="s")
             await memory.create(session_id="s")
-            for step, group in enumerate(_unit_groups(entries, cuts)):
+            for step, group in enumerate(unit_groups(entries, cuts, COUNTER)):
                 history.extend(group)
                 prune = prunes[step % len(prunes)]
                 if prune is not None:

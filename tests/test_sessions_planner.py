@@ -35,6 +35,7 @@ from agent_flow.sessions import InMemorySessionStore, SQLiteSessionStore
 from agent_flow.testing import FunctionLLM, Reply, call, reply
 from agent_flow.tokens import ApproxCounter, TokenCounter
 from tests._history_strategies import entry_lists
+from tests.helpers import unit_groups
 
 COUNTER = ApproxCounter()
 
@@ -133,16 +134,6 @@ def surprising_strategies(draw: st.DrawFn) -> Rewriter:
     return Rewriter(make)
 
 
-def _units_of(entries: list[HistoryEntry], cuts: list[int]) -> list[list[HistoryEntry]]:
-    units = build_units(entries, COUNTER)
-    groups, start = [], 0
-    for cut in [*cuts, len(units)]:
-        end = min(len(units), start + cut)
-        groups.append([e for u in units[start:end] for e in u.entries])
-        start = end
-    return groups
-
-
 @settings(max_examples=40)
 @given(
     entries=entry_lists(max_units=12, pending=False),
@@ -165,7 +156,7 @@ def test_whatever_a_strategy_returns_the_store_reads_back_the_history(
         ):
             info = await writer.create(session_id="s")
             await memory.create(session_id="s")
-            for step, group in enumerate(_units_of(entries, cuts)):
+            for step, group in enumerate(unit_groups(entries, cuts, COUNTER)):
                 history.extend(group)
                 strategy = strategies[step % len(strategies)]
                 if strategy is not None:

@@ -32,7 +32,6 @@ from agent_flow.history import (
     History,
     HistoryEntry,
     PruningStrategy,
-    build_units,
 )
 from agent_flow.sessions import (
     EXPORT_LINE_ADAPTER,
@@ -42,6 +41,7 @@ from agent_flow.sessions import (
 )
 from agent_flow.tokens import ApproxCounter
 from tests._history_strategies import entry_lists, pruning_strategies
+from tests.helpers import unit_groups
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.session_writer import add_step
 
@@ -98,17 +98,6 @@ def backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]
         yield made
     finally:
         made.drop()
-
-
-def _unit_groups(entries: list[HistoryEntry], cuts: list[int]) -> list[list[HistoryEntry]]:
-    units = build_units(entries, COUNTER)
-    groups: list[list[HistoryEntry]] = []
-    start = 0
-    for cut in [*cuts, len(units)]:
-        end = min(len(units), start + cut) if cut else start
-        groups.append([e for u in units[start:end] for e in u.entries])
-        start = end
-    return groups
 
 
 # -- round trips ------------------------------------------------------------------------------
@@ -364,7 +353,7 @@ def test_any_sequence_of_steps_reads_back_exactly_from_another_store_object(
         environment = Environment(max_changes=max_changes)
         async with backing.open() as writer, backing.open() as reader:
             info = await writer.create()
-            for step, group in enumerate(_unit_groups(entries, cuts)):
+            for step, group in enumerate(unit_groups(entries, cuts, COUNTER)):
                 history.extend(group)
                 prune = prunes[step % len(prunes)]
                 if prune is not None:
