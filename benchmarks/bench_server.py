@@ -166,7 +166,9 @@ async def serve(port_file: str) -> None:
             llm_factory=lambda _: client,
             tools_factory=tools,
         )
-        sock = socket.socket()
+        # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto
+        # says TCP, and without it Nagle's algorithm meets the client's delayed ACK (~40 ms).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         sock.listen(4096)
         Path(port_file).write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240 (once, tiny)

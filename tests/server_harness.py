@@ -21,7 +21,8 @@ import uvicorn
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[httpx2.AsyncClient]:
     """Run `app` on a real uvicorn on 127.0.0.1; yield a client pointed at it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only where the socket's proto says TCP.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)

@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
 
-import fastapi.routing
 import httpx2
 from pydantic import ValidationError
 
@@ -316,11 +315,9 @@ async def test_off_loopback_needs_a_token_and_the_token_guards_every_route_incl_
         assert preflight.headers["access-control-allow-origin"] == "http://ui.test"
 
 
-async def test_idle_streams_get_keep_alive_comments(
-    store: InMemorySessionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(fastapi.routing, "_PING_INTERVAL", 0.01)
-    app = create_app(_config(), store=store, llm_factory=Models())
+async def test_idle_streams_get_keep_alive_comments(store: InMemorySessionStore) -> None:
+    settings = ServerSettings(keepalive_seconds=0.01)
+    app = create_app(_config(), store=store, settings=settings, llm_factory=Models())
     async with serving(app) as client:
         sid = await _create(client)
         comments: list[str] = []

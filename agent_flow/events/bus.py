@@ -66,6 +66,11 @@ class Subscription:
         self.dropped_total = 0
 
     @property
+    def queued(self) -> int:
+        """How many events wait to be read now (reading them does not suspend)."""
+        return len(self._queue)
+
+    @property
     def closed(self) -> bool:
         """Whether no more events will arrive (queued ones may still be read)."""
         return self._closed

@@ -12,7 +12,7 @@ subscription opened (or both, and it is sent once: ids only ever grow).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from agent_flow.agent import AgentExecutor
@@ -30,7 +30,10 @@ from agent_flow.server.models import SessionOptions
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
-__all__ = ["LiveSession"]
+__all__ = ["BATCH", "LiveSession"]
+
+#: Most events one SSE write carries.
+BATCH = 256
 
 
 @dataclass
@@ -104,12 +107,22 @@ class LiveSession:
         return [pending.request for pending in self.approvals.values()]
 
     async def watch(
-        self, after: int, *, policy: BackpressurePolicy, maxsize: int, follow: bool = True
-    ) -> AsyncIterator[tuple[int | None, AgentEvent]]:
-        """Yield the events after id `after`, stored ones first, then live ones as published.
+        self,
+        after: int,
+        *,
+        policy: BackpressurePolicy,
+        maxsize: int,
+        follow: bool = True,
+        idle: float | None = None,
+    ) -> AsyncIterator[Sequence[tuple[int | None, AgentEvent]]]:
+        """Yield the events after id `after` in batches: stored ones first, then live ones.
 
-        Each comes with its id; an `EventsDropped` (this watcher fell behind under
-        ``drop_oldest``) comes with None. Without `follow`, it ends after what happened so far.
+        Each event comes with its id; an `EventsDropped` (this watcher fell behind under
+        ``drop_oldest``) comes with None. A live batch holds what was published while the
+        previous one was being sent (at most `BATCH` events), so a busy stream is written in
+        few large writes and a quiet one event at a time. With `idle`, an empty batch comes
+        after that many seconds without an event (the caller's cue for a keep-alive).
+        Without `follow`, it ends after what happened so far.
         """
         # One synchronous step: the copy of the latest run's events and the subscription.
         recent = list(self.buffer)
@@ -120,22 +133,40 @@ class LiveSession:
             if stop is None or stop > last + 1:
                 limit = None if stop is None else stop - (last + 1)
                 stored = await self.store.events(self.id, offset=last + 1, limit=limit)
-                for position, event in enumerate(stored, start=last + 1):
-                    last = position
-                    yield position, event
-            for event_id, event in recent:
-                if event_id > last:
-                    last = event_id
-                    yield event_id, event
+                for first in range(0, len(stored), BATCH):
+                    chunk = stored[first : first + BATCH]
+                    yield [(last + 1 + n, event) for n, event in enumerate(chunk)]
+                    last += len(chunk)
+            fresh = [(event_id, event) for event_id, event in recent if event_id > last]
+            for first in range(0, len(fresh), BATCH):
+                yield fresh[first : first + BATCH]
+            if fresh:
+                last = fresh[-1][0]
             if subscription is None:
                 return
-            async for event in subscription:
-                live_id = self.event_id(event)
-                if live_id is None:
-                    yield None, event
-                elif live_id > last:
-                    last = live_id
-                    yield live_id, event
+            while True:
+                try:
+                    # The subscription is no generator: cancelling a wait for it loses nothing.
+                    async with asyncio.timeout(idle):
+                        event = await anext(subscription)
+                except TimeoutError:
+                    yield []
+                    continue
+                except StopAsyncIteration:
+                    return
+                events = [event]
+                while subscription.queued and len(events) < BATCH:
+                    events.append(await anext(subscription))
+                batch: list[tuple[int | None, AgentEvent]] = []
+                for event in events:
+                    live_id = self.event_id(event)
+                    if live_id is None:
+                        batch.append((None, event))
+                    elif live_id > last:
+                        last = live_id
+                        batch.append((live_id, event))
+                if batch:
+                    yield batch
         finally:
             if subscription is not None:
                 await subscription.aclose()

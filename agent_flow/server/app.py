@@ -35,7 +35,6 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment
@@ -45,6 +44,7 @@ from agent_flow.server._agui import AgUiRun, user_text
 from agent_flow.server._live import LiveSession
 from agent_flow.server._manager import ApiError, LLMFactory, SessionManager, ToolsFactory
 from agent_flow.server._middleware import BearerTokenMiddleware, BodyLimitMiddleware
+from agent_flow.server._sse import SSE_HEADERS, sse_frames
 from agent_flow.server.models import (
     SESSION_ID_PATTERN,
     ApprovalDecision,
@@ -205,27 +205,40 @@ def create_app(
         await store.export(live.id, buffer)
         return PlainTextResponse(buffer.getvalue(), media_type="application/x-ndjson")
 
-    @app.get("/sessions/{session_id}/events", response_class=EventSourceResponse)
+    @app.get(
+        "/sessions/{session_id}/events",
+        response_class=StreamingResponse,
+        response_model=None,
+        responses={
+            200: {
+                "description": "The session's events as Server-Sent Events",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def stream_events(
         live: Live,
         start: Annotated[int, Depends(_resume_point)],
         policy: Annotated[Literal["wait", "drop_oldest"], Query()] = "drop_oldest",
         follow: Annotated[bool, Query(description="Stay open for live events.")] = True,
-    ) -> AsyncIterator[ServerSentEvent]:
+    ) -> StreamingResponse:
         """Every event of the session as SSE, ``id:`` its position; replays after an id.
 
         ``Last-Event-ID`` (or ``after``) resumes after that id: missed events come from the
         store, then live ones, with no gap and no duplicate. An ``events_dropped`` event
-        (no id) tells a client that fell behind under ``drop_oldest`` what it missed.
+        (no id) tells a client that fell behind under ``drop_oldest`` what it missed. An idle
+        stream gets a ``: ping`` comment every `ServerSettings.keepalive_seconds`.
         """
-        async for event_id, event in live.watch(
-            start, policy=policy, maxsize=settings.watcher_queue, follow=follow
-        ):
-            yield ServerSentEvent(
-                raw_data=event.model_dump_json(),
-                event=event.kind,
-                id=None if event_id is None else str(event_id),
-            )
+        batches = live.watch(
+            start,
+            policy=policy,
+            maxsize=settings.watcher_queue,
+            follow=follow,
+            idle=settings.keepalive_seconds,
+        )
+        return StreamingResponse(
+            sse_frames(batches), media_type="text/event-stream", headers=SSE_HEADERS
+        )
 
     @app.get("/", include_in_schema=False)
     async def inspector() -> HTMLResponse:

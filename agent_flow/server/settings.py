@@ -34,6 +34,8 @@ class ServerSettings(BaseModel):
             session may not choose a workspace (the config's own is used).
         approval_timeout: Seconds a run waits for an approval before it is denied.
         watcher_queue: Events queued per SSE client before its back-pressure policy applies.
+        keepalive_seconds: Idle seconds after which an SSE stream gets a ``: ping`` comment,
+            so proxies do not cut it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,6 +48,7 @@ class ServerSettings(BaseModel):
     workspace_roots: tuple[Path, ...] = ()
     approval_timeout: float = Field(default=300.0, gt=0)
     watcher_queue: int = Field(default=1000, ge=1)
+    keepalive_seconds: float = Field(default=15.0, gt=0)
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> ServerSettings:
