@@ -18,6 +18,7 @@ PUBLIC_MODULES = [
     "agent_flow.prompt",
     "agent_flow.sessions",
     "agent_flow.testing",
+    "agent_flow.testing.strategies",
     "agent_flow.tokens",
     "agent_flow.tools",
 ]
