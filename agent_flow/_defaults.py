@@ -95,6 +95,13 @@ fails later when its tool executor is built.
 """
 
 
+DEFAULT_REPLAY_MAX_WAIT: Final = 5.0
+"""The longest pause (seconds, after `--speed`) `agent-flow replay` makes between two events.
+
+Runs of one session can be hours apart; a replay shows such a gap as this pause instead.
+"""
+
+
 def default_reserve_output_tokens(max_tokens: int) -> int:
     """The output reserve of a budget of `max_tokens` whose reserve is not set.
 

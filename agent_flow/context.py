@@ -165,6 +165,15 @@ class ContextManager:
         self._wire: WireCounter | None = None
         self.prompt_format = prompt_format
 
+    def __repr__(self) -> str:
+        strategy = getattr(self.strategy, "name", self.strategy)
+        return (
+            f"ContextManager(max_tokens={self.max_tokens}, reserve_output_tokens="
+            f"{self.reserve_output_tokens}, environment_allocation={self.environment_allocation}, "
+            f"system_prompt_template={self.system_prompt_template!r}, strategy={strategy!r}, "
+            f"environment={self.environment!r}, history={self.history!r})"
+        )
+
     @property
     def prompt_format(self) -> PromptFormat | None:
         """How the client sends the prompt; the budget counts that (``None``: native)."""

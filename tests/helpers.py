@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.history import HistoryEntry, ToolCallEntry, ToolResultEntry, build_units
 from agent_flow.llm.base import StreamEvent
-from agent_flow.messages import ChatMessage, ToolCall
+from agent_flow.messages import ToolCall
 from agent_flow.tokens import TokenCounter
 from agent_flow.tools import MCPServerStdio, Tool, tool
 
@@ -70,21 +70,6 @@ def assert_history_consistent(agent: AgentExecutor) -> None:
     calls = {e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)}
     results = {e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)}
     assert calls == results
-
-
-def assert_tool_pairs_intact(messages: Sequence[ChatMessage]) -> None:
-    """Every call is answered right after its assistant message, and every result has a call."""
-    expected: set[str] = set()
-    for message in messages:
-        if message.role == "tool":
-            assert message.tool_call_id in expected, "a tool result without its call"
-            expected.discard(message.tool_call_id)
-        else:
-            assert not expected, "an assistant tool call without its result"
-            expected = {call.id for call in message.tool_calls}
-            assert len(expected) == len(message.tool_calls), "a call id repeated in one message"
-            assert message.role == "assistant" or not expected
-    assert not expected, "an assistant tool call without its result"
 
 
 async def drain_into(events: AsyncIterator[StreamEvent], seen: list[StreamEvent]) -> None:

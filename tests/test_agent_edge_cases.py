@@ -30,10 +30,10 @@ from agent_flow.events import AgentEvent, EventBus, WarningRaised
 from agent_flow.history import History, UserMessage
 from agent_flow.llm.base import LLMRequest
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, fail, reply
+from agent_flow.testing.strategies import environments, histories
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
 from agent_flow.tools import ToolExecutor, tool
 from tests.helpers import add, assert_history_consistent, make_agent
-from tests.strategies import environments, histories
 
 
 def warning(seq: int) -> WarningRaised:

@@ -24,10 +24,15 @@ from agent_flow.history import (
 )
 from agent_flow.llm.xml_tools import XML_FORMAT, to_xml_messages
 from agent_flow.messages import ToolCall, ToolDefinition
-from agent_flow.testing import ScriptedLLM
+from agent_flow.testing import (
+    ScriptedLLM,
+    assert_pinned_kept,
+    assert_prompt_within_budget,
+    assert_units_intact,
+)
+from agent_flow.testing.strategies import entry_lists, environments, histories, tool_definitions
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
-from tests.helpers import assert_tool_pairs_intact, make_agent
-from tests.strategies import entry_lists, environments, histories, tool_definitions
+from tests.helpers import make_agent
 
 COUNTER = ApproxCounter()
 
@@ -70,15 +75,10 @@ def test_built_prompt_never_exceeds_the_budget_when_recounted_independently(
     recount = COUNTER.count_messages(list(prompt.messages)) + COUNTER.count_tools(tools)
     assert recount == prompt.total_tokens
     assert prompt.total_tokens <= max_tokens - reserve
-    b = prompt.breakdown
-    assert b.system_template + b.environment + b.tools + b.history + b.priming == b.total
-    assert_tool_pairs_intact(prompt.messages[1:])
+    assert_prompt_within_budget(prompt, manager)
+    assert_units_intact(prompt)
     # Pinned units are always sent.
-    sent_ids = {m.content for m in prompt.messages}
-    for unit in history.units():
-        if unit.pinned:
-            for message in unit.messages:
-                assert message.content in sent_ids
+    assert_pinned_kept(history, prompt)
 
 
 def summarizing_step() -> SummarizeOldest:
@@ -134,13 +134,9 @@ def check_xml_prompt(
     wire = to_xml_messages(prompt.messages, prompt.tools)
     recount = counter.count_messages(wire)  # XML mode sends no native tools
     assert recount == prompt.total_tokens <= manager.max_tokens - manager.reserve_output_tokens
-    b = prompt.breakdown
-    assert b.system_template + b.environment + b.tools + b.history + b.priming == b.total
-    assert_tool_pairs_intact(prompt.messages[1:])
-    sent = {m.content for m in prompt.messages}
-    for unit in manager.history.units():
-        if unit.pinned:
-            assert all(message.content in sent for message in unit.messages)
+    assert_prompt_within_budget(prompt, manager)
+    assert_units_intact(prompt)
+    assert_pinned_kept(manager.history, prompt)
 
 
 @settings(max_examples=150)

@@ -28,8 +28,9 @@ from agent_flow.environment import (
     WorkspaceState,
 )
 from agent_flow.errors import EnvironmentValidationError, PointerError, UserError
+from agent_flow.testing import assert_render_within
+from agent_flow.testing.strategies import environments, pointer_writes
 from agent_flow.tokens import ApproxCounter, BaseTokenCounter, TokenCounter, default_counter
-from tests._env_strategies import env_environments, pointer_writes
 
 APPROX = ApproxCounter()
 TIKTOKEN = default_counter()
@@ -292,7 +293,7 @@ def test_get_returns_a_copy_that_cannot_change_the_state() -> None:
 
 
 @settings(max_examples=100)
-@given(env=env_environments(), write=pointer_writes())
+@given(env=environments(), write=pointer_writes())
 def test_set_then_get_returns_the_value(env: Environment, write: tuple[str, JsonValue]) -> None:
     pointer, value = write
     try:
@@ -622,7 +623,7 @@ def test_the_change_log_keeps_the_newest_changes_up_to_its_limit() -> None:
 
 
 @settings(max_examples=100)
-@given(env=env_environments(), limit=st.integers(0, 5))
+@given(env=environments(), limit=st.integers(0, 5))
 def test_json_round_trip_is_lossless(env: Environment, limit: int) -> None:
     text = env.to_json()
     copy = Environment.from_json(text)
@@ -727,13 +728,14 @@ def test_a_budget_of_zero_renders_as_nothing(counter: TokenCounter) -> None:
 
 @settings(max_examples=200)
 @given(
-    env=env_environments(max_items=12, max_text=120),
+    env=environments(max_items=12, max_text=120),
     budget=st.one_of(st.integers(0, 40), st.integers(0, 600)),
     counter=st.sampled_from(COUNTERS),
 )
 def test_render_never_exceeds_the_budget_and_every_block_is_valid_json(
     env: Environment, budget: int, counter: TokenCounter
 ) -> None:
+    assert_render_within(env, budget, counter)
     report = env.render_report(budget, counter)
     assert counter.count(report.text) <= budget
     assert report.tokens == (counter.count(report.text) if report.text else 0)

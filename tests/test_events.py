@@ -24,7 +24,7 @@ from agent_flow.events import (
     event_to_json,
 )
 from agent_flow.history import PruneReport
-from tests.strategies import json_values
+from agent_flow.testing.strategies import json_values
 
 
 def text(seq: int, value: str = "x") -> TextDelta:

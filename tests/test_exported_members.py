@@ -17,7 +17,9 @@ PUBLIC_MODULES = [
     "agent_flow.messages",
     "agent_flow.prompt",
     "agent_flow.sessions",
+    "agent_flow.sessions.diff",
     "agent_flow.testing",
+    "agent_flow.testing.strategies",
     "agent_flow.tokens",
     "agent_flow.tools",
 ]

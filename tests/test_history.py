@@ -37,14 +37,14 @@ from agent_flow.history import (
 )
 from agent_flow.history.entries import _Entry
 from agent_flow.messages import ChatMessage, ToolCall
-from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
-from tests._history_strategies import (
+from agent_flow.testing import assert_units_intact
+from agent_flow.testing.strategies import (
     entry_lists,
     history_entries,
     pruning_strategies,
     summarize_steps,
 )
-from tests.helpers import assert_tool_pairs_intact
+from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
 
 COUNTER = ApproxCounter()
 
@@ -63,7 +63,7 @@ def assert_consistent(history: History) -> None:
     units = list(history.units())
     assert list(history.pinned_indices()) == [i for i, u in enumerate(units) if u.pinned]
     assert history.pinned_token_count() == sum(u.tokens for u in units if u.pinned)
-    assert_tool_pairs_intact(messages)
+    assert_units_intact(history)
 
 
 def turn(

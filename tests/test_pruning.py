@@ -31,14 +31,16 @@ from agent_flow.history import (
     build_units,
 )
 from agent_flow.messages import ChatMessage, ToolCall
-from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
-from tests._history_strategies import (
+from agent_flow.testing import assert_pinned_kept, assert_units_intact
+from agent_flow.testing.strategies import (
+    budgets_around,
     entry_lists,
     history_entries,
     pruning_strategies,
     summarize_steps,
 )
-from tests.test_history import assert_tool_pairs_intact, turn
+from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
+from tests.test_history import turn
 
 COUNTER = ApproxCounter()
 
@@ -65,16 +67,6 @@ def ids(units: Sequence[Unit]) -> list[str]:
     return [e.id for u in units for e in u.entries]
 
 
-def budgets(units: Sequence[Unit]) -> st.SearchStrategy[int]:
-    """Any budget up to a bit above the total, mostly between the pinned units and the total."""
-    everything = total(units)
-    pinned = total([u for u in units if u.pinned])
-    return st.one_of(
-        st.floats(0.0, 1.2).map(lambda f: int(everything * f)),
-        st.floats(0.0, 1.0).map(lambda f: pinned + int((everything - pinned) * f)),
-    )
-
-
 def ends_with_drop_oldest(strategy: PruningStrategy | SummarizeOldest | None) -> bool:
     if isinstance(strategy, Chain):
         return isinstance(strategy.strategies[-1], DropOldest)
@@ -92,14 +84,14 @@ def test_any_strategy_keeps_units_whole_pinned_and_in_order(
     data: st.DataObject, entries: list[HistoryEntry], strategy: PruningStrategy | SummarizeOldest
 ) -> None:
     units = build_units(entries, COUNTER)
-    budget = data.draw(budgets(units), label="budget")
+    budget = data.draw(budgets_around(units), label="budget")
     result = prune(strategy, units, budget)
     report = result.report
     before_ids, after_ids = ids(units), ids(result.units)
 
     # Unit integrity: what is sent never separates a call from its result.
     messages = [m for u in result.units for m in u.messages]
-    assert_tool_pairs_intact(messages)
+    assert_units_intact(result)
     # Units are whole: each is an input unit (perhaps with elided bodies) or a new summary.
     input_units = {u.ids for u in units}
     new_ids = set(after_ids) - set(before_ids)
@@ -114,13 +106,7 @@ def test_any_strategy_keeps_units_whole_pinned_and_in_order(
     survivors = [position[i] for i in after_ids if i in position]
     assert survivors == sorted(survivors)
     # Pinned: the first user message always stays; a summary stays or is folded into the new one.
-    for unit in units:
-        if unit.pinned and unit.kind == "user":
-            assert set(unit.ids) <= set(after_ids)
-        elif unit.pinned:
-            assert unit.ids[0] in after_ids or (
-                unit.ids[0] in report.summarized and report.summary_id in after_ids
-            )
+    assert_pinned_kept(units, result)
     # The report accounts for everything, and the counts are exact.
     assert report.tokens_before == total(units)
     assert report.tokens_after == total(result.units)
@@ -160,7 +146,7 @@ def test_drop_oldest_drops_only_the_oldest_and_stops_as_soon_as_it_fits(
     data: st.DataObject, entries: list[HistoryEntry]
 ) -> None:
     units = build_units(entries, COUNTER)
-    budget = data.draw(budgets(units))
+    budget = data.draw(budgets_around(units))
     result = prune(DropOldest(), units, budget)
     kept = {id(u) for u in result.units}
     dropped = [i for i, u in enumerate(units) if id(u) not in kept]
@@ -180,7 +166,7 @@ def test_sliding_window_keeps_pinned_units_and_at_most_n_whole_turns(
     data: st.DataObject, entries: list[HistoryEntry], turns: int
 ) -> None:
     units = build_units(entries, COUNTER)
-    budget = data.draw(budgets(units))
+    budget = data.draw(budgets_around(units))
     result = prune(SlidingWindow(turns=turns), units, budget)
     kept = {id(u) for u in result.units}
     dropped = [i for i, u in enumerate(units) if id(u) not in kept]
@@ -202,7 +188,7 @@ def test_elision_never_drops_and_spares_the_last_results(
     data: st.DataObject, entries: list[HistoryEntry], keep_last: int
 ) -> None:
     units = build_units(entries, COUNTER)
-    budget = data.draw(budgets(units))
+    budget = data.draw(budgets_around(units))
     result = prune(ElideToolResults(keep_last=keep_last), units, budget)
     assert ids(result.units) == ids(units)
     before = [e for u in units for e in u.entries]
@@ -251,7 +237,7 @@ def test_summarize_oldest_either_fits_or_changes_nothing(
     data: st.DataObject, entries: list[HistoryEntry], keep: int, cap: int
 ) -> None:
     units = build_units(entries, COUNTER)
-    budget = data.draw(budgets(units))
+    budget = data.draw(budgets_around(units))
     summarizer = ExtractiveSummarizer(counter=COUNTER)
     strategy = SummarizeOldest(summarizer, keep_last_units=keep, max_summary_tokens=cap)
     result = prune(strategy, units, budget)
@@ -629,7 +615,7 @@ def test_a_summarizing_step_asks_its_summarizer_only_when_its_before_strategy_is
     data: st.DataObject, entries: list[HistoryEntry]
 ) -> None:
     units = build_units(entries, COUNTER)
-    budget = data.draw(budgets(units))
+    budget = data.draw(budgets_around(units))
     summarizer = FixedSummarizer("- Earlier work.")
     result = prune(summarize_configuration(summarizer), units, budget)
     elided = ElideToolResults().prune(units, budget, COUNTER)

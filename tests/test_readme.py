@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks, tool_call_chunks
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -116,3 +118,24 @@ def test_every_flag_the_readme_names_is_a_real_flag() -> None:
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-q)\b", section))
     assert {"--trace", "-q", "--json", "--agent"} <= named
     assert named - known == set()
+
+
+def test_the_readme_property_test_for_your_own_code_passes(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    section = README.read_text().split("## Testing your own code", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    pytester.makepyfile(test_mine=match.group(1))
+    # The harness's settings, not the reader's: no deadlines on a loaded 2-core machine, and
+    # fewer examples (the suite runs these properties in full elsewhere).
+    pytester.makeconftest(
+        "from hypothesis import settings\n"
+        "settings.register_profile('ci', deadline=None, max_examples=20, database=None)\n"
+        "settings.load_profile('ci')\n"
+    )
+    # Only pytest itself: the plugins installed for the suite (schemathesis, ...) take seconds
+    # to import and play no part here.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)

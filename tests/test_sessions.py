@@ -41,9 +41,8 @@ from agent_flow.sessions import (
     SQLiteSessionStore,
     default_store_path,
 )
+from agent_flow.testing.strategies import entry_lists, pointer_writes, pruning_strategies
 from agent_flow.tokens import ApproxCounter
-from tests._env_strategies import pointer_writes
-from tests._history_strategies import entry_lists, pruning_strategies
 from tests.helpers import unit_groups
 from tests.store_helpers import session_writer
 from tests.store_helpers.session_writer import add_step

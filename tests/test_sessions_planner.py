@@ -33,8 +33,8 @@ from agent_flow.history import (
 from agent_flow.llm.base import LLMRequest
 from agent_flow.sessions import InMemorySessionStore, SQLiteSessionStore
 from agent_flow.testing import FunctionLLM, Reply, call, reply
+from agent_flow.testing.strategies import entry_lists
 from agent_flow.tokens import ApproxCounter, TokenCounter
-from tests._history_strategies import entry_lists
 from tests.helpers import unit_groups
 
 COUNTER = ApproxCounter()

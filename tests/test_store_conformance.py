@@ -39,8 +39,8 @@ from agent_flow.sessions import (
     SessionStore,
     open_store,
 )
+from agent_flow.testing.strategies import entry_lists, pruning_strategies
 from agent_flow.tokens import ApproxCounter
-from tests._history_strategies import entry_lists, pruning_strategies
 from tests.helpers import unit_groups
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.session_writer import add_step

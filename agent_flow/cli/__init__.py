@@ -1,4 +1,4 @@
-"""The ``agent-flow`` command: run an agent, chat with it, the offline demo, sessions, tools.
+"""The ``agent-flow`` command: run an agent, chat, the demo, sessions and replays, tools.
 
 ::
 
@@ -7,6 +7,8 @@
     agent-flow chat [same options]            a conversation over one session, line-edited
     agent-flow demo [--slow]                  a complete run offline, with a scripted model
     agent-flow sessions list | show ID | export ID [--output FILE] | import FILE | delete ID
+    agent-flow sessions diff A B [--json]     two sessions' environments and budgets compared
+    agent-flow replay SESSION [--speed X]     a session's events again, paced as recorded
     agent-flow tools [--workspace DIR] [--mcp "cmd args"]   what an agent is offered, in tokens
 
 A run shows a status line, then the answer as Markdown; ``--trace`` prints every event,

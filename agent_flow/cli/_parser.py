@@ -12,9 +12,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from agent_flow._defaults import DEFAULT_REPLAY_MAX_WAIT
 from agent_flow.cli._chat import _chat_command
+from agent_flow.cli._diff import _sessions_diff
 from agent_flow.cli._exit import EXIT_USAGE
 from agent_flow.cli._prompt import EDITING_HELP
+from agent_flow.cli._replay import _replay_command
 from agent_flow.cli._run import _demo_command, _run_command
 from agent_flow.cli._serve import _serve_command
 from agent_flow.cli._sessions import (
@@ -70,6 +73,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return value
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be 0 (no pauses) or more")
     return value
 
 
@@ -301,6 +314,36 @@ def build_parser() -> argparse.ArgumentParser:
     delete = actions.add_parser("delete", help="delete a session", parents=[db])
     delete.add_argument("id")
     delete.set_defaults(handler=_sessions_delete)
+    diff = actions.add_parser(
+        "diff",
+        help="compare two sessions' environments and per-step prompt budgets",
+        parents=[db],
+    )
+    diff.add_argument("a", metavar="A", help="a session id, or a file from `sessions export`")
+    diff.add_argument("b", metavar="B", help="the session to compare it with (id or file)")
+    diff.add_argument("--json", action="store_true", help="the comparison as one JSON object")
+    diff.set_defaults(handler=_sessions_diff)
+
+    replay = sub("replay", "render a stored session's events again, paced as they happened", [db])
+    replay.add_argument(
+        "session", metavar="SESSION", help="a session id, or a file from `sessions export`"
+    )
+    replay.add_argument(
+        "--speed",
+        type=_speed,
+        default=1.0,
+        metavar="X",
+        help="how many times faster than recorded (default 1; 0: no pauses)",
+    )
+    replay.add_argument(
+        "--max-wait",
+        type=_seconds,
+        default=DEFAULT_REPLAY_MAX_WAIT,
+        metavar="SECONDS",
+        help=f"the longest pause between two events (default {DEFAULT_REPLAY_MAX_WAIT:g})",
+    )
+    replay.add_argument("--json", action="store_true", help="every event as a JSON line")
+    replay.set_defaults(handler=_replay_command)
 
     serve = sub("serve", "serve sessions over HTTP with live event streams (SSE)", [db])
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

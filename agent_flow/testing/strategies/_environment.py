@@ -1,12 +1,19 @@
-"""Hypothesis strategies for environment states (to be merged into tests/strategies.py)."""
+"""Hypothesis strategies for environments: JSON values, typed sections, extensions, writes.
+
+Sizes are capped by `max_items` (list and dict entries) and `max_text` (characters), so that
+failing examples shrink to a few short values. Keys and texts include the awkward ones a
+JSON pointer must escape (``~``, ``/``, ``-``) and the renderer's own marker (``…``).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from agent_flow._types import JsonValue
 from agent_flow.environment import (
@@ -24,7 +31,8 @@ from agent_flow.errors import PointerError
 
 __all__ = [
     "artifact_infos",
-    "env_environments",
+    "environments",
+    "extension_values",
     "file_infos",
     "json_keys",
     "json_values",
@@ -36,7 +44,7 @@ __all__ = [
     "workspace_states",
 ]
 
-# Keys exercise pointer escaping ("~", "/"), the elision marker key and the "-" token.
+#: Keys that exercise pointer escaping ("~", "/"), the elision marker key and the "-" token.
 json_keys = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["~", "/", "~1", "a/b", "~0~1", "-", "…", "0", ""]),
@@ -70,6 +78,7 @@ def json_values(*, max_leaves: int = 12, max_text: int = 20) -> st.SearchStrateg
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def system_states(*, max_items: int = 4, max_text: int = 20) -> st.SearchStrategy[SystemState]:
+    """The ``system`` section: working directory, permissions, resources."""
     return st.builds(
         SystemState,
         working_directory=_texts(max_text),
@@ -80,6 +89,7 @@ def system_states(*, max_items: int = 4, max_text: int = 20) -> st.SearchStrateg
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def plan_steps(*, max_text: int = 20) -> st.SearchStrategy[PlanStep]:
+    """One step of a task's plan, done or not, with or without a result."""
     return st.builds(
         PlanStep,
         description=_texts(max_text),
@@ -90,6 +100,7 @@ def plan_steps(*, max_text: int = 20) -> st.SearchStrategy[PlanStep]:
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def task_states(*, max_items: int = 4, max_text: int = 20) -> st.SearchStrategy[TaskState]:
+    """The ``task`` section: objective, status, step counts, current step and plan."""
     return st.builds(
         TaskState,
         objective=_texts(max_text),
@@ -103,6 +114,7 @@ def task_states(*, max_items: int = 4, max_text: int = 20) -> st.SearchStrategy[
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def knowledge_bases(*, max_items: int = 4, max_text: int = 20) -> st.SearchStrategy[KnowledgeBase]:
+    """The ``knowledge`` section: facts, sources, key concepts and free-form extras."""
     return st.builds(
         KnowledgeBase,
         discovered_facts=st.lists(_texts(max_text), max_size=max_items),
@@ -114,6 +126,7 @@ def knowledge_bases(*, max_items: int = 4, max_text: int = 20) -> st.SearchStrat
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def file_infos(*, max_text: int = 20) -> st.SearchStrategy[FileInfo]:
+    """A file or directory the workspace knows of."""
     return st.builds(
         FileInfo,
         kind=st.sampled_from(["file", "directory"]),
@@ -124,6 +137,7 @@ def file_infos(*, max_text: int = 20) -> st.SearchStrategy[FileInfo]:
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def artifact_infos(*, max_text: int = 20) -> st.SearchStrategy[ArtifactInfo]:
+    """An artifact the agent produced."""
     return st.builds(
         ArtifactInfo,
         name=_texts(max_text),
@@ -136,6 +150,7 @@ def artifact_infos(*, max_text: int = 20) -> st.SearchStrategy[ArtifactInfo]:
 def workspace_states(
     *, max_items: int = 4, max_text: int = 20
 ) -> st.SearchStrategy[WorkspaceState]:
+    """The ``workspace`` section: files, artifacts and free-form extras."""
     return st.builds(
         WorkspaceState,
         files=st.dictionaries(json_keys, file_infos(max_text=max_text), max_size=max_items),
@@ -177,11 +192,43 @@ def pointer_writes(draw: st.DrawFn) -> tuple[str, JsonValue]:
     return f"/system/resources/{_escape(key)}", draw(_texts(30))
 
 
+def extension_values(model: type[BaseModel]) -> st.SearchStrategy[BaseModel]:
+    """Instances of your own extension model, built from its field types.
+
+    Required fields are drawn from their annotations (`hypothesis.strategies.builds`);
+    fields with defaults keep them. Register a strategy for a field type hypothesis cannot
+    infer with `hypothesis.strategies.register_type_strategy`, or pass your own strategy to
+    `environments` instead of the model.
+    """
+    return st.builds(model)
+
+
+#: What `environments` accepts per extension: a pydantic model, or a strategy of values.
+ExtensionSpec = type[BaseModel] | st.SearchStrategy[Any]
+
+
 @st.composite
-def env_environments(
-    draw: st.DrawFn, *, max_items: int = 4, max_text: int = 20, writes: int = 3
+def environments(
+    draw: st.DrawFn,
+    *,
+    max_items: int = 4,
+    max_text: int = 20,
+    writes: int = 3,
+    extensions: Mapping[str, ExtensionSpec] | None = None,
+    free_extensions: bool = True,
 ) -> Environment:
-    """An Environment with any subset of sections filled, plus a few recorded writes."""
+    """An Environment with any subset of sections filled, extensions, and a few writes.
+
+    Args:
+        draw: Supplied by hypothesis.
+        max_items: The most entries of each list and dict.
+        max_text: The longest string.
+        writes: The most pointer writes applied after building (recorded as changes).
+        extensions: Your own extensions, always present: name → pydantic model (drawn with
+            `extension_values`) or a strategy of values (a model or JSON).
+        free_extensions: Also add up to three untyped extensions of any JSON (off when
+            your code expects only its own).
+    """
     builder = Environment.builder()
     kw: dict[str, Any] = {"max_items": max_items, "max_text": max_text}
     if draw(st.booleans()):
@@ -192,12 +239,19 @@ def env_environments(
         builder.knowledge(draw(knowledge_bases(**kw)))
     if draw(st.booleans()):
         builder.workspace(draw(workspace_states(**kw)))
-    for name, value in draw(
-        st.dictionaries(json_keys, json_values(max_text=max_text), max_size=3)
-    ).items():
-        builder.extension(name, value)
+    if free_extensions:
+        for name, value in draw(
+            st.dictionaries(json_keys, json_values(max_text=max_text), max_size=3)
+        ).items():
+            builder.extension(name, value)
+    for name, spec in (extensions or {}).items():
+        strategy = spec if isinstance(spec, st.SearchStrategy) else extension_values(spec)
+        builder.extension(name, draw(strategy, label=f"extension {name}"))
     env = builder.build()
+    typed = {_escape(name) for name in extensions or {}}
     for pointer, value in draw(st.lists(pointer_writes(), max_size=writes)):
+        if pointer.startswith("/extensions/") and pointer.split("/")[2] in typed:
+            continue  # keep your own extensions valid for your model
         # A drawn extension path may run into an existing scalar or array: skip that write.
         with contextlib.suppress(PointerError):
             env.set(pointer, value)

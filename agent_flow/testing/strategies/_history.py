@@ -1,7 +1,10 @@
 """Hypothesis strategies for history entries, valid entry sequences, histories and pruners.
 
-To be merged into tests/strategies.py. Entry ids are drawn deterministically ("e0", "e1", ...)
-within one sequence, so shrinking and replay are stable.
+`entry_lists` builds only sequences a real agent can produce, from whole units: user
+messages, summaries, and assistant turns (thinking, text, zero to three parallel tool calls,
+their results in any order, some erroring, some elided). Entry ids are numbered ("e0", "e1",
+...) within one sequence and texts are made of a few small words, so a failing example shrinks
+to a short, readable history and replays the same.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ _NAME = st.text(
     max_size=20,
 )
 
+#: Timezone-aware entry times between 1970 and 2200.
 timestamps = st.datetimes(
     min_value=datetime(1970, 1, 2),
     max_value=datetime(2200, 1, 1),
@@ -124,6 +128,13 @@ def entry_lists(
 
     Turns may leave calls unanswered (pending in the last turn, orphaned in earlier ones) and
     may reuse call ids across turns, as some servers do ("call_0" every turn).
+
+    Args:
+        draw: Supplied by hypothesis.
+        max_units: The most units (user messages, summaries, assistant turns).
+        summaries: Whether summaries may appear.
+        pending: Whether calls may be left without a result (as a turn in flight, or one
+            whose results were lost); off for histories as a finished step leaves them.
     """
     counter = itertools.count()
 
@@ -192,10 +203,21 @@ def entry_lists(
 
 @st.composite
 def histories(
-    draw: st.DrawFn, counter: TokenCounter | None = None, *, max_units: int = 14
+    draw: st.DrawFn,
+    counter: TokenCounter | None = None,
+    *,
+    max_units: int = 14,
+    pending: bool = True,
 ) -> History:
-    """A `History` built from `entry_lists` (counted with `ApproxCounter` unless given)."""
-    entries = draw(entry_lists(max_units=max_units))
+    """A `History` built from `entry_lists` (counted with `ApproxCounter` unless given).
+
+    Args:
+        draw: Supplied by hypothesis.
+        counter: The history's token counter (the one your `ContextManager` will use).
+        max_units: The most units.
+        pending: Whether calls may be left without a result.
+    """
+    entries = draw(entry_lists(max_units=max_units, pending=pending))
     return History(entries, counter=counter if counter is not None else ApproxCounter())
 
 

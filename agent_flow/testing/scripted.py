@@ -1,4 +1,4 @@
-"""Test doubles that play the model: `ScriptedLLM` and `FunctionLLM`.
+"""The test doubles that play the model: `ScriptedLLM` and `FunctionLLM`.
 
 Both implement `agent_flow.llm.LLMClient` — `complete` and `stream` — so an agent, its
 tools and its events can be exercised end to end without a server::
