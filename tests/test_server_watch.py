@@ -1,0 +1,91 @@
+"""`LiveSession.watch`: batched delivery keeps every watcher's ids contiguous and unique.
+
+A watcher may join at any point of a run, resume after any id, and read while the run keeps
+publishing; whatever the interleaving, it sees each id after its resume point exactly once, in
+order, and no batch is larger than `BATCH`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_flow.events import TextDelta
+from agent_flow.server._live import BATCH, LiveSession
+from agent_flow.server.models import SessionOptions
+from agent_flow.sessions import InMemorySessionStore
+
+
+async def _live() -> LiveSession:
+    store = InMemorySessionStore()
+    await store.create(session_id="s")
+    return LiveSession(id="s", options=SessionOptions(), store=store, approval_timeout=1.0)
+
+
+async def _publish(live: LiveSession, seq: int) -> None:
+    event = TextDelta(run_id="r", seq=seq, text=f"t{seq}")
+    live.remember(event)
+    await live.bus.publish(event)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    total=st.integers(min_value=1, max_value=2 * BATCH + 40),
+    joined=st.data(),
+    pauses=st.lists(st.booleans(), min_size=1, max_size=50),
+)
+def test_a_watcher_joining_anywhere_sees_each_later_id_once_in_order(
+    total: int, joined: st.DataObject, pauses: list[bool]
+) -> None:
+    published_before = joined.draw(st.integers(min_value=0, max_value=total), label="joined at")
+    after = joined.draw(st.integers(min_value=-1, max_value=published_before), label="after")
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        live = await _live()
+        live.bases["r"] = 0
+        for seq in range(published_before):
+            await _publish(live, seq)
+        ids: list[int] = []
+        sizes: list[int] = []
+
+        async def read() -> None:
+            async for batch in live.watch(after, policy="wait", maxsize=10_000, idle=5.0):
+                sizes.append(len(batch))
+                ids.extend(event_id for event_id, _ in batch if event_id is not None)
+                if ids and ids[-1] == total - 1:
+                    return
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0)
+        for seq in range(published_before, total):
+            await _publish(live, seq)
+            if pauses[seq % len(pauses)]:
+                await asyncio.sleep(0)
+        if after < total - 1:
+            await asyncio.wait_for(reader, 5)
+        else:
+            reader.cancel()
+        return ids, sizes
+
+    ids, sizes = asyncio.run(scenario())
+    assert ids == list(range(after + 1, total))
+    assert all(0 < size <= BATCH for size in sizes)
+
+
+def test_an_idle_watcher_gets_an_empty_batch_as_its_keep_alive_cue() -> None:
+    async def scenario() -> list[int]:
+        live = await _live()
+        sizes: list[int] = []
+        async for batch in live.watch(-1, policy="wait", maxsize=10, idle=0.01):
+            sizes.append(len(batch))
+            if len(sizes) == 2:
+                break
+        return sizes
+
+    assert asyncio.run(scenario()) == [0, 0]
