@@ -16,6 +16,11 @@ them alike. Each configuration's median run is reported per model turn, as wall-
 as the process's CPU time (steadier on a loaded machine: waiting for a core is not counted),
 then its fastest run's CPU time (the least disturbed by other processes).
 
+Then the hook alone, the overhead without the loop's noise: one recorded run's events replayed
+through each configuration's event hook, CPU time per turn; for sdk also the cost of the
+metric points it queued, which the SDK records when its reader collects (in the reader's
+thread, off the loop), shown apart.
+
 With ``--latency-ms`` the model waits that long before each streamed chunk (a turn streams a
 few chunks): overhead measured against a loop that also waits on a model, as real ones do.
 
@@ -47,8 +52,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agent_flow import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMRequest, Usage
-from agent_flow.telemetry import instrument
+from agent_flow.telemetry import _KINDS, instrument
+from agent_flow.telemetry._metrics import flush_pending
 from agent_flow.testing import FunctionLLM, ScriptedReply, call, reply
 from tests.helpers import add
 
@@ -120,6 +127,42 @@ async def one_run(
     return elapsed / outcome.iterations, cpu / outcome.iterations
 
 
+async def recorded_run(k: int) -> list[AgentEvent]:
+    """The events of one run, as the telemetry hook receives them."""
+    agent = make_agent(k)
+    events: list[AgentEvent] = []
+    agent.events.on(set(_KINDS), events.append)
+    await agent.run("add numbers")
+    return events
+
+
+def hook_cost(events: list[AgentEvent], turns: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """CPU seconds per turn in each configuration's hook, and in recording its queued points."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[])
+    costs: dict[str, tuple[float, float]] = {}
+    for name, providers in (
+        ("api", {}),
+        ("sdk", {"tracer_provider": tracer_provider, "meter_provider": meter_provider}),
+    ):
+        in_hook, deferred = [], []
+        for _ in range(rounds):
+            flush_pending()
+            hook = instrument(make_agent(1), **providers)._tracer  # type: ignore[arg-type]
+            started = time.process_time()
+            for event in events:
+                hook(event)
+            in_hook.append(time.process_time() - started)
+            started = time.process_time()
+            flush_pending()
+            deferred.append(time.process_time() - started)
+            exporter.clear()
+        costs[name] = (min(in_hook) / turns, min(deferred) / turns)
+    return costs
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=30, help="runs per configuration")
@@ -161,6 +204,17 @@ async def main() -> None:
             f"  cpu {cpu * 1e3:6.3f} ms ({_vs(cpu, cpu_base)})"
             f"  best cpu {best * 1e3:6.3f} ms ({_vs(best, best_base)})"
         )
+
+    events = await recorded_run(args.k)
+    print(f"the hook alone, CPU per turn, best of {args.runs} replays of one run's events:")
+    for name, (in_hook, deferred) in hook_cost(events, args.k + 1, args.runs).items():
+        line = (
+            f"  {name:>3}: {in_hook * 1e6:6.1f} us in the loop ({in_hook / best_base * 100:4.1f}%"
+        )
+        line += " of off's best cpu per turn)"
+        if name == "sdk":
+            line += f", + {deferred * 1e6:6.1f} us recording its metric points at collection"
+        print(line)
 
 
 def _vs(value: float, base: float) -> str:

@@ -82,6 +82,38 @@ def test_a_price_is_never_negative_and_grows_with_output(
     assert more > cost
 
 
+# Linear prices (their rates cached) and tiered ones (priced in full on every call).
+PRICED_MODELS = [
+    *("gpt-4o-mini", "gpt-4.1", "o3-mini", "gemini-2.5-flash", "deepseek-chat"),
+    *("claude-sonnet-4-5", "gemini-2.5-pro"),
+]
+
+
+@given(
+    model=st.sampled_from(PRICED_MODELS),
+    prompt=st.integers(0, 400_000),
+    cached_share=st.floats(0, 1),
+    completion=st.integers(0, 100_000),
+    base_url=st.sampled_from([None, "https://api.openai.com/v1", "http://127.0.0.1:9/v1"]),
+)
+def test_the_fast_path_prices_exactly_as_genai_prices_does(
+    model: str, prompt: int, cached_share: float, completion: int, base_url: str | None
+) -> None:
+    cached = int(prompt * cached_share)
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+    raw = genai_prices.Usage(
+        input_tokens=prompt, cache_read_tokens=cached or None, output_tokens=completion
+    )
+    try:
+        expected = genai_prices.calc_price(raw, model_ref=model, provider_api_url=base_url)
+    except LookupError:  # a provider genai-prices knows, without this model: by name
+        expected = genai_prices.calc_price(raw, model_ref=model)
+    for _ in range(2):  # the first call reads the rates, the second uses them
+        assert price_usage(model, usage, base_url=base_url) == pytest.approx(
+            float(expected.total_price), rel=1e-9, abs=1e-12
+        )
+
+
 def _agent(llm: FunctionLLM, **config: object) -> AgentExecutor:
     agent = AgentExecutor(
         llm,
