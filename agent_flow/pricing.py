@@ -12,13 +12,23 @@ in), works offline, and the cost limit (``max_cost_usd``) is a core feature that
 whether or not telemetry is installed. ``import agent_flow`` does not load it: an agent,
 when built, starts loading it in a background thread (`preload`), so neither the import nor
 the first answer waits for its few hundred milliseconds.
+
+Pricing is on every model call's path, and genai-prices' general calculation (units,
+decompositions, validation) takes some hundreds of microseconds a call. A model whose price
+has no tiers is linear in its tokens: its per-token rates are read off genai-prices' own
+calculation once (then again every `_RATES_TTL` seconds, as prices can change with time) and
+a call is priced from them in a microsecond; a checked mixed usage must agree with
+genai-prices, else, and for tiered prices, every call takes the full calculation.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
 from agent_flow.llm.base import Usage
 
@@ -89,23 +99,93 @@ def price_usage(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    """A linear price: dollars per call and per token of each kind."""
+
+    url: str | None  # the provider_api_url genai-prices found the model with
+    call: float
+    fresh_input: float
+    cached_input: float
+    output: float
+
+
+#: Seconds a model's rates are reused before they are read again.
+_RATES_TTL: Final = 60.0
+_Found: TypeAlias = _Rates | Literal["unknown"] | tuple[Literal["tiered"], str | None]
+_rates: dict[tuple[str, str | None], tuple[float, _Found]] = {}
+
+
 def _price(
     model: str, base_url: str | None, input_tokens: int, cached: int, output_tokens: int
 ) -> float | None:
-    import genai_prices
+    key = (model, base_url)
+    now = time.monotonic()
+    entry = _rates.get(key)
+    if entry is None or entry[0] < now:
+        entry = _rates[key] = (now + _RATES_TTL, _find_rates(model, base_url))
+    found = entry[1]
+    if isinstance(found, _Rates):
+        return (
+            found.call
+            + (input_tokens - cached) * found.fresh_input
+            + cached * found.cached_input
+            + output_tokens * found.output
+        )
+    if found == "unknown":
+        return None
+    return _calc(model, found[1], input_tokens, cached, output_tokens)
 
-    price_usage = genai_prices.Usage(
-        input_tokens=input_tokens,
-        cache_read_tokens=cached or None,
-        output_tokens=output_tokens,
-    )
-    attempts: list[str | None] = [base_url, None] if base_url is not None else [None]
-    for url in attempts:
+
+def _find_rates(model: str, base_url: str | None) -> _Found:
+    """The model's linear rates, ``"tiered"`` (priced in full each call), or ``"unknown"``."""
+    from genai_prices import data_snapshot
+    from genai_prices.types import TieredPrices
+
+    snapshot = data_snapshot.get_snapshot()
+    for url in [base_url, None] if base_url is not None else [None]:
         try:
-            calculation = genai_prices.calc_price(
-                price_usage, model_ref=model, provider_api_url=url
-            )
+            _, info = snapshot.find_provider_model(model, None, None, url)
         except LookupError:
             continue
-        return float(calculation.total_price)
-    return None
+        prices = info.get_prices(datetime.now(tz=UTC))
+        if any(isinstance(value, TieredPrices) for value in vars(prices).values()):
+            return ("tiered", url)
+        million = 1_000_000
+        call = _calc(model, url, 0, 0, 0)
+        fresh = _calc(model, url, million, 0, 0)
+        cached = _calc(model, url, million, million, 0)
+        output = _calc(model, url, 0, 0, million)
+        if call is None or fresh is None or cached is None or output is None:
+            return ("tiered", url)
+        rates = _Rates(
+            url,
+            call,
+            (fresh - call) / million,
+            (cached - call) / million,
+            (output - call) / million,
+        )
+        # Linear as far as a mixed usage shows; anything else is priced in full.
+        mixed = _calc(model, url, 12_345, 2_345, 678)
+        linear = call + 10_000 * rates.fresh_input + 2_345 * rates.cached_input
+        linear += 678 * rates.output
+        if mixed is None or abs(mixed - linear) > 1e-9 * max(1.0, abs(mixed)):
+            return ("tiered", url)
+        return rates
+    return "unknown"
+
+
+def _calc(
+    model: str, url: str | None, input_tokens: int, cached: int, output_tokens: int
+) -> float | None:
+    """genai-prices' own calculation for `model` at `url` (``None``: it does not know it)."""
+    import genai_prices
+
+    usage = genai_prices.Usage(
+        input_tokens=input_tokens, cache_read_tokens=cached or None, output_tokens=output_tokens
+    )
+    try:
+        calculation = genai_prices.calc_price(usage, model_ref=model, provider_api_url=url)
+    except LookupError:
+        return None
+    return float(calculation.total_price)

@@ -9,6 +9,7 @@ Without chromium the test skips with the reason, except under CI (CI=true), wher
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -104,6 +105,12 @@ async def test_the_inspector_shows_a_run_live_and_approves_a_tool() -> None:
             assert await page.locator(".approval").count() == 0
             events = await page.locator("#events li").all_inner_texts()
             assert any("deployed to staging" in text for text in events)
+            # Cost beside tokens: the scripted model has no price, so it is unknown, not $0.
+            calls = [text for text in events if text.startswith("model_responded")]
+            assert len(calls) == 2
+            assert all(re.search(r"\d+\+\d+ tokens · cost unknown$", text) for text in calls)
+            spent = await page.locator("#session-cost").inner_text()
+            assert re.fullmatch(r"2 model calls · \d+ tokens · cost unknown", spent), spent
             assert await page.locator("#budget .bar-row").count() == 2
             segments = await page.locator("#budget .bar-row").first.locator(".seg").count()
             assert segments == 6

@@ -72,18 +72,7 @@ async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: i
     """
     run.usage = run.usage + report.usage
     run.usage_per_call.append(report.usage)
-    # The model that answered is the one billed (``gpt-4o-mini-2024-07-18``); a name the
-    # price data does not know (a proxy's alias) falls back to the model asked for.
-    cost = None
-    for model in dict.fromkeys([report.model, _model_name(run.agent.llm)]):
-        cost = price_usage(
-            model,
-            report.usage,
-            pricing=run.agent.config.pricing,
-            base_url=_base_url(run.agent.llm),
-        )
-        if cost is not None:
-            break
+    cost = _price_call(run, report)
     run.cost_per_call.append(cost)
     if cost is not None:
         run.cost_usd += cost
@@ -101,6 +90,26 @@ async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: i
         model=report.model,
         cost_usd=cost,
     )
+
+
+def _price_call(run: _Run, report: ModelCallReport) -> float | None:
+    """What one call cost, priced as the model that made it (``None``: unknown).
+
+    The model that answered is the one billed (``gpt-4o-mini-2024-07-18``); a name the price
+    data does not know (a proxy's alias) falls back to the model asked for. The agent's own
+    calls ask for its model; a summarizer's ask for its own, on its own server, and the
+    config's `pricing` (the agent model's prices) applies to them only if that is the same
+    model.
+    """
+    agent_model = _model_name(run.agent.llm)
+    requested = report.requested_model or agent_model
+    base_url = report.base_url or _base_url(run.agent.llm)
+    pricing = run.agent.config.pricing if requested == agent_model else None
+    for model in dict.fromkeys([report.model, requested]):
+        cost = price_usage(model, report.usage, pricing=pricing, base_url=base_url)
+        if cost is not None:
+            return cost
+    return None
 
 
 async def _cost_limit_before_call(run: _Run, prompt_tokens: int, allowed: int) -> Finish | None:

@@ -363,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="sessions may choose a workspace under this directory (repeatable)",
     )
+    serve.add_argument(
+        "--otel",
+        action="store_true",
+        help="export every run as OpenTelemetry GenAI traces and metrics over OTLP/HTTP (as "
+        "the agent command's --otel); a request's W3C traceparent makes its run part of the "
+        "caller's trace",
+    )
     serve.set_defaults(handler=_serve_command)
 
     tools = sub(

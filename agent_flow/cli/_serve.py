@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from agent_flow.cli._build import _load_config
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
+from agent_flow.cli._run import _OTLP_ENDPOINTS
 from agent_flow.cli._sessions import _store
 
 #: Where ``serve`` reads the bearer token when ``--token`` is not given.
@@ -43,11 +44,22 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         streams.stderr.write(f"agent-flow: warning: {text}\n")
 
     config = _load_config(args.config, warn)
+    on_agent = None
+    export = None
+    if args.otel or any(os.environ.get(name) for name in _OTLP_ENDPOINTS):
+        # Imported here: the telemetry ring and OpenTelemetry only for a server that exports.
+        from agent_flow.telemetry import configure_otlp, instrument
+
+        export, on_agent = configure_otlp(), instrument
     async with _store(args) as store:
-        app = create_app(config, store=store, settings=settings)
+        app = create_app(config, store=store, settings=settings, on_agent=on_agent)
         # Event streams stay open until their client leaves: give them 5 s on shutdown.
         server = uvicorn.Server(
             uvicorn.Config(app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5)
         )
-        await server.serve()
+        try:
+            await server.serve()
+        finally:
+            if export is not None:
+                export.shutdown()  # flushes what is buffered
     return EXIT_OK

@@ -38,10 +38,14 @@ class ModelCallReport:
 
     Attributes:
         source: Who made it.
-        usage: Its token usage (zeros when the server reported none).
+        usage: Its token usage (when the server reported none, the caller's own counts,
+            marked ``estimated``).
         finish_reason: Why the model stopped.
         duration_ms: How long the call took.
         model: The model that answered, as the server named it.
+        requested_model: The model the call asked for (the caller's client may not be the
+            agent's: a summarizer on a cheaper model is priced as that model).
+        base_url: The API root the call went to (it picks the provider of a price).
     """
 
     source: ModelCallSource
@@ -49,6 +53,8 @@ class ModelCallReport:
     finish_reason: FinishReason
     duration_ms: float
     model: str | None = None
+    requested_model: str | None = None
+    base_url: str | None = None
 
 
 #: Receives every report made while it listens.

@@ -10,7 +10,9 @@ together (map-reduce), so the model's own context is never overrun either.
 
 Every model call is reported with `agent_flow.llm.metering.report_model_call` (source
 ``"summarizer"``): an agent that prunes with a summarizer counts those calls in its usage, its
-``ModelResponded`` events and its token and cost limits.
+``ModelResponded`` events and its token and cost limits, priced as the summarizer's own model.
+A server that reports no usage gets the counter's counts of what was sent and received,
+marked ``estimated``: such a call is never counted as free.
 """
 
 from __future__ import annotations
@@ -171,13 +173,23 @@ class LLMSummarizer:
         )
         started = time.perf_counter()
         completion = await self.client.complete(request)
+        usage = completion.usage
+        if usage is None:  # the counter's counts, not 0: the call was made and billed
+            usage = Usage(
+                prompt_tokens=self.counter.count_messages(request.messages),
+                completion_tokens=self.counter.count(completion.text),
+                estimated=True,
+            )
+        base_url = getattr(self.client, "base_url", None)
         await report_model_call(
             ModelCallReport(
                 source="summarizer",
-                usage=completion.usage or Usage(),
+                usage=usage,
                 finish_reason=completion.finish_reason,
                 duration_ms=(time.perf_counter() - started) * 1000,
                 model=completion.model,
+                requested_model=self.model or getattr(self.client, "model", None) or None,
+                base_url=base_url if isinstance(base_url, str) and base_url else None,
             )
         )
         text = completion.text.strip()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -25,6 +25,7 @@ from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions.models import SessionInfo
 from agent_flow.sessions.protocol import SessionStore
+from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalResponse, ToolExecutor
 
 __all__ = ["ApiError", "LLMFactory", "SessionManager", "ToolsFactory"]
@@ -73,8 +74,10 @@ class SessionManager:
         *,
         llm_factory: LLMFactory | None = None,
         tools_factory: ToolsFactory | None = None,
+        on_agent: Callable[[AgentExecutor], object] | None = None,
     ) -> None:
         self.config = config
+        self._on_agent = on_agent
         self.store = store
         self.settings = settings
         self._llm_factory = llm_factory
@@ -266,13 +269,20 @@ class SessionManager:
             raise ApiError(422, "agent_not_started", str(err)) from None
         if live.options.skill is not None:
             agent.activate_skill(live.options.skill)
+        if self._on_agent is not None:
+            self._on_agent(agent)
         if close_llm is not None:
             self._closers[live.id] = close_llm
         live.agent = agent
         return agent
 
-    async def send(self, session_id: str, message: str) -> tuple[str, int]:
+    async def send(
+        self, session_id: str, message: str, *, trace: Mapping[str, str] | None = None
+    ) -> tuple[str, int]:
         """Start a run of the session on `message`; its run id and its first event's id.
+
+        `trace` is the requester's trace context (`agent_flow.telemetry.propagation`): the
+        run, which outlives the request, continues that trace.
 
         Raises:
             ApiError: 404 for an unknown session, 409 (with its id) while a run is under way.
@@ -296,7 +306,7 @@ class SessionManager:
             live.bases[run_id] = base
             live.buffer = []
             live.run_id = run_id
-            live.task = asyncio.create_task(_drive(session_id, coroutine))
+            live.task = asyncio.create_task(_drive(session_id, coroutine, trace))
         return run_id, base
 
     async def cancel(self, session_id: str) -> str:
@@ -354,9 +364,12 @@ class SessionManager:
                 logger.exception("releasing session %s failed", live.id)
 
 
-async def _drive(session_id: str, coroutine: Awaitable[object]) -> object:
+async def _drive(
+    session_id: str, coroutine: Awaitable[object], trace: Mapping[str, str] | None = None
+) -> object:
     try:
-        return await coroutine
+        with attached_context(trace):
+            return await coroutine
     except asyncio.CancelledError:
         raise
     except Exception as err:

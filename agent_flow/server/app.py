@@ -19,8 +19,9 @@ import importlib.resources
 import io
 import json
 import re
+import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
@@ -36,6 +37,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
+from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment
 from agent_flow.events import ContextBuilt
@@ -62,6 +64,7 @@ from agent_flow.server.models import (
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions.models import SessionInfo
 from agent_flow.sessions.protocol import SessionStore
+from agent_flow.telemetry.propagation import TRACE_HEADERS, inject_context
 from agent_flow.tools import ApprovalResponse
 
 __all__ = ["create_app"]
@@ -95,6 +98,7 @@ def create_app(
     settings: ServerSettings | None = None,
     llm_factory: LLMFactory | None = None,
     tools_factory: ToolsFactory | None = None,
+    on_agent: Callable[[AgentExecutor], object] | None = None,
 ) -> FastAPI:
     """Build the service for agents configured by `config`, keeping sessions in `store`.
 
@@ -106,10 +110,18 @@ def create_app(
         llm_factory: Builds a session's model client (default: an `OpenAIClient` from the
             session's config).
         tools_factory: Builds a session's tool executor (default: from the session's config).
+        on_agent: Called with each session's agent once it is built, before its first run:
+            ``agent_flow.telemetry.instrument`` traces the runs (a run started by a request
+            that carries a W3C ``traceparent`` joins the caller's trace).
     """
     settings = settings if settings is not None else ServerSettings()
     manager = SessionManager(
-        config, store, settings, llm_factory=llm_factory, tools_factory=tools_factory
+        config,
+        store,
+        settings,
+        llm_factory=llm_factory,
+        tools_factory=tools_factory,
+        on_agent=on_agent,
     )
 
     @asynccontextmanager
@@ -162,9 +174,9 @@ def create_app(
         await manager.delete(live.id)
 
     @app.post("/sessions/{session_id}/messages", status_code=202, response_model=MessageAccepted)
-    async def send_message(live: Live, body: SendMessage) -> MessageAccepted:
+    async def send_message(live: Live, body: SendMessage, request: Request) -> MessageAccepted:
         """Start a run on a user message; answers at once (watch the events)."""
-        run_id, first = await manager.send(live.id, body.message)
+        run_id, first = await manager.send(live.id, body.message, trace=_trace_carrier(request))
         return MessageAccepted(session_id=live.id, run_id=run_id, first_event_id=first)
 
     @app.post("/sessions/{session_id}/resume", response_model=SessionView)
@@ -260,7 +272,7 @@ def create_app(
             200: {"description": "AG-UI events (SSE)", "content": {"text/event-stream": {}}}
         },
     )
-    async def agui_run(body: RunAgentInput) -> StreamingResponse:
+    async def agui_run(body: RunAgentInput, request: Request) -> StreamingResponse:
         """AG-UI: run the thread's session on the last user message; stream AG-UI events.
 
         The thread id is the session id (a session is created for a new thread). The
@@ -291,7 +303,7 @@ def create_app(
         subscription = live.bus.subscribe(policy="wait", maxsize=settings.watcher_queue)
         run = AgUiRun(thread, body.run_id, agent.environment)
         try:
-            agent_run_id, _ = await manager.send(thread, message)
+            agent_run_id, _ = await manager.send(thread, message, trace=_trace_carrier(request))
         except BaseException:
             await subscription.aclose()
             raise
@@ -302,6 +314,18 @@ def create_app(
         )
 
     return app
+
+
+def _trace_carrier(request: Request) -> dict[str, str]:
+    """The trace context a run started by `request` continues, captured now.
+
+    A span current here is an OpenTelemetry ASGI middleware's (the request's server span):
+    the run is its child. Otherwise the request's own W3C headers, if it brings them.
+    Without OpenTelemetry loaded there is no span and nothing is imported for one.
+    """
+    if "opentelemetry.trace" in sys.modules and (current := inject_context()):
+        return current
+    return {name: value for name in TRACE_HEADERS if (value := request.headers.get(name))}
 
 
 #: The inspector's files besides the page, with their media types.

@@ -11,27 +11,81 @@
   (``agent_flow.history.prune_action``).
 - ``agent_flow.history.pruned_tokens`` (counter, ``{token}``): history tokens pruning freed.
 - ``agent_flow.cost`` (counter, ``USD``): the cost of the model calls with a known price.
+
+Off the loop: the SDK checks, copies and hashes the attributes of every point it records,
+some tens of microseconds each, and a turn makes a dozen. So the loop only queues each point
+(the instrument, the value and a prebuilt attribute dict: no copy), and the points are
+recorded when a metric reader collects, from an observable instrument's callback that runs
+just before the SDK reads its instruments: every point lands in the collection it would have
+landed in, but its cost is paid in the reader's thread, not in the agent's turn. Should no
+reader collect (the API without an SDK), the queue stops at `_MAX_PENDING` points (about a MB)
+and later points are recorded in place, as without the queue, until a collection empties it:
+memory stays bounded and the loop never stalls on a backlog. The points lose their trace
+exemplars (the collector's thread has no current span); agent_flow never makes its spans
+current, so they had none of its own.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from agent_flow.telemetry import _names as n
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import Meter
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
     from agent_flow.events import ModelResponded
     from agent_flow.history.pruning import PruneReport
     from agent_flow.prompt import PromptBreakdown
 
+Attributes: TypeAlias = Mapping[str, Any]
+_Record: TypeAlias = Callable[[float, Attributes], None]
+
 _SECTIONS = ("system_template", "environment", "tools", "history", "priming", "reserve", "total")
 _SECTION_ATTRIBUTES = tuple((section, {n.SECTION: section}) for section in _SECTIONS)
+_PRUNE_ATTRIBUTES = {
+    action: {n.PRUNE_ACTION: action} for action in ("dropped", "elided", "summarized")
+}
+_NO_ATTRIBUTES: Final[Attributes] = {}
+#: The most points queued; past it, points are recorded in place until a reader collects.
+_MAX_PENDING: Final = 10_000
+
+# One queue for the process: a collection by any meter provider records every queued point
+# into its own instrument (each entry holds it), so no agent's points wait on another's reader.
+_pending: deque[tuple[_Record, float, Attributes]] = deque()
+
+
+def flush_pending() -> None:
+    """Record every queued point now (safe from any thread, and while others queue)."""
+    pop = _pending.popleft
+    while True:
+        try:
+            record, value, attributes = pop()
+        except IndexError:
+            return
+        record(value, attributes)
+
+
+def _flush_on_collect(options: CallbackOptions) -> Iterable[Observation]:
+    flush_pending()
+    return ()
+
+
+class CallAttributes:
+    """The prebuilt attribute dicts of one model's calls (points keep them: never mutate)."""
+
+    __slots__ = ("call", "input", "output")
+
+    def __init__(self, attributes: dict[str, Any]) -> None:
+        self.call: Attributes = attributes
+        self.input: Attributes = {**attributes, n.TOKEN_TYPE: "input"}
+        self.output: Attributes = {**attributes, n.TOKEN_TYPE: "output"}
 
 
 class _Metrics:
-    """The instruments, created once per meter."""
+    """The instruments, created once per meter, and the queue in front of them."""
 
     def __init__(self, meter: Meter) -> None:
         self._tokens = meter.create_histogram(
@@ -65,27 +119,41 @@ class _Metrics:
         self._cost = meter.create_counter(
             n.COST_METRIC, unit="USD", description="Cost of model calls with a known price."
         )
+        # It observes nothing: its callback records the queued points when a reader collects.
+        # (A second agent on the same meter gets the same instrument; one callback suffices.)
+        meter.create_observable_gauge(
+            n.FLUSH_METRIC,
+            callbacks=[_flush_on_collect],
+            description="No points: records agent_flow's queued points when collected.",
+        )
 
-    def model_call(self, event: ModelResponded, attributes: dict[str, Any]) -> None:
-        self._tokens.record(event.prompt_tokens, {**attributes, n.TOKEN_TYPE: "input"})
-        self._tokens.record(event.completion_tokens, {**attributes, n.TOKEN_TYPE: "output"})
-        self.operation(event.duration_ms, attributes, error=None)
+    @staticmethod
+    def _queue(record: _Record, value: float, attributes: Attributes) -> None:
+        if len(_pending) < _MAX_PENDING:
+            _pending.append((record, value, attributes))
+        else:
+            record(value, attributes)
+
+    def model_call(self, event: ModelResponded, attributes: CallAttributes) -> None:
+        queue = self._queue
+        queue(self._tokens.record, event.prompt_tokens, attributes.input)
+        queue(self._tokens.record, event.completion_tokens, attributes.output)
+        queue(self._duration.record, event.duration_ms / 1000, attributes.call)
         if event.cost_usd is not None:
-            self._cost.add(event.cost_usd, attributes)
+            queue(self._cost.add, event.cost_usd, attributes.call)
 
-    def operation(
-        self, duration_ms: float, attributes: dict[str, Any], *, error: str | None
-    ) -> None:
+    def operation(self, duration_ms: float, attributes: Attributes, *, error: str | None) -> None:
         if error is not None:
             attributes = {**attributes, n.ERROR_TYPE: error}
-        self._duration.record(duration_ms / 1000, attributes)
+        self._queue(self._duration.record, duration_ms / 1000, attributes)
 
     def prompt(self, breakdown: PromptBreakdown) -> None:
         budget = breakdown.budget
         if budget <= 0:
             return
+        queue, record = self._queue, self._utilization.record
         for section, attributes in _SECTION_ATTRIBUTES:
-            self._utilization.record(getattr(breakdown, section) / budget, attributes)
+            queue(record, getattr(breakdown, section) / budget, attributes)
 
     def pruned(self, report: PruneReport) -> None:
         for action, ids in (
@@ -94,7 +162,7 @@ class _Metrics:
             ("summarized", report.summarized),
         ):
             if ids:
-                self._pruned_entries.add(len(ids), {n.PRUNE_ACTION: action})
+                self._queue(self._pruned_entries.add, len(ids), _PRUNE_ATTRIBUTES[action])
         freed = report.tokens_before - report.tokens_after
         if freed > 0:
-            self._pruned_tokens.add(freed)
+            self._queue(self._pruned_tokens.add, freed, _NO_ATTRIBUTES)

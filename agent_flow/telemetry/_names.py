@@ -75,5 +75,7 @@ UTILIZATION_METRIC: Final = "agent_flow.context.utilization"
 PRUNED_ENTRIES_METRIC: Final = "agent_flow.history.pruned_entries"
 PRUNED_TOKENS_METRIC: Final = "agent_flow.history.pruned_tokens"
 COST_METRIC: Final = "agent_flow.cost"
+# An observable instrument with no points: collecting it records the queued ones.
+FLUSH_METRIC: Final = "agent_flow.telemetry.flush"
 SECTION: Final = "agent_flow.prompt.section"
 PRUNE_ACTION: Final = "agent_flow.history.prune_action"

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
+
+from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
 
 from agent_flow.events import (
     AgentEvent,
@@ -39,11 +41,14 @@ from agent_flow.events import (
     ToolCallStarted,
     WarningRaised,
 )
+from agent_flow.prompt import PromptBreakdown
 from agent_flow.telemetry import _names as n
+from agent_flow.telemetry._metrics import CallAttributes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
     from agent_flow.telemetry._metrics import _Metrics
@@ -87,6 +92,11 @@ class _RunSpans:
     span: Span
     model: str
     common: dict[str, Any]
+    # The run's span as a parent (built once) and the attributes every chat span starts with.
+    parent: Context | None = None
+    chat_attributes: dict[str, Any] = field(default_factory=dict)
+    # Each answering model's metric attributes, built once per run.
+    call_attributes: dict[str | None, CallAttributes] = field(default_factory=dict)
     chat: Span | None = None
     chat_text: list[str] = field(default_factory=list)
     tools: dict[str, Span] = field(default_factory=dict)
@@ -113,11 +123,29 @@ class _EventTracer:
         self._is_mcp = is_mcp
         self._runs: dict[str, _RunSpans] = {}
         self.enabled = True
+        # One dictionary lookup per event rather than a chain of isinstance checks.
+        self._handlers: dict[type[AgentEvent], Callable[[_RunSpans, Any], None]] = {
+            IterationStarted: self._iteration_started,
+            ContextBuilt: self._context_built,
+            TextDelta: self._text_delta,
+            ModelResponded: self._model_responded,
+            ToolCallStarted: self._tool_started,
+            ToolCallCompleted: self._tool_completed,
+            ToolCallFailed: self._tool_failed,
+            ApprovalRequired: self._approval,
+            ApprovalResolved: self._approval,
+            EnvironmentUpdated: self._environment_updated,
+            HistoryPruned: self._pruned,
+            PlanUpdated: self._plan_updated,
+            WarningRaised: self._warning,
+            ExecutionError: self._error,
+            RunFinished: self._run_finished,
+        }
 
     def __call__(self, event: AgentEvent) -> None:
         if not self.enabled:
             return
-        if isinstance(event, RunStarted):
+        if type(event) is RunStarted:
             self._run_started(event)
             return
         run = self._runs.get(event.run_id)
@@ -126,65 +154,9 @@ class _EventTracer:
         if not run.recording:
             self._metrics_only(run, event)
             return
-        match event:
-            case IterationStarted(iteration=iteration):
-                run.iteration = iteration
-            case ContextBuilt():
-                self._context_built(run, event)
-            case TextDelta(text=text) if self._capture and run.chat is not None:
-                run.chat_text.append(text)
-            case ModelResponded():
-                self._model_responded(run, event)
-            case ToolCallStarted():
-                self._tool_started(run, event)
-            case ToolCallCompleted():
-                span = self._tool_ended(run, event, event.duration_ms, error=_reported(event))
-                if self._capture:
-                    span.set_attribute(n.TOOL_CALL_RESULT, event.content)
-                run.tools.pop(event.call_id).end(end_time=_ns(event.timestamp))
-            case ToolCallFailed():
-                span = self._tool_ended(
-                    run, event, event.duration_ms, error=event.error_kind or "_OTHER"
-                )
-                if self._capture:
-                    span.set_attribute(n.TOOL_CALL_RESULT, event.error)
-                run.tools.pop(event.call_id).end(end_time=_ns(event.timestamp))
-            case ApprovalRequired() | ApprovalResolved():
-                self._approval(run, event)
-            case EnvironmentUpdated():
-                run.span.add_event(
-                    n.ENVIRONMENT_UPDATED,
-                    {
-                        "agent_flow.environment.source": event.source,
-                        "agent_flow.environment.version": event.version,
-                        "agent_flow.environment.pointers": [c.pointer for c in event.changes],
-                        "agent_flow.environment.ops": [c.op for c in event.changes],
-                    },
-                    timestamp=_ns(event.timestamp),
-                )
-            case HistoryPruned():
-                self._pruned(run, event)
-            case PlanUpdated():
-                run.span.add_event(
-                    n.PLAN_UPDATED,
-                    {
-                        "agent_flow.plan.steps": len(event.plan),
-                        "agent_flow.plan.current_step": event.current_step or "",
-                    },
-                    timestamp=_ns(event.timestamp),
-                )
-            case WarningRaised():
-                run.span.add_event(
-                    n.WARNING,
-                    {"agent_flow.warning.source": event.source, "message": event.message},
-                    timestamp=_ns(event.timestamp),
-                )
-            case ExecutionError():
-                self._error(run, event)
-            case RunFinished():
-                self._run_finished(run, event)
-            case _:
-                pass
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(run, event)
 
     def _metrics_only(self, run: _RunSpans, event: AgentEvent) -> None:
         """What a run costs when its spans go nowhere: the metrics, or nothing at all."""
@@ -207,8 +179,6 @@ class _EventTracer:
     # -- the run ---------------------------------------------------------------------------
 
     def _run_started(self, event: RunStarted) -> None:
-        from opentelemetry.trace import SpanKind
-
         common: dict[str, Any] = {n.PROVIDER_NAME: provider_name(event.base_url)}
         if event.base_url:
             parts = urlsplit(event.base_url)
@@ -234,33 +204,36 @@ class _EventTracer:
             attributes=attributes,
             start_time=_ns(event.timestamp),
         )
+        recording = span.is_recording()
         self._runs[event.run_id] = _RunSpans(
-            span=span, model=event.model, common=common, recording=span.is_recording()
+            span=span,
+            model=event.model,
+            common=common,
+            parent=set_span_in_context(span) if recording else None,
+            chat_attributes={n.OPERATION_NAME: n.CHAT, n.REQUEST_MODEL: event.model, **common},
+            recording=recording,
         )
 
     def _run_finished(self, run: _RunSpans, event: RunFinished) -> None:
-        from opentelemetry.trace import StatusCode
-
         end = _ns(event.timestamp)
         for span in [*([run.chat] if run.chat else []), *run.tools.values()]:
             span.set_attribute(n.ERROR_TYPE, "run_ended")
             span.set_status(StatusCode.ERROR, "the run ended before this operation finished")
             span.end(end_time=end)
-        run.span.set_attributes(
-            {
-                n.INPUT_TOKENS: event.prompt_tokens,
-                n.OUTPUT_TOKENS: event.completion_tokens,
-                n.STOP_REASON: event.stop_reason,
-                n.ITERATIONS: event.iterations,
-            }
-        )
+        attributes: dict[str, Any] = {
+            n.INPUT_TOKENS: event.prompt_tokens,
+            n.OUTPUT_TOKENS: event.completion_tokens,
+            n.STOP_REASON: event.stop_reason,
+            n.ITERATIONS: event.iterations,
+        }
         if event.cost_usd is not None:
-            run.span.set_attribute(n.COST_USD, event.cost_usd)
+            attributes[n.COST_USD] = event.cost_usd
         if self._capture and event.final_text:
-            run.span.set_attribute(n.OUTPUT_MESSAGES, _messages("assistant", event.final_text))
+            attributes[n.OUTPUT_MESSAGES] = _messages("assistant", event.final_text)
         if event.stop_reason == "error":
-            run.span.set_attribute(n.ERROR_TYPE, run.fatal_error or "_OTHER")
+            attributes[n.ERROR_TYPE] = run.fatal_error or "_OTHER"
             run.span.set_status(StatusCode.ERROR, event.final_text[:200])
+        run.span.set_attributes(attributes)
         run.span.end(end_time=end)
         del self._runs[event.run_id]
         self._run_metrics(run, event)
@@ -274,8 +247,6 @@ class _EventTracer:
             )
 
     def _error(self, run: _RunSpans, event: ExecutionError) -> None:
-        from opentelemetry.trace import StatusCode
-
         if event.fatal:
             run.fatal_error = event.error_type
         if run.chat is None:
@@ -288,32 +259,32 @@ class _EventTracer:
         if not event.fatal:
             run.chat = self._chat_span(run, _ns(event.timestamp), {n.ITERATION: run.iteration})
 
+    def _iteration_started(self, run: _RunSpans, event: IterationStarted) -> None:
+        run.iteration = event.iteration
+
     # -- model calls -----------------------------------------------------------------------
 
     def _chat_span(self, run: _RunSpans, start: int, attributes: dict[str, Any]) -> Span:
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
         return self._tracer.start_span(
             f"{n.CHAT} {run.model}",
-            context=set_span_in_context(run.span),
+            context=run.parent,
             kind=SpanKind.CLIENT,
-            attributes={
-                n.OPERATION_NAME: n.CHAT,
-                n.REQUEST_MODEL: run.model,
-                **run.common,
-                **attributes,
-            },
+            attributes={**run.chat_attributes, **attributes},
             start_time=start,
         )
 
     def _context_built(self, run: _RunSpans, event: ContextBuilt) -> None:
-        breakdown = event.breakdown.model_dump()
-        attributes = {f"{n.PROMPT_PREFIX}{key}": value for key, value in breakdown.items()}
+        breakdown = event.breakdown
+        attributes = {key: getattr(breakdown, name) for key, name in _BREAKDOWN_ATTRIBUTES}
         attributes[n.ITERATION] = event.iteration
         run.chat_text = []
         run.chat = self._chat_span(run, _ns(event.timestamp), attributes)
         if self._metrics is not None:
-            self._metrics.prompt(event.breakdown)
+            self._metrics.prompt(breakdown)
+
+    def _text_delta(self, run: _RunSpans, event: TextDelta) -> None:
+        if self._capture and run.chat is not None:
+            run.chat_text.append(event.text)
 
     def _model_responded(self, run: _RunSpans, event: ModelResponded) -> None:
         end = _ns(event.timestamp)
@@ -349,25 +320,25 @@ class _EventTracer:
         if self._metrics is not None:
             self._metrics.model_call(event, self._call_attributes(run, event))
 
-    def _call_attributes(self, run: _RunSpans, event: ModelResponded) -> dict[str, Any]:
-        """The attributes of a model call's metric points."""
-        attributes = {n.OPERATION_NAME: n.CHAT, n.REQUEST_MODEL: run.model, **run.common}
-        if event.model:
-            attributes[n.RESPONSE_MODEL] = event.model
-        return attributes
+    def _call_attributes(self, run: _RunSpans, event: ModelResponded) -> CallAttributes:
+        """The attributes of a model call's metric points (built once per answering model)."""
+        cached = run.call_attributes.get(event.model)
+        if cached is None:
+            attributes = {n.OPERATION_NAME: n.CHAT, n.REQUEST_MODEL: run.model, **run.common}
+            if event.model:
+                attributes[n.RESPONSE_MODEL] = event.model
+            cached = run.call_attributes[event.model] = CallAttributes(attributes)
+        return cached
 
     # -- tool calls ------------------------------------------------------------------------
 
     def _tool_started(self, run: _RunSpans, event: ToolCallStarted) -> None:
-        run.tools[event.call_id] = self._open_tool(run, event.call_id, event.name, event)
+        span = self._open_tool(run, event.call_id, event.name, _ns(event.timestamp))
+        run.tools[event.call_id] = span
         if self._capture:
-            run.tools[event.call_id].set_attribute(n.TOOL_CALL_ARGUMENTS, event.arguments)
+            span.set_attribute(n.TOOL_CALL_ARGUMENTS, event.arguments)
 
-    def _open_tool(
-        self, run: _RunSpans, call_id: str, name: str, event: AgentEvent, start: int | None = None
-    ) -> Span:
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
+    def _open_tool(self, run: _RunSpans, call_id: str, name: str, start: int) -> Span:
         server = self._is_mcp(name)
         attributes: dict[str, Any] = {
             n.OPERATION_NAME: n.EXECUTE_TOOL,
@@ -383,28 +354,35 @@ class _EventTracer:
             attributes[n.MCP_SERVER] = server
         return self._tracer.start_span(
             f"{n.EXECUTE_TOOL} {name}",
-            context=set_span_in_context(run.span),
+            context=run.parent,
             kind=SpanKind.INTERNAL,
             attributes=attributes,
-            start_time=start if start is not None else _ns(event.timestamp),
+            start_time=start,
         )
 
-    def _tool_ended(
-        self,
-        run: _RunSpans,
-        event: ToolCallCompleted | ToolCallFailed,
-        duration_ms: float,
-        *,
-        error: str | None,
-    ) -> Span:
-        from opentelemetry.trace import StatusCode
+    def _tool_completed(self, run: _RunSpans, event: ToolCallCompleted) -> None:
+        span = self._tool_ended(run, event, error="reported" if event.is_error else None)
+        if self._capture:
+            span.set_attribute(n.TOOL_CALL_RESULT, event.content)
+        del run.tools[event.call_id]
+        span.end(end_time=_ns(event.timestamp))
 
+    def _tool_failed(self, run: _RunSpans, event: ToolCallFailed) -> None:
+        span = self._tool_ended(run, event, error=event.error_kind or "_OTHER")
+        if self._capture:
+            span.set_attribute(n.TOOL_CALL_RESULT, event.error)
+        del run.tools[event.call_id]
+        span.end(end_time=_ns(event.timestamp))
+
+    def _tool_ended(
+        self, run: _RunSpans, event: ToolCallCompleted | ToolCallFailed, *, error: str | None
+    ) -> Span:
         span = run.tools.get(event.call_id)
         if span is None:
             # Refused before it started (a tool the agent may not use now): a span of its
             # own, so the trace shows every call the model made.
-            start = _ns(event.timestamp) - int(duration_ms * 1_000_000)
-            span = self._open_tool(run, event.call_id, event.name, event, start)
+            start = _ns(event.timestamp) - int(event.duration_ms * 1_000_000)
+            span = self._open_tool(run, event.call_id, event.name, start)
             run.tools[event.call_id] = span
         if error is not None:
             span.set_attribute(n.ERROR_TYPE, error)
@@ -429,6 +407,35 @@ class _EventTracer:
 
     # -- the budget story ------------------------------------------------------------------
 
+    def _environment_updated(self, run: _RunSpans, event: EnvironmentUpdated) -> None:
+        run.span.add_event(
+            n.ENVIRONMENT_UPDATED,
+            {
+                "agent_flow.environment.source": event.source,
+                "agent_flow.environment.version": event.version,
+                "agent_flow.environment.pointers": [c.pointer for c in event.changes],
+                "agent_flow.environment.ops": [c.op for c in event.changes],
+            },
+            timestamp=_ns(event.timestamp),
+        )
+
+    def _plan_updated(self, run: _RunSpans, event: PlanUpdated) -> None:
+        run.span.add_event(
+            n.PLAN_UPDATED,
+            {
+                "agent_flow.plan.steps": len(event.plan),
+                "agent_flow.plan.current_step": event.current_step or "",
+            },
+            timestamp=_ns(event.timestamp),
+        )
+
+    def _warning(self, run: _RunSpans, event: WarningRaised) -> None:
+        run.span.add_event(
+            n.WARNING,
+            {"agent_flow.warning.source": event.source, "message": event.message},
+            timestamp=_ns(event.timestamp),
+        )
+
     def _pruned(self, run: _RunSpans, event: HistoryPruned) -> None:
         report = event.report
         run.span.add_event(
@@ -450,9 +457,10 @@ class _EventTracer:
             self._metrics.pruned(report)
 
 
-def _reported(event: ToolCallCompleted) -> str | None:
-    """The ``error.type`` of a tool that ran and reported a failure itself."""
-    return "reported" if event.is_error else None
+# The chat span's attribute for each field of the prompt's breakdown, in its order.
+_BREAKDOWN_ATTRIBUTES: Final = tuple(
+    (f"{n.PROMPT_PREFIX}{name}", name) for name in PromptBreakdown.model_fields
+)
 
 
 def _messages(role: str, text: str, finish_reason: str | None = None) -> str:

@@ -6,7 +6,23 @@
 
 // `resolved` holds answered call ids: a session view fetched before the answer must not bring
 // its card back, and an event must not add a card a view already added.
-const state = { session: null, lastId: -1, abort: null, env: {}, oldEnv: {}, resolved: new Set() };
+const state = { session: null, lastId: -1, abort: null, env: {}, oldEnv: {}, resolved: new Set(), spent: newSpent() };
+
+// The session's model calls so far, summed from its events: tokens, and dollars while every
+// call had a known price (one unknown price makes the total unknown, never a smaller sum).
+function newSpent() { return { calls: 0, tokens: 0, usd: 0, unknown: false }; }
+
+// As the terminal shows a cost: "$0.0123", "$1.20", or "cost unknown" (never "$0" for it).
+function formatCost(usd) {
+  if (usd === null || usd === undefined) return "cost unknown";
+  if (usd === 0 || usd >= 0.01) return "$" + usd.toFixed(2);
+  return "$" + usd.toFixed(6).replace(/0+$/, "");
+}
+
+function showSpent() {
+  const s = state.spent;
+  $("session-cost").textContent = `${s.calls} model calls · ${s.tokens} tokens · ${formatCost(s.unknown ? null : s.usd)}`;
+}
 const $ = (id) => document.getElementById(id);
 
 function headers(json) {
@@ -53,6 +69,7 @@ async function loadSessions() {
 async function openSession(id) {
   if (state.abort) state.abort.abort();
   state.session = id; state.lastId = -1; state.env = {}; state.oldEnv = {}; state.resolved = new Set();
+  state.spent = newSpent(); showSpent();
   $("session-pane").hidden = false;
   $("events").replaceChildren(); $("budget").replaceChildren(); $("approvals").replaceChildren();
   await refresh();
@@ -130,7 +147,8 @@ function describe(event) {
     case "tool_call_failed": return `${event.name} ✗ ${event.error}`;
     case "approval_required": return `${event.name}: ${event.reason}`;
     case "approval_resolved": return event.approved ? "approved" : `denied ${event.reason}`;
-    case "run_finished": return `${event.stop_reason}: ${event.final_text.slice(0, 160)}`;
+    case "model_responded": return `${event.source === "summarizer" ? "summary call " : ""}${event.prompt_tokens}+${event.completion_tokens} tokens · ${formatCost(event.cost_usd)}`;
+    case "run_finished": return `${event.stop_reason} · ${event.prompt_tokens}+${event.completion_tokens} tokens · ${formatCost(event.cost_usd)}: ${event.final_text.slice(0, 160)}`;
     case "history_pruned": return "history pruned";
     case "context_built": return `${event.breakdown.total}/${event.breakdown.budget} tokens`;
     default: return "";
@@ -152,6 +170,12 @@ function onEvent(id, event) {
   if (id !== null) state.lastId = id;
   $("events").append(element("li", { class: event.kind, value: id === null ? "" : String(id) }, `${event.kind} ${describe(event)}`));
   if (event.kind === "context_built") $("budget").append(budgetBar(event));
+  if (event.kind === "model_responded") {
+    const s = state.spent;
+    s.calls += 1; s.tokens += event.prompt_tokens + event.completion_tokens;
+    if (event.cost_usd === null || event.cost_usd === undefined) s.unknown = true; else s.usd += event.cost_usd;
+    showSpent();
+  }
   if (event.kind === "history_pruned") {
     const rows = $("budget").children;
     if (rows.length) rows[rows.length - 1].querySelector(".marks").append(" pruned");
