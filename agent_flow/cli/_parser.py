@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from agent_flow.cli._chat import _chat_command
 from agent_flow.cli._exit import EXIT_USAGE
+from agent_flow.cli._lab import _lab_command, add_lab_arguments
 from agent_flow.cli._prompt import EDITING_HELP
 from agent_flow.cli._run import _demo_command, _run_command
 from agent_flow.cli._serve import _serve_command
@@ -301,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     delete = actions.add_parser("delete", help="delete a session", parents=[db])
     delete.add_argument("id")
     delete.set_defaults(handler=_sessions_delete)
+
+    lab = sub(
+        "lab", "replay recorded sessions under candidate pruning strategies and budgets", [db]
+    )
+    add_lab_arguments(lab)
+    lab.set_defaults(handler=_lab_command)
 
     serve = sub("serve", "serve sessions over HTTP with live event streams (SSE)", [db])
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

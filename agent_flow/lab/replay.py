@@ -1,0 +1,321 @@
+"""The replay: every recorded step's prompt rebuilt under every candidate, offline.
+
+For each candidate and session, a fresh `History` (counted with the candidate's counter) grows
+entry by entry exactly as the run grew it. Before each step after the first the candidate's
+`ContextManager.prune_if_needed` runs (where the agent loop runs it: after a step's tool
+results), then `ContextManager.build_prompt` builds the step's prompt from the environment as
+it was at that step. Nothing is imitated: the prompt is the one agent_flow would have sent.
+
+Two things are not in a session and are stood in for: the tool schemas (their recorded token
+cost is kept free, like a larger output reserve, and added to each prompt's count) and, for a
+summarizing strategy, the model that wrote summaries (the `ExtractiveSummarizer` writes them:
+summaries an LLM writes keep other things). The report's notes say both.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+
+from agent_flow._defaults import default_reserve_output_tokens
+from agent_flow.config import Pricing
+from agent_flow.context import ContextManager
+from agent_flow.environment import Environment
+from agent_flow.errors import ContextBudgetError
+from agent_flow.history import (
+    AgentMessage,
+    History,
+    HistoryEntry,
+    PruneReport,
+    Summary,
+    ToolCallEntry,
+    ToolResultEntry,
+    UserMessage,
+)
+from agent_flow.lab.candidates import Candidate, check_names
+from agent_flow.lab.recording import RecordedSession
+from agent_flow.lab.report import CandidateResult, Fact, LabReport, SessionResult, StepResult
+from agent_flow.llm.base import Usage
+from agent_flow.messages import ChatMessage
+from agent_flow.pricing import price_usage
+
+__all__ = ["replay_session", "run_lab"]
+
+# Large enough that the environment renders whole (the reference the prompt is checked against).
+_WHOLE = 1 << 40
+_LABEL_CHARS = 60
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _short(text: str, limit: int = _LABEL_CHARS) -> str:
+    flat = _flat(text)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _prompt_text(messages: Iterable[ChatMessage]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        parts.append(message.content)
+        parts.extend(f"{call.name} {call.arguments}" for call in message.tool_calls)
+    return _flat("\n".join(parts))
+
+
+def _entry_text(entry: HistoryEntry) -> str:
+    if isinstance(entry, ToolCallEntry):
+        return f"{entry.call.name} {entry.call.arguments}"
+    if isinstance(entry, UserMessage | AgentMessage | ToolResultEntry | Summary):
+        return entry.content
+    return ""  # thinking is never sent
+
+
+class _Facts:
+    """The facts of one session, registered as they appear, in order."""
+
+    def __init__(self, probes: Sequence[str]) -> None:
+        self.facts: dict[str, Fact] = {}
+        # The fact as a JSON string shows it (the environment renders as JSON).
+        self.escaped: dict[str, str] = {}
+        for number, probe in enumerate(probes, 1):
+            self._add(f"probe:{number}", "probe", probe, probe)
+
+    def _add(self, id: str, kind: str, label: str, text: str) -> None:
+        flat = _flat(text)
+        if flat and id not in self.facts:
+            self.facts[id] = Fact.model_validate(
+                {"id": id, "kind": kind, "label": _short(label), "text": flat}
+            )
+            self.escaped[id] = _flat(json.dumps(text, ensure_ascii=False)[1:-1])
+
+    def see_entries(self, entries: Sequence[HistoryEntry]) -> None:
+        calls = {e.call_id: e for e in entries if isinstance(e, ToolCallEntry)}
+        for entry in entries:
+            if isinstance(entry, ToolResultEntry):
+                call = calls.get(entry.call_id)
+                arguments = _short(call.call.arguments, 40) if call is not None else ""
+                self._add(
+                    f"tool:{entry.call_id}",
+                    "tool_result",
+                    f"{entry.tool_name}({arguments})",
+                    entry.content,
+                )
+
+    def see_environment(self, environment: Environment | None) -> None:
+        if environment is None:
+            return
+        for fact in environment.knowledge.discovered_facts:
+            self._add(f"env:{len(self.facts)}:{_short(fact, 40)}", "environment", fact, fact)
+
+    def check(self, reference: str, prompt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The ids of the facts `reference` holds, and of those `prompt` holds too."""
+        available = tuple(i for i in self.facts if self._in(i, reference))
+        return available, tuple(i for i in available if self._in(i, prompt))
+
+    def _in(self, id: str, text: str) -> bool:
+        return self.facts[id].text in text or self.escaped[id] in text
+
+
+@functools.lru_cache(maxsize=4096)
+def _price(
+    model: str | None,
+    base_url: str | None,
+    prompt: int,
+    completion: int,
+    pricing: Pricing | None,
+) -> float | None:
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+    return price_usage(model, usage, pricing=pricing, base_url=base_url)
+
+
+def _count(report: PruneReport | None) -> tuple[bool, bool, int, int, int]:
+    if report is None or not report.changed:
+        return False, False, 0, 0, 0
+    return (
+        True,
+        report.summary_id is not None or bool(report.summarized),
+        len(report.dropped),
+        len(report.elided),
+        len(report.summarized),
+    )
+
+
+async def replay_session(
+    session: RecordedSession,
+    candidate: Candidate,
+    *,
+    probes: Sequence[str] = (),
+    model: str | None = None,
+    pricing: Pricing | None = None,
+) -> SessionResult:
+    """Replay one session under one candidate (see the module doc).
+
+    Args:
+        session: The session.
+        candidate: The budget and strategy.
+        probes: Strings to look for in each prompt.
+        model: Price with this model instead of the session's.
+        pricing: Prices that override genai-prices' data.
+
+    Returns:
+        Each step's tokens, pruning, cost and retention. A step whose fixed costs alone do not
+        fit the budget ends the replay of the session there, with a note.
+    """
+    counter = candidate.make_counter()
+    reserve = (
+        candidate.reserve_output_tokens
+        if candidate.reserve_output_tokens is not None
+        else default_reserve_output_tokens(candidate.max_tokens)
+    )
+    history = History(counter=counter)
+    facts = _Facts(probes)
+    priced_model = model or session.model
+    steps: list[StepResult] = []
+    notes = list(session.notes)
+    reference_parts: list[str] = []
+    added = 0
+    for step in session.steps:
+        new = session.entries[added : step.history_length]
+        history.extend(new)
+        facts.see_entries(session.entries[: step.history_length])
+        reference_parts.extend(_entry_text(e) for e in new)
+        added = step.history_length
+        environment = step.environment if step.environment is not None else Environment()
+        facts.see_environment(step.environment)
+        try:
+            context = ContextManager(
+                environment,
+                history,
+                candidate.max_tokens,
+                environment_allocation=candidate.environment_allocation,
+                system_prompt_template=candidate.system_prompt_template,
+                reserve_output_tokens=reserve + session.tool_tokens,
+                strategy=candidate.strategy,
+                prune_target=candidate.prune_target,
+            )
+            report = await context.prune_if_needed() if step.index > 1 else None
+            prompt = context.build_prompt()
+        except ContextBudgetError as err:
+            notes.append(f"step {step.index} does not fit {candidate.name!r}: {err}")
+            break
+        pruned, summarized, dropped, elided, folded = _count(report)
+        breakdown = prompt.breakdown.model_copy(
+            update={
+                "reserve": reserve,
+                "tools": session.tool_tokens,
+                "total": prompt.total_tokens + session.tool_tokens,
+            }
+        )
+        reference = _flat("\n".join([*reference_parts, environment.render(_WHOLE, counter)]))
+        available, visible = facts.check(reference, _prompt_text(prompt.messages))
+        steps.append(
+            StepResult(
+                step=step.index,
+                tokens=breakdown.total,
+                recorded_tokens=step.recorded_tokens,
+                breakdown=breakdown,
+                pruned=pruned,
+                summarized=summarized,
+                dropped=dropped,
+                elided=elided,
+                folded=folded,
+                units_omitted=breakdown.history_units_omitted,
+                cost_usd=_price(
+                    priced_model,
+                    session.base_url,
+                    breakdown.total,
+                    step.completion_tokens,
+                    pricing,
+                ),
+                available=available,
+                visible=visible,
+            )
+        )
+    return SessionResult(
+        session=session.id,
+        title=session.title,
+        source=session.source,
+        model=priced_model,
+        steps=tuple(steps),
+        facts=tuple(facts.facts.values()),
+        notes=tuple(notes),
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 1.0
+
+
+def _candidate_result(candidate: Candidate, sessions: Sequence[SessionResult]) -> CandidateResult:
+    steps = [s for session in sessions for s in session.steps]
+    costs = [session.cost_usd for session in sessions]
+    return CandidateResult(
+        name=candidate.name,
+        strategy=candidate.strategy.name,
+        max_tokens=candidate.max_tokens,
+        reserve_output_tokens=(
+            candidate.reserve_output_tokens
+            if candidate.reserve_output_tokens is not None
+            else default_reserve_output_tokens(candidate.max_tokens)
+        ),
+        summarizer=candidate.summarizer,
+        sessions=tuple(sessions),
+        tokens=sum(s.tokens for s in steps),
+        steps=len(steps),
+        max_step_tokens=max((s.tokens for s in steps), default=0),
+        cost_usd=None if any(c is None for c in costs) else sum(c for c in costs if c is not None),
+        prunes=sum(s.pruned for s in steps),
+        summaries=sum(s.summarized for s in steps),
+        units_omitted=sum(s.units_omitted for s in steps),
+        retention_final=_mean([s.final_retention for s in sessions if s.steps]),
+        retention_mean=_mean([s.retention for s in steps]),
+    )
+
+
+async def run_lab(
+    sessions: Sequence[RecordedSession],
+    candidates: Sequence[Candidate],
+    *,
+    probes: Sequence[str] = (),
+    model: str | None = None,
+    pricing: Pricing | None = None,
+) -> LabReport:
+    """Replay every session under every candidate and report (see `agent_flow.lab`).
+
+    Args:
+        sessions: Recorded sessions (`load_session`, `load_export`, `RecordedSession`).
+        candidates: Budgets and strategies, with distinct names.
+        probes: Strings to look for in each prompt (retention of what matters to you).
+        model: Price with this model instead of each session's own.
+        pricing: Prices that override genai-prices' data (a model it does not know).
+
+    Raises:
+        UserError: No candidates, two with the same name, or no sessions.
+    """
+    from agent_flow.errors import UserError
+
+    check_names(candidates)
+    if not sessions:
+        raise UserError("the lab needs at least one recorded session to replay")
+    results = []
+    for candidate in candidates:
+        replayed = [
+            await replay_session(s, candidate, probes=probes, model=model, pricing=pricing)
+            for s in sessions
+        ]
+        results.append(_candidate_result(candidate, replayed))
+    notes = [
+        "tokens are counted as agent_flow sends them; the tool schemas are not stored, so "
+        "their recorded cost is added to each prompt (and kept free in its budget)",
+        "cost: the candidate's prompt tokens plus the completion tokens each step recorded, "
+        "priced from genai-prices' data (or --pricing); unknown means the model has no price",
+    ]
+    if any(c.summarizes for c in candidates):
+        names = sorted({c.summarizer or "" for c in candidates if c.summarizes})
+        notes.append(
+            f"summaries were written offline by {', '.join(names)} (extracts of the entries), "
+            "not by a model: a model's summaries keep other things"
+        )
+    return LabReport(candidates=tuple(results), probes=tuple(probes), notes=tuple(notes))
