@@ -79,6 +79,7 @@ class _Facts:
         self.facts: dict[str, Fact] = {}
         # The fact as a JSON string shows it (the environment renders as JSON).
         self.escaped: dict[str, str] = {}
+        self.environment_ids: dict[str, str] = {}  # by the fact's text
         for number, probe in enumerate(probes, 1):
             self._add(f"probe:{number}", "probe", probe, probe)
 
@@ -107,7 +108,10 @@ class _Facts:
         if environment is None:
             return
         for fact in environment.knowledge.discovered_facts:
-            self._add(f"env:{len(self.facts)}:{_short(fact, 40)}", "environment", fact, fact)
+            flat = _flat(fact)
+            if flat and flat not in self.environment_ids:
+                self.environment_ids[flat] = f"env:{len(self.environment_ids) + 1}"
+                self._add(self.environment_ids[flat], "environment", fact, fact)
 
     def check(self, reference: str, prompt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The ids of the facts `reference` holds, and of those `prompt` holds too."""
@@ -176,7 +180,14 @@ async def replay_session(
     notes = list(session.notes)
     reference_parts: list[str] = []
     added = 0
-    for step in session.steps:
+    fits = reserve + session.tool_tokens < candidate.max_tokens
+    if not fits:
+        notes.append(
+            f"no step fits {candidate.name!r}: its reserve ({reserve}) and the recorded tool "
+            f"schemas ({session.tool_tokens} tokens) take all of max_tokens "
+            f"{candidate.max_tokens}; raise it"
+        )
+    for step in session.steps if fits else ():
         new = session.entries[added : step.history_length]
         history.extend(new)
         facts.see_entries(session.entries[: step.history_length])
