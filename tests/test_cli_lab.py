@@ -16,6 +16,17 @@ from agent_flow.sessions import SQLiteSessionStore
 from tests.test_cli import invoke_async
 from tests.test_lab import RESERVE, record
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def readme_lab_example() -> str:
+    """The Python example of the README's lab section."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## The pruning lab", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    return match.group(1)
+
 
 @pytest.fixture
 async def recorded(tmp_path: Path) -> tuple[Path, str, Path]:
@@ -181,3 +192,38 @@ def test_an_export_that_is_not_one_is_refused(tmp_path: Path) -> None:
         load_export(empty)
     with pytest.raises(StoreError, match="cannot read"):
         load_export(tmp_path / "missing.jsonl")
+
+
+async def test_the_readme_lab_example_runs_as_written(
+    recorded: tuple[Path, str, Path], tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import sys
+
+    _, _, export = recorded
+    (tmp_path / "example.py").write_text(readme_lab_example())
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "example.py",
+        cwd=export.parent,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().startswith("CANDIDATE")
+    assert re.search(r"^\w+ keeps the least: \d+% of the facts at the end$", out.decode(), re.M)
+
+
+def test_the_example_lab_file_loads() -> None:
+    candidates, probes = load_candidates(REPO / "examples" / "lab.toml")
+    assert [c.name for c in candidates] == [
+        "drop-4k",
+        "elide-4k",
+        "window-4k",
+        "summarize-4k",
+        "elide-8k",
+    ]
+    assert probes == ["ERROR disk"] and candidates[3].summarizer == "ExtractiveSummarizer"
