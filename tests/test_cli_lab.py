@@ -10,9 +10,18 @@ import pytest
 
 from agent_flow.errors import ConfigError, StoreError
 from agent_flow.history import DropOldest
-from agent_flow.lab import LabReport, load_candidates, render_html, run_lab
+from agent_flow.lab import (
+    LabReport,
+    answer_overlap,
+    load_candidates,
+    load_export,
+    render_html,
+    render_table,
+    run_lab,
+)
 from agent_flow.lab.candidates import Candidate
 from agent_flow.sessions import SQLiteSessionStore
+from tests.openai_server import OpenAIServer, completion_body, error_reply, json_reply
 from tests.test_cli import invoke_async
 from tests.test_lab import RESERVE, record
 
@@ -161,8 +170,6 @@ def test_candidates_come_from_a_lab_file_or_an_agent_toml(tmp_path: Path) -> Non
 async def test_the_html_report_draws_each_candidates_tokens_against_its_budget(
     recorded: tuple[Path, str, Path],
 ) -> None:
-    from agent_flow.lab import load_export
-
     _, _, export = recorded
     session = load_export(export)
     report = await run_lab(
@@ -184,8 +191,6 @@ async def test_the_html_report_draws_each_candidates_tokens_against_its_budget(
 
 
 def test_an_export_that_is_not_one_is_refused(tmp_path: Path) -> None:
-    from agent_flow.lab import load_export
-
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
     with pytest.raises(StoreError, match="no session line"):
@@ -227,3 +232,66 @@ def test_the_example_lab_file_loads() -> None:
         "elide-8k",
     ]
     assert probes == ["ERROR disk"] and candidates[3].summarizer == "ExtractiveSummarizer"
+
+
+# -- re-asking the final question (model-dependent) ----------------------------------------
+
+
+def test_answer_overlap_is_the_f1_of_the_words() -> None:
+    assert answer_overlap("All days read.", "all days READ") == 1.0
+    assert answer_overlap("nothing in common", "All days read.") == 0.0
+    assert answer_overlap("All days", "All days read.") == pytest.approx(0.8)
+    assert answer_overlap("", "") == 1.0 and answer_overlap("", "x") == 0.0
+
+
+async def test_the_lab_re_asks_the_final_question_of_each_candidate_over_real_http(
+    recorded: tuple[Path, str, Path],
+    openai_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    _, _, export = recorded
+    openai_server.script(
+        json_reply(completion_body("I only see days 5 and 6.")),
+        json_reply(completion_body("All days read.")),
+    )
+    result = await invoke_async(
+        ["lab", str(export), "--budget", "1500", "--budget", "100000", "--strategy",
+         "drop_oldest", "--reserve", str(RESERVE), "--ask", "--model", "test-model",
+         "--base-url", openai_server.base_url, "--json"]
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    report = LabReport.model_validate_json(result.out)
+    tight, roomy = report.answers
+    assert (tight.candidate, tight.step, tight.recorded) == (
+        "drop_oldest@1500",
+        7,
+        "All days read.",
+    )
+    assert tight.answer == "I only see days 5 and 6." and tight.score is not None
+    assert tight.score < 0.5 and roomy.score == 1.0 and roomy.model == "test-model"
+    assert any("depend on the model" in note for note in report.notes)
+    # Each candidate's own last prompt went to the model: the tight one left days 1-4 out.
+    sent = [json.dumps(body["messages"]) for body in openai_server.bodies]
+    assert "MARK-01" not in sent[0].replace("day 1 has marker MARK-01", "")
+    assert "MARK-01 disk 1" in sent[1] and "MARK-06 disk 6" in sent[0]
+    assert [body["max_tokens"] for body in openai_server.bodies] == [RESERVE, RESERVE]
+
+
+async def test_a_failed_re_ask_is_reported_and_the_lab_run_goes_on(
+    recorded: tuple[Path, str, Path], openai_server: OpenAIServer
+) -> None:
+    from agent_flow.llm import OpenAIClient
+
+    _, _, export = recorded
+    openai_server.script(error_reply(400, "context too long"))
+    report = await run_lab(
+        [load_export(export)],
+        [Candidate(name="c", max_tokens=1500, strategy=DropOldest(), reserve_output_tokens=300)],
+        llm=OpenAIClient("m", base_url=openai_server.base_url, api_key="k", max_retries=0),
+    )
+    [answer] = report.answers
+    assert answer.answer is None and answer.error is not None and "context too long" in answer.error
+    assert report.candidates[0].steps == 7
+    assert "re-asked final question (MODEL-DEPENDENT" in render_table(report)
+    assert "Re-asked final question (model-dependent)" in render_html(report)

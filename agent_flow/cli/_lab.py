@@ -25,6 +25,7 @@ from agent_flow.lab import (
     run_lab,
 )
 from agent_flow.lab.candidates import STRATEGY_NAMES, strategy_from_name
+from agent_flow.llm.base import LLMClient
 
 __all__ = ["_lab_command", "add_lab_arguments"]
 
@@ -77,6 +78,22 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         type=_pricing,
         metavar="IN,OUT",
         help="price per million input and output tokens in USD, for a model without known prices",
+    )
+    ask = parser.add_argument_group(
+        "re-asking (optional, needs a live model; its scores are model-dependent)"
+    )
+    ask.add_argument(
+        "--ask",
+        action="store_true",
+        help="send each candidate's last prompt to the model (--model, --base-url) and score "
+        "its answer against the recorded final answer",
+    )
+    ask.add_argument("--base-url", help="the OpenAI-compatible endpoint (default $OPENAI_BASE_URL)")
+    ask.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="NAME",
+        help="the variable holding the API key (default OPENAI_API_KEY)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write the HTML report with plots here")
@@ -161,15 +178,29 @@ async def _sessions(args: argparse.Namespace) -> list[RecordedSession]:
     return [s for s in sessions if s is not None]
 
 
+def _model(args: argparse.Namespace, sessions: list[RecordedSession]) -> LLMClient | None:
+    """The live model ``--ask`` re-asks: ``--model``, else the first session's."""
+    if not args.ask:
+        return None
+    model = args.model or next((s.model for s in sessions if s.model), None)
+    if model is None:
+        raise _Failure(EXIT_USAGE, "--ask needs --model: the sessions do not name their model")
+    from agent_flow.llm import OpenAIClient
+
+    return OpenAIClient(model, base_url=args.base_url, api_key_env=args.api_key_env, max_retries=0)
+
+
 async def _lab_command(args: argparse.Namespace, streams: _Streams) -> int:
     candidates, probes = _candidates(args)
     sessions = await _sessions(args)
+    llm = _model(args, sessions)
     report = await run_lab(
         sessions,
         candidates,
         probes=[*probes, *args.probe],
         model=args.model,
         pricing=args.pricing,
+        llm=llm,
     )
     if args.html is not None:
         _write_html(args.html, render_html(report))

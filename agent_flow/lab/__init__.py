@@ -19,12 +19,14 @@ step.
 
 Parts: `recording` (sessions ready to replay, and their loaders), `candidates` (what is
 compared, from code or TOML), `replay` (the replay itself), `report` (the results, JSON and
-the table), `html` (the offline HTML report with SVG plots). ``agent-flow lab`` is the same
-from the command line.
+the table), `html` (the offline HTML report with SVG plots), `ask` (the optional re-asking of
+each session's final question to a live model: model-dependent). ``agent-flow lab`` is the
+same from the command line.
 """
 
 from __future__ import annotations
 
+from agent_flow.lab.ask import answer_overlap, reask
 from agent_flow.lab.candidates import Candidate, LabFile, load_candidates, strategy_from_name
 from agent_flow.lab.html import render_html
 from agent_flow.lab.recording import (
@@ -39,6 +41,7 @@ from agent_flow.lab.report import (
     CandidateResult,
     Fact,
     LabReport,
+    ReaskedAnswer,
     SessionResult,
     StepResult,
     render_table,
@@ -50,13 +53,16 @@ __all__ = [
     "Fact",
     "LabFile",
     "LabReport",
+    "ReaskedAnswer",
     "RecordedSession",
     "RecordedStep",
     "SessionResult",
     "StepResult",
+    "answer_overlap",
     "load_candidates",
     "load_export",
     "load_session",
+    "reask",
     "render_html",
     "render_table",
     "replay_session",

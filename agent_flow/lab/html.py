@@ -18,15 +18,20 @@ __all__ = ["render_html"]
 
 # Distinguishable colours (Okabe-Ito), reused in order when there are more candidates.
 _COLOURS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000")
-_WIDTH, _HEIGHT = 640, 260
+_WIDTH, _HEIGHT = 540, 260
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 28, 40
+
+_SOURCES = {
+    "history": "history as stored",
+    "events": "history rebuilt from the events (it was pruned while it ran)",
+}
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:72rem;
 color:#222;padding:0 1rem}
 table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}
 th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:right}
-th:first-child,td:first-child{text-align:left}
+th:nth-child(-n+2),td:nth-child(-n+2){text-align:left}
 .charts{display:flex;flex-wrap:wrap;gap:1rem}
 .note{color:#555;font-size:.9rem}
 .legend span{display:inline-block;margin-right:1rem}
@@ -88,7 +93,9 @@ def _chart(
     parts.append(
         f'<text x="{_LEFT + plot_w / 2:.1f}" y="{_HEIGHT - 6}" text-anchor="middle">step</text>'
     )
-    for line in series:
+    for index, line in enumerate(series):
+        # Earlier lines are drawn wider, so that a line another one covers still shows.
+        width = 2 + 2 * (len(series) - 1 - index)
         if line.limit is not None:
             parts.append(
                 f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{y(line.limit):.1f}" '
@@ -97,7 +104,8 @@ def _chart(
             )
         coords = " ".join(f"{x(px):.1f},{y(py):.1f}" for px, py in line.points)
         parts.append(
-            f'<polyline fill="none" stroke="{line.colour}" stroke-width="2" points="{coords}">'
+            f'<polyline fill="none" stroke="{line.colour}" stroke-width="{width}" '
+            f'stroke-opacity=".8" points="{coords}">'
             f"<title>{escape(line.name)}</title></polyline>"
         )
         parts.extend(
@@ -172,7 +180,7 @@ def _session_section(report: LabReport, index: int) -> str:
     details = "".join(_candidate_details(c, s) for _, c, s in results)
     return (
         f"<h2>Session {escape(first.session)}: {escape(first.title)}</h2>"
-        f'<p class="note">history from the {escape(first.source)}; priced as '
+        f'<p class="note">{_SOURCES.get(first.source, first.source)}; priced as '
         f"{escape(first.model or 'unknown model')}; {len(first.facts)} facts tracked</p>{notes}"
         + _legend(report.candidates)
         + '<div class="charts">'
@@ -217,6 +225,28 @@ def _candidate_details(candidate: CandidateResult, session: SessionResult) -> st
     )
 
 
+def _answers_table(report: LabReport) -> str:
+    if not report.answers:
+        return ""
+    rows = []
+    for answer in report.answers:
+        score = "-" if answer.score is None else f"{answer.score:.2f}"
+        cells = (answer.candidate, answer.session, score, answer.error or answer.answer or "")
+        rows.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+    answers = {a.session: a.recorded or "" for a in report.answers}
+    recorded = "".join(
+        f'<p class="note">recorded answer of {escape(session)}: {escape(text)}</p>'
+        for session, text in answers.items()
+    )
+    return (
+        "<h2>Re-asked final question (model-dependent)</h2>"
+        '<p class="note">Each candidate\'s last prompt sent to a live model; the score is word '
+        "overlap with the recorded answer. Another model, or another run, may answer otherwise."
+        f"</p>{recorded}<table><tr><th>candidate</th><th>session</th><th>score</th>"
+        f"<th>answer</th></tr>{''.join(rows)}</table>"
+    )
+
+
 def render_html(report: LabReport) -> str:
     """The report as one self-contained HTML page (see the module doc)."""
     sessions = len(report.candidates[0].sessions) if report.candidates else 0
@@ -232,6 +262,6 @@ def render_html(report: LabReport) -> str:
         "<title>agent_flow pruning lab</title>"
         f"<style>{_STYLE}</style></head><body>"
         "<h1>Pruning lab</h1>"
-        f"{_summary_table(report)}{probes}{notes}{body}"
+        f"{_summary_table(report)}{probes}{notes}{_answers_table(report)}{body}"
         "</body></html>\n"
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from agent_flow._defaults import default_reserve_output_tokens
 from agent_flow.config import Pricing
@@ -34,11 +34,19 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.lab.candidates import Candidate, check_names
-from agent_flow.lab.recording import RecordedSession
-from agent_flow.lab.report import CandidateResult, Fact, LabReport, SessionResult, StepResult
-from agent_flow.llm.base import Usage
+from agent_flow.lab.recording import RecordedSession, RecordedStep
+from agent_flow.lab.report import (
+    CandidateResult,
+    Fact,
+    LabReport,
+    ReaskedAnswer,
+    SessionResult,
+    StepResult,
+)
+from agent_flow.llm.base import LLMClient, Usage
 from agent_flow.messages import ChatMessage
 from agent_flow.pricing import price_usage
+from agent_flow.prompt import Prompt
 
 __all__ = ["replay_session", "run_lab"]
 
@@ -153,6 +161,7 @@ async def replay_session(
     probes: Sequence[str] = (),
     model: str | None = None,
     pricing: Pricing | None = None,
+    on_prompt: Callable[[RecordedStep, Prompt], None] | None = None,
 ) -> SessionResult:
     """Replay one session under one candidate (see the module doc).
 
@@ -162,6 +171,7 @@ async def replay_session(
         probes: Strings to look for in each prompt.
         model: Price with this model instead of the session's.
         pricing: Prices that override genai-prices' data.
+        on_prompt: Called with each step and the prompt built for it.
 
     Returns:
         Each step's tokens, pruning, cost and retention. A step whose fixed costs alone do not
@@ -211,6 +221,8 @@ async def replay_session(
         except ContextBudgetError as err:
             notes.append(f"step {step.index} does not fit {candidate.name!r}: {err}")
             break
+        if on_prompt is not None:
+            on_prompt(step, prompt)
         pruned, summarized, dropped, elided, folded = _count(report)
         breakdown = prompt.breakdown.model_copy(
             update={
@@ -292,6 +304,7 @@ async def run_lab(
     probes: Sequence[str] = (),
     model: str | None = None,
     pricing: Pricing | None = None,
+    llm: LLMClient | None = None,
 ) -> LabReport:
     """Replay every session under every candidate and report (see `agent_flow.lab`).
 
@@ -301,6 +314,8 @@ async def run_lab(
         probes: Strings to look for in each prompt (retention of what matters to you).
         model: Price with this model instead of each session's own.
         pricing: Prices that override genai-prices' data (a model it does not know).
+        llm: A live model to re-ask each session's final question from each candidate's
+            last prompt (`agent_flow.lab.ask`; model-dependent, and it costs model calls).
 
     Raises:
         UserError: No candidates, two with the same name, or no sessions.
@@ -329,4 +344,15 @@ async def run_lab(
             f"summaries were written offline by {', '.join(names)} (extracts of the entries), "
             "not by a model: a model's summaries keep other things"
         )
-    return LabReport(candidates=tuple(results), probes=tuple(probes), notes=tuple(notes))
+    answers: list[ReaskedAnswer] = []
+    if llm is not None:
+        from agent_flow.lab.ask import reask  # it replays with this module
+
+        answers = [await reask(s, c, llm) for c in candidates for s in sessions]
+        notes.append(
+            "the re-asked answers depend on the model (and on sampling): their scores are word "
+            "overlap with the recorded final answer, a hint, not a measure of the strategy"
+        )
+    return LabReport(
+        candidates=tuple(results), probes=tuple(probes), notes=tuple(notes), answers=tuple(answers)
+    )

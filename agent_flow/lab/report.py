@@ -23,6 +23,7 @@ __all__ = [
     "CandidateResult",
     "Fact",
     "LabReport",
+    "ReaskedAnswer",
     "SessionResult",
     "StepResult",
     "render_table",
@@ -170,6 +171,32 @@ class CandidateResult(BaseModel):
     retention_mean: float
 
 
+class ReaskedAnswer(BaseModel):
+    """A live model's answer from a candidate's last prompt (model-dependent, see `lab.ask`).
+
+    Attributes:
+        candidate: The candidate's name.
+        session: The session's id.
+        step: The step re-asked (the session's last), if it was.
+        answer: What the model answered (its tool calls, if it only called tools).
+        recorded: The session's recorded final answer.
+        score: Word-overlap F1 of `answer` against `recorded` (None: nothing to compare).
+        model: The model that answered, as the server named it.
+        error: Why there is no answer (a failed call, a prompt that does not fit).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    candidate: str
+    session: str
+    step: int | None = None
+    answer: str | None = None
+    recorded: str | None = None
+    score: float | None = None
+    model: str | None = None
+    error: str | None = None
+
+
 class LabReport(BaseModel):
     """A lab run: every candidate's results, in the order given.
 
@@ -177,6 +204,7 @@ class LabReport(BaseModel):
         candidates: One result per candidate.
         probes: The probe strings looked for.
         notes: What the whole run assumed (offline summarizer, tool schema costs, prices).
+        answers: The re-asked final questions, when a model was given (model-dependent).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -184,6 +212,7 @@ class LabReport(BaseModel):
     candidates: tuple[CandidateResult, ...]
     probes: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    answers: tuple[ReaskedAnswer, ...] = ()
 
 
 def _cost(value: float | None) -> str:
@@ -245,5 +274,11 @@ def render_table(report: LabReport) -> str:
                 lines.append(
                     f"{candidate.name} / {session.session}: not visible at the end: {shown}"
                 )
+    if report.answers:
+        lines.append("re-asked final question (MODEL-DEPENDENT: another model or run may differ):")
+        for answer in report.answers:
+            score = "-" if answer.score is None else f"{answer.score:.2f}"
+            said = answer.error or " ".join((answer.answer or "").split())[:80]
+            lines.append(f"  {answer.candidate} / {answer.session}: score {score}: {said}")
     lines.extend(f"note: {note}" for note in report.notes)
     return "\n".join(lines) + "\n"
