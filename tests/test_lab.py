@@ -395,3 +395,56 @@ async def test_with_the_default_prune_target_a_bigger_budget_can_show_less() -> 
     )
     few, many = (c.sessions[0].steps[6] for c in report.candidates)
     assert set(many.visible) < set(few.visible)
+
+
+# -- the environment of each step ----------------------------------------------------------
+
+VALUES = st.one_of(st.integers(-5, 5), st.text(max_size=8), st.lists(st.integers(0, 3), max_size=3))
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("fact"), st.text(min_size=1, max_size=10)),
+        st.tuples(st.just("replace_fact"), st.integers(0, 5), st.text(max_size=10)),
+        st.tuples(st.just("delete_fact"), st.integers(0, 5)),
+        st.tuples(
+            st.just("extension"), st.sampled_from(["a", "b"]), st.sampled_from(["x", "y"]), VALUES
+        ),
+        st.tuples(
+            st.just("delete_extension"), st.sampled_from(["a", "b"]), st.sampled_from(["x", "y"])
+        ),
+        st.tuples(st.just("step"), st.text(min_size=1, max_size=10)),
+        st.tuples(st.just("drop_extension"), st.sampled_from(["a", "b"])),
+    ),
+    max_size=12,
+)
+
+
+@given(operations=OPERATIONS)
+def test_rolling_the_environment_back_gives_its_state_at_every_version(
+    operations: list[tuple[object, ...]],
+) -> None:
+    from agent_flow.lab.recording import _environment_at
+
+    env = Environment()
+    snapshots = {0: json.loads(env.to_json())["state"]}
+    for operation in operations:
+        kind, *args = operation
+        facts = env.knowledge.discovered_facts
+        if kind == "fact":
+            env.set("/knowledge/discovered_facts/-", args[0])
+        elif kind == "replace_fact" and facts:
+            env.set(f"/knowledge/discovered_facts/{int(args[0]) % len(facts)}", args[1])
+        elif kind == "delete_fact" and facts:
+            env.delete(f"/knowledge/discovered_facts/{int(args[0]) % len(facts)}")
+        elif kind == "extension":
+            env.set(f"/extensions/{args[0]}/{args[1]}", args[2])
+        elif kind == "delete_extension" and env.has(f"/extensions/{args[0]}/{args[1]}"):
+            env.delete(f"/extensions/{args[0]}/{args[1]}")
+        elif kind == "drop_extension" and env.has(f"/extensions/{args[0]}"):
+            env.delete(f"/extensions/{args[0]}")
+        elif kind == "step":
+            env.update_section("task", current_step=args[0])
+        snapshots[env.version] = json.loads(env.to_json())["state"]
+    for version, state in snapshots.items():
+        rolled, reached = _environment_at(env, version)
+        assert reached
+        assert json.loads(rolled.to_json())["state"] == state, version
