@@ -422,7 +422,7 @@ OPERATIONS = st.lists(
 def test_rolling_the_environment_back_gives_its_state_at_every_version(
     operations: list[tuple[object, ...]],
 ) -> None:
-    from agent_flow.lab.recording import _environment_at
+    from agent_flow.lab._rollback import environment_at as _environment_at
 
     env = Environment()
     snapshots = {0: json.loads(env.to_json())["state"]}
