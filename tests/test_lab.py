@@ -161,7 +161,7 @@ async def test_drop_oldest_under_a_small_budget_keeps_the_newest_answers_and_eve
     drop, roomy = report.candidates
     last = drop.sessions[0].steps[-1]
     tool_facts = sorted(i for i in last.visible if i.startswith("tool:"))
-    assert tool_facts == ["tool:call_5", "tool:call_6"]
+    assert tool_facts == ["tool:5", "tool:6"]
     assert {i for i in last.visible if i.startswith("env:")} == {f"env:{d}" for d in range(1, 7)}
     assert "probe:2" in last.visible and "probe:1" not in last.visible
     assert "probe:3" not in last.available  # never in the session: not counted against anyone

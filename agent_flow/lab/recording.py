@@ -10,8 +10,8 @@ So a session replays from:
   and its result or failure; the loop's own notes, such as re-prompts, are not in events and
   are then missing, which `RecordedSession.notes` says);
 - the environment at each step: the stored (last) environment, rolled back through its change
-  log (`agent_flow.lab._rollback`) to the version it had when the step's model answered (`ModelResponded` events mark the
-  steps, `EnvironmentUpdated` events the versions);
+  log (`agent_flow.lab._rollback`) to the version it had when the step's model answered
+  (`ModelResponded` events mark the steps, `EnvironmentUpdated` events the versions);
 - the usage the steps recorded (completion tokens, to price a candidate's prompts) and the
   tokens the tool schemas cost (the `ContextBuilt` breakdown), since the schemas themselves
   are not stored.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from agent_flow._defaults import default_reserve_output_tokens
 from agent_flow.config import Pricing
@@ -47,6 +47,7 @@ from agent_flow.llm.base import LLMClient, Usage
 from agent_flow.messages import ChatMessage
 from agent_flow.pricing import price_usage
 from agent_flow.prompt import Prompt
+from agent_flow.tokens import TokenCounter
 
 __all__ = ["replay_session", "run_lab"]
 
@@ -64,14 +65,6 @@ def _short(text: str, limit: int = _LABEL_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _prompt_text(messages: Iterable[ChatMessage]) -> str:
-    parts: list[str] = []
-    for message in messages:
-        parts.append(message.content)
-        parts.extend(f"{call.name} {call.arguments}" for call in message.tool_calls)
-    return _flat("\n".join(parts))
-
-
 def _entry_text(entry: HistoryEntry) -> str:
     if isinstance(entry, ToolCallEntry):
         return f"{entry.call.name} {entry.call.arguments}"
@@ -81,15 +74,26 @@ def _entry_text(entry: HistoryEntry) -> str:
 
 
 class _Facts:
-    """The facts of one session, registered as they appear, in order."""
+    """The facts of one session, registered as they appear, and which a prompt holds.
+
+    A tool answer is available from the step after its result; an environment fact while the
+    step's environment holds it; a probe once the history so far or the step's whole
+    environment holds it. Visible: the prompt holds the text. A tool answer is looked for
+    among the prompt's tool messages (whole) and in the rest of its text (the environment, a
+    summary); facts and probes in all of it.
+    """
 
     def __init__(self, probes: Sequence[str]) -> None:
         self.facts: dict[str, Fact] = {}
         # The fact as a JSON string shows it (the environment renders as JSON).
         self.escaped: dict[str, str] = {}
         self.environment_ids: dict[str, str] = {}  # by the fact's text
-        for number, probe in enumerate(probes, 1):
-            self._add(f"probe:{number}", "probe", probe, probe)
+        self.tools: set[str] = set()
+        self.probes = [f"probe:{n}" for n in range(1, len(probes) + 1)]
+        self.probes_in_history: set[str] = set()
+        self.calls: dict[str, ToolCallEntry] = {}
+        for id, probe in zip(self.probes, probes, strict=True):
+            self._add(id, "probe", probe, probe)
 
     def _add(self, id: str, kind: str, label: str, text: str) -> None:
         flat = _flat(text)
@@ -100,31 +104,65 @@ class _Facts:
             self.escaped[id] = _flat(json.dumps(text, ensure_ascii=False)[1:-1])
 
     def see_entries(self, entries: Sequence[HistoryEntry]) -> None:
-        calls = {e.call_id: e for e in entries if isinstance(e, ToolCallEntry)}
+        """Register what the entries newly added to the history bring."""
         for entry in entries:
-            if isinstance(entry, ToolResultEntry):
-                call = calls.get(entry.call_id)
+            if isinstance(entry, ToolCallEntry):
+                self.calls[entry.call_id] = entry
+            elif isinstance(entry, ToolResultEntry):
+                call = self.calls.get(entry.call_id)
                 arguments = _short(call.call.arguments, 40) if call is not None else ""
-                self._add(
-                    f"tool:{entry.call_id}",
-                    "tool_result",
-                    f"{entry.tool_name}({arguments})",
-                    entry.content,
+                id = f"tool:{len(self.tools) + 1}"
+                self._add(id, "tool_result", f"{entry.tool_name}({arguments})", entry.content)
+                if id in self.facts:
+                    self.tools.add(id)
+            text = _flat(_entry_text(entry))
+            self.probes_in_history.update(
+                i for i in self.probes if i in self.facts and self._in(i, text)
+            )
+
+    def check(
+        self,
+        environment: Environment | None,
+        counter: TokenCounter,
+        messages: Sequence[ChatMessage],
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The ids of the facts available at this step, and of those the prompt holds."""
+        present = set(self.tools) | self.probes_in_history
+        if environment is not None:
+            for fact in environment.knowledge.discovered_facts:
+                flat = _flat(fact)
+                if flat and flat not in self.environment_ids:
+                    self.environment_ids[flat] = f"env:{len(self.environment_ids) + 1}"
+                    self._add(self.environment_ids[flat], "environment", fact, fact)
+                if flat:
+                    present.add(self.environment_ids[flat])
+        pending = [i for i in self.probes if i in self.facts and i not in present]
+        if pending:
+            whole = _flat((environment or Environment()).render(_WHOLE, counter))
+            present.update(i for i in pending if self._in(i, whole))
+        available = tuple(i for i in self.facts if i in present)
+        answers = {_flat(m.content) for m in messages if m.role == "tool"}
+        rest = _flat(
+            "\n".join(
+                part
+                for m in messages
+                for part in (
+                    "" if m.role == "tool" else m.content,
+                    *(f"{c.name} {c.arguments}" for c in m.tool_calls),
                 )
-
-    def see_environment(self, environment: Environment | None) -> None:
-        if environment is None:
-            return
-        for fact in environment.knowledge.discovered_facts:
-            flat = _flat(fact)
-            if flat and flat not in self.environment_ids:
-                self.environment_ids[flat] = f"env:{len(self.environment_ids) + 1}"
-                self._add(self.environment_ids[flat], "environment", fact, fact)
-
-    def check(self, reference: str, prompt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The ids of the facts `reference` holds, and of those `prompt` holds too."""
-        available = tuple(i for i in self.facts if self._in(i, reference))
-        return available, tuple(i for i in available if self._in(i, prompt))
+            )
+        )
+        everything = _flat("\n".join([rest, *answers]))
+        visible = tuple(
+            i
+            for i in available
+            if (
+                (self.facts[i].text in answers or self._in(i, rest))
+                if i in self.tools
+                else self._in(i, everything)
+            )
+        )
+        return available, visible
 
     def _in(self, id: str, text: str) -> bool:
         return self.facts[id].text in text or self.escaped[id] in text
@@ -188,7 +226,6 @@ async def replay_session(
     priced_model = model or session.model
     steps: list[StepResult] = []
     notes = list(session.notes)
-    reference_parts: list[str] = []
     added = 0
     fits = reserve + session.tool_tokens < candidate.max_tokens
     if not fits:
@@ -200,11 +237,9 @@ async def replay_session(
     for step in session.steps if fits else ():
         new = session.entries[added : step.history_length]
         history.extend(new)
-        facts.see_entries(session.entries[: step.history_length])
-        reference_parts.extend(_entry_text(e) for e in new)
+        facts.see_entries(new)
         added = step.history_length
         environment = step.environment if step.environment is not None else Environment()
-        facts.see_environment(step.environment)
         try:
             context = ContextManager(
                 environment,
@@ -231,8 +266,7 @@ async def replay_session(
                 "total": prompt.total_tokens + session.tool_tokens,
             }
         )
-        reference = _flat("\n".join([*reference_parts, environment.render(_WHOLE, counter)]))
-        available, visible = facts.check(reference, _prompt_text(prompt.messages))
+        available, visible = facts.check(step.environment, counter, prompt.messages)
         steps.append(
             StepResult(
                 step=step.index,
