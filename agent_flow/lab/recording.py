@@ -265,6 +265,11 @@ def session_from_state(state: SessionState, events: Sequence[AgentEvent]) -> Rec
             "the stored history was pruned during the run: rebuilt from the events (messages "
             "the loop added itself, such as re-prompts, are missing)"
         )
+        if not any(isinstance(e, TextDelta) for e in events):
+            notes.append(
+                "the model's text was not streamed, so it is not in the events: the rebuilt "
+                "turns hold only their tool calls"
+            )
     starts = _assistant_starts(entries)
     if not starts:
         raise UserError(
