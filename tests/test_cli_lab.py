@@ -85,6 +85,11 @@ async def test_the_lab_command_writes_json_and_an_offline_html_report(
     assert (result.code, result.err) == (0, "")
     report = LabReport.model_validate_json(result.out)
     assert [c.name for c in report.candidates] == ["drop_oldest@1500", "summarize@1500"]
+    # Scripts get the derived numbers too.
+    session = json.loads(result.out)["candidates"][0]["sessions"][0]
+    last = session["steps"][-1]
+    assert last["retention"] == len(last["visible"]) / len(last["available"])
+    assert session["tokens"] == sum(step["tokens"] for step in session["steps"])
     assert report.candidates[0].prunes == 2
     page = html.read_text()
     assert page.count("<svg") == 2 and page.count("<polyline") == 4

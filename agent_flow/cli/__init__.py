@@ -8,6 +8,7 @@
     agent-flow demo [--slow]                  a complete run offline, with a scripted model
     agent-flow sessions list | show ID | export ID [--output FILE] | import FILE | delete ID
     agent-flow tools [--workspace DIR] [--mcp "cmd args"]   what an agent is offered, in tokens
+    agent-flow lab SESSION... --budget N [--strategy S] [--html FILE]   the pruning lab
 
 A run shows a status line, then the answer as Markdown; ``--trace`` prints every event,
 ``-q`` only the answer, ``--json`` the events as JSON lines. ``--agent MODULE:ATTR`` runs an

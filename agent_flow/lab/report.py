@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from agent_flow.prompt import PromptBreakdown
 
@@ -85,6 +85,7 @@ class StepResult(BaseModel):
     available: tuple[str, ...]
     visible: tuple[str, ...]
 
+    @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
     def retention(self) -> float:
         """Visible facts over available facts (1.0 when none are available)."""
@@ -114,17 +115,20 @@ class SessionResult(BaseModel):
     facts: tuple[Fact, ...]
     notes: tuple[str, ...] = ()
 
+    @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
     def tokens(self) -> int:
         """Tokens sent over all steps."""
         return sum(s.tokens for s in self.steps)
 
+    @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
     def cost_usd(self) -> float | None:
         """Estimated price of all steps (None when any step's price is unknown)."""
         costs = [s.cost_usd for s in self.steps]
         return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
+    @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
     def final_retention(self) -> float:
         """Retention at the last step."""
