@@ -298,6 +298,9 @@ async def test_a_budget_too_small_for_the_fixed_costs_ends_that_replay_with_a_no
     )
     result = report.candidates[0].sessions[0]
     assert result.steps == () and "no step fits 'tiny'" in result.notes[-1]
+    tiny = report.candidates[0]
+    assert (tiny.steps, tiny.cost_usd, tiny.retention_final, tiny.retention_mean) == (0, None, 0, 0)
+    assert "note: session: no step fits 'tiny'" in render_table(report)
 
 
 async def test_environment_facts_count_when_the_rendered_environment_shows_them() -> None:

@@ -302,7 +302,7 @@ async def replay_session(
 
 
 def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 1.0
+    return sum(values) / len(values) if values else 0.0
 
 
 def _candidate_result(candidate: Candidate, sessions: Sequence[SessionResult]) -> CandidateResult:
@@ -322,11 +322,15 @@ def _candidate_result(candidate: Candidate, sessions: Sequence[SessionResult]) -
         tokens=sum(s.tokens for s in steps),
         steps=len(steps),
         max_step_tokens=max((s.tokens for s in steps), default=0),
-        cost_usd=None if any(c is None for c in costs) else sum(c for c in costs if c is not None),
+        cost_usd=(
+            None
+            if not steps or any(c is None for c in costs)
+            else sum(c for c in costs if c is not None)
+        ),
         prunes=sum(s.pruned for s in steps),
         summaries=sum(s.summarized for s in steps),
         units_omitted=sum(s.units_omitted for s in steps),
-        retention_final=_mean([s.final_retention for s in sessions if s.steps]),
+        retention_final=_mean([s.final_retention for s in sessions]),
         retention_mean=_mean([s.retention for s in steps]),
     )
 

@@ -131,8 +131,8 @@ class SessionResult(BaseModel):
     @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
     def final_retention(self) -> float:
-        """Retention at the last step."""
-        return self.steps[-1].retention if self.steps else 1.0
+        """Retention at the last step (0.0 when no step fit the budget: nothing was sent)."""
+        return self.steps[-1].retention if self.steps else 0.0
 
 
 class CandidateResult(BaseModel):
@@ -148,12 +148,14 @@ class CandidateResult(BaseModel):
         tokens: Tokens sent over all steps of all sessions.
         steps: Steps replayed.
         max_step_tokens: The largest prompt.
-        cost_usd: Estimated price of all steps (None: a price is unknown, never 0).
+        cost_usd: Estimated price of all steps (None: a price is unknown, never 0; or no step
+            fit the budget).
         prunes: Steps before which the history was pruned.
         summaries: Prunings that wrote a summary.
         units_omitted: History units left out of prompts, summed over steps.
-        retention_final: Mean over sessions of the last step's retention.
-        retention_mean: Mean over all steps of their retention.
+        retention_final: Mean over sessions of the last step's retention (a session no step
+            of which fit counts 0).
+        retention_mean: Mean over all steps of their retention (0.0 with no step).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -284,5 +286,8 @@ def render_table(report: LabReport) -> str:
             score = "-" if answer.score is None else f"{answer.score:.2f}"
             said = answer.error or " ".join((answer.answer or "").split())[:80]
             lines.append(f"  {answer.candidate} / {answer.session}: score {score}: {said}")
-    lines.extend(f"note: {note}" for note in report.notes)
+    session_notes = dict.fromkeys(
+        f"{s.session}: {note}" for c in report.candidates for s in c.sessions for note in s.notes
+    )
+    lines.extend(f"note: {note}" for note in [*session_notes, *report.notes])
     return "\n".join(lines) + "\n"
