@@ -1,34 +1,34 @@
-"""Tuning pruning: the same long session under three strategies, and what each one kept.
+"""Tuning pruning with the lab: record sessions once, replay them under candidate strategies.
 
-The agent reads ten days of logs, one file per step, under a budget far smaller than the
-whole session, then reports the errors it can still see. Three strategies shrink the
-history when it outgrows its share of the budget:
+The agent reads daily logs, one file per step, and reports the errors it saw. The script
+records two such sessions with a budget large enough that nothing is pruned, then asks the
+pruning lab (`agent_flow.lab`) what the model would have seen under a budget far smaller than
+the sessions, with three strategies:
 
 - ``DropOldest``: whole turns go, oldest first (the task is pinned);
-- ``Chain(ElideToolResults(), DropOldest())``: old tool results lose their bodies first
-  (the calls stay), turns go only if that is not enough;
-- ``SummarizeOldest(ExtractiveSummarizer(), after=DropOldest())``: old turns are folded
-  into a summary entry, written here without a model. Summarizing is the one pruning step that
-  may await a model, so it is not a (synchronous) strategy inside a ``Chain``: it is a step of
-  its own, given the sync strategies to run before or after it, and the ContextManager awaits
-  it when the history outgrows its budget.
+- ``Chain(ElideToolResults(), DropOldest())``: old tool results lose their bodies first (the
+  calls stay), turns go only if that is not enough;
+- ``SummarizeOldest(ExtractiveSummarizer(), after=DropOldest())``: old turns are folded into a
+  summary entry, written here without a model (the lab replays offline).
 
-For each, the script prints how often it pruned, what the history holds at the end, which
-days' errors the model could still see in its last prompt, and that prompt's token split.
+The lab rebuilds every step's prompt with agent_flow's own ContextManager and reports the
+tokens sent, the estimated cost, how often each strategy pruned, and which error lines (the
+probes) and tool answers the model could still see at each step; it also writes an HTML
+report with plots. The same from the command line:
+
+    agent-flow lab SESSION_ID --db sessions.db --budget 3000 --reserve 300 --probe "ERROR disk"
 
     python examples/pruning_strategies.py
 
 Uses a scripted model unless OPENAI_BASE_URL or OPENAI_API_KEY is set (then OPENAI_MODEL,
-default gpt-4o-mini, plays the session; it may read the files differently).
+default gpt-4o-mini, plays the sessions; it may read the files differently).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 from agent_flow import (
@@ -41,19 +41,20 @@ from agent_flow import (
     Environment,
     ExtractiveSummarizer,
     History,
-    PruningStrategy,
     SummarizeOldest,
-    Summary,
     TiktokenCounter,
-    ToolResultEntry,
 )
-from agent_flow.events import AgentEvent, ContextBuilt, HistoryPruned
-from agent_flow.llm import LLMClient, LLMRequest, OpenAIClient
-from agent_flow.testing import Reply, ScriptedLLM, ScriptStep, call, reply
+from agent_flow.lab import Candidate, LabReport, load_session, render_html, render_table, run_lab
+from agent_flow.llm import LLMClient, OpenAIClient
+from agent_flow.sessions import SessionStore, open_store
+from agent_flow.testing import ScriptedLLM, ScriptStep, call, reply
 from agent_flow.tools import ToolExecutor, Workspace, workspace_tools
 
 DAYS = 10
 BUDGET = 3000
+RESERVE = 300
+RECORDING_BUDGET = 100_000  # nothing is pruned while recording: the lab sees every step
+MODEL = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
 
 
 def write_logs(root: Path) -> None:
@@ -66,110 +67,107 @@ def write_logs(root: Path) -> None:
         (root / f"day{day:02d}.log").write_text("\n".join(lines) + "\n")
 
 
-def report(request: LLMRequest) -> Reply:
-    """The scripted model's last step: what it can still see of the session."""
-    sent = "\n".join(
-        message.content + " ".join(c.arguments for c in message.tool_calls)
-        for message in request.messages
-    )
-    read = sorted(set(re.findall(r"day(\d\d)\.log", sent)))
-    errors = sorted(set(re.findall(r"03-(\d\d) 07:30 ERROR", sent)))
-    return reply(
-        tool_calls=[
-            call(
-                "task_completion",
-                summary=f"I see that I read days {', '.join(read)}; "
-                f"error lines remain for days {', '.join(errors) or 'none'}.",
-                result={"read": read, "errors": errors},
-            )
-        ]
-    )
-
-
-def script() -> list[ScriptStep]:
+def script(days: list[int]) -> list[ScriptStep]:
     steps: list[ScriptStep] = [
         reply(f"Reading day {day}.", tool_calls=[call("read_file", path=f"day{day:02d}.log")])
-        for day in range(1, DAYS + 1)
+        for day in days
     ]
-    return [*steps, report]
+    return [*steps, reply(f"Read {len(days)} logs; each has one disk ERROR line.")]
 
 
 def choose_model(steps: list[ScriptStep]) -> LLMClient:
     """A real model when OPENAI_BASE_URL or OPENAI_API_KEY is set, else the scripted one."""
     if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY"):
-        return OpenAIClient(os.environ.get("OPENAI_MODEL", "gpt-4o-mini"))
-    return ScriptedLLM(steps)
+        return OpenAIClient(MODEL)
+    return ScriptedLLM(steps, model=MODEL)
 
 
-async def run_with(strategy: PruningStrategy | SummarizeOldest, logs: Path) -> None:
-    counter = TiktokenCounter()
+async def record(store: SessionStore, logs: Path, days: list[int], task: str) -> str:
+    """Run the agent on `task` with a budget that never prunes; return the session's id."""
     context = ContextManager(
         Environment(),
-        History(counter=counter),
-        BUDGET,
-        reserve_output_tokens=300,
-        strategy=strategy,
+        History(counter=TiktokenCounter()),
+        RECORDING_BUDGET,
+        reserve_output_tokens=RESERVE,
     )
     agent = AgentExecutor(
-        choose_model(script()),
-        config=AgentConfig(max_iterations=DAYS + 3),
+        choose_model(script(days)),
+        config=AgentConfig(max_iterations=len(days) + 3),
         tools=ToolExecutor(workspace_tools(Workspace(logs))),
         context=context,
+        store=store,
     )
-    prunes: list[HistoryPruned] = []
-    prompts: list[ContextBuilt] = []
+    outcome = await agent.run(task)
+    session_id = agent.recorder.session_id if agent.recorder is not None else None
+    if session_id is None:
+        raise RuntimeError("the session was not recorded")
+    print(f"recorded {session_id}: {outcome.stop_reason.value}, {task!r}")
+    return session_id
 
-    def record(event: AgentEvent) -> None:
-        if isinstance(event, HistoryPruned):
-            prunes.append(event)
-        elif isinstance(event, ContextBuilt):
-            prompts.append(event)
 
-    agent.events.on(["history_pruned", "context_built"], record)
-    outcome = await agent.run(f"Read the {DAYS} daily logs, then list the days with errors.")
+def candidates() -> list[Candidate]:
+    def at_budget(name: str, strategy: DropOldest | Chain | SummarizeOldest) -> Candidate:
+        return Candidate(
+            name=name, max_tokens=BUDGET, reserve_output_tokens=RESERVE, strategy=strategy
+        )
 
-    entries = agent.history.entries
-    kinds = Counter(entry.kind for entry in entries)
-    results = [entry for entry in entries if isinstance(entry, ToolResultEntry)]
-    full = [result for result in results if "ERROR" in result.content]
-    elided = [result for result in results if result.content.startswith("[elided")]
-    summaries = [entry for entry in entries if isinstance(entry, Summary)]
-    split = prompts[-1].breakdown
-    print(f"== {strategy.name}")
-    print(
-        f"  pruned {len(prunes)} time(s): dropped {sum(len(p.report.dropped) for p in prunes)}, "
-        f"elided {sum(len(p.report.elided) for p in prunes)}, "
-        f"summarized {sum(len(p.report.summarized) for p in prunes)} entries"
-    )
-    print(f"  history now: {len(entries)} entries {dict(sorted(kinds.items()))}")
-    print(
-        f"  tool results kept whole: {len(full)}, elided: {len(elided)}, "
-        f"summaries: {len(summaries)}"
-    )
-    if summaries:
-        first = summaries[0].content.splitlines()
-        print(f"  summary starts: {first[0]!r} ({len(first)} lines)")
-    print(f"  answer: {outcome.final_text}")
-    print(
-        f"  last prompt: {split.total:,}/{split.budget:,} tokens = system {split.system_template}"
-        f" + environment {split.environment} + tools {split.tools} + history {split.history}"
-        f" + priming {split.priming}; {outcome.usage.prompt_tokens:,} prompt tokens in the run"
-    )
+    return [
+        at_budget("drop_oldest", DropOldest()),
+        at_budget("elide_then_drop", Chain(ElideToolResults(keep_last=2), DropOldest())),
+        at_budget(
+            "summarize",
+            SummarizeOldest(
+                ExtractiveSummarizer(),
+                keep_last_units=2,
+                max_summary_tokens=200,
+                after=DropOldest(),
+            ),
+        ),
+    ]
+
+
+def describe(report: LabReport) -> None:
+    """What each strategy let the model see at the end of the first session."""
+    for result in report.candidates:
+        session = result.sessions[0]
+        last = session.steps[-1]
+        facts = {f.id: f for f in session.facts}
+        errors = [facts[i].label[3:5] for i in last.visible if facts[i].kind == "probe"]
+        answers = [i for i in last.visible if facts[i].kind == "tool_result"]
+        print(f"== {result.name}")
+        print(
+            f"  pruned before {result.prunes} of {result.steps} steps "
+            f"({result.summaries} with a summary); {result.units_omitted} units left out"
+        )
+        print(
+            f"  last prompt: {last.tokens:,}/{result.max_tokens:,} tokens; "
+            f"{len(answers)} of {DAYS} log answers whole; "
+            f"error lines visible for days {', '.join(errors) or 'none'}"
+        )
 
 
 async def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="logs-"))
     write_logs(logs)
-    print(f"model: {type(choose_model([])).__name__}; budget {BUDGET} tokens per prompt")
-    strategies: list[PruningStrategy | SummarizeOldest] = [
-        DropOldest(),
-        Chain(ElideToolResults(keep_last=2), DropOldest()),
-        SummarizeOldest(
-            ExtractiveSummarizer(), keep_last_units=2, max_summary_tokens=200, after=DropOldest()
-        ),
-    ]
-    for strategy in strategies:
-        await run_with(strategy, logs)
+    print(f"model: {type(choose_model([])).__name__}; lab budget {BUDGET} tokens per prompt")
+    async with open_store(logs / "sessions.db") as store:
+        ids = [
+            await record(
+                store,
+                logs,
+                list(range(1, DAYS + 1)),
+                f"Read the {DAYS} daily logs, then list the days with errors.",
+            ),
+            await record(store, logs, [2, 4, 6, 8], "Read the logs of the even days up to 8."),
+        ]
+        sessions = [await load_session(store, session_id) for session_id in ids]
+    probes = [f"03-{day:02d} 07:30 ERROR" for day in range(1, DAYS + 1)]
+    report = await run_lab(sessions, candidates(), probes=probes, model=MODEL)
+    print(render_table(report), end="")
+    describe(report)
+    html = logs / "lab.html"
+    html.write_text(render_html(report), encoding="utf-8")
+    print(f"HTML report with plots: {html}")
 
 
 if __name__ == "__main__":

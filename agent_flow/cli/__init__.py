@@ -10,6 +10,7 @@
     agent-flow sessions diff A B [--json]     two sessions' environments and budgets compared
     agent-flow replay SESSION [--speed X]     a session's events again, paced as recorded
     agent-flow tools [--workspace DIR] [--mcp "cmd args"]   what an agent is offered, in tokens
+    agent-flow lab SESSION... --budget N [--strategy S] [--html FILE]   the pruning lab
 
 A run shows a status line, then the answer as Markdown; ``--trace`` prints every event,
 ``-q`` only the answer, ``--json`` the events as JSON lines. ``--agent MODULE:ATTR`` runs an

@@ -16,6 +16,7 @@ from agent_flow._defaults import DEFAULT_REPLAY_MAX_WAIT
 from agent_flow.cli._chat import _chat_command
 from agent_flow.cli._diff import _sessions_diff
 from agent_flow.cli._exit import EXIT_USAGE
+from agent_flow.cli._lab import _lab_command, add_lab_arguments
 from agent_flow.cli._prompt import EDITING_HELP
 from agent_flow.cli._replay import _replay_command
 from agent_flow.cli._run import _demo_command, _run_command
@@ -344,6 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--json", action="store_true", help="every event as a JSON line")
     replay.set_defaults(handler=_replay_command)
+
+    lab = sub(
+        "lab", "replay recorded sessions under candidate pruning strategies and budgets", [db]
+    )
+    add_lab_arguments(lab)
+    lab.set_defaults(handler=_lab_command)
 
     serve = sub("serve", "serve sessions over HTTP with live event streams (SSE)", [db])
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

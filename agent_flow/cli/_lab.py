@@ -1,0 +1,213 @@
+"""`agent-flow lab`: replay recorded sessions under candidate budgets and strategies.
+
+The sessions are store ids or JSON-lines exports (a path to an existing file); the candidates
+come from ``--candidates FILE`` (a lab file or an agent.toml, see `agent_flow.lab.candidates`)
+and from every ``--strategy`` crossed with every ``--budget``. It prints the table, or the
+report as JSON with ``--json``, and writes the HTML report with ``--html FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
+from agent_flow.cli._sessions import _store
+from agent_flow.config import Pricing, StrategyName
+from agent_flow.lab import (
+    Candidate,
+    RecordedSession,
+    load_candidates,
+    load_export,
+    load_session,
+    render_html,
+    render_table,
+    run_lab,
+)
+from agent_flow.lab.candidates import STRATEGY_NAMES, strategy_from_name
+from agent_flow.llm.base import LLMClient
+
+__all__ = ["_lab_command", "add_lab_arguments"]
+
+
+def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``lab`` command's arguments (its ``--db`` and ``--config`` come from the parent)."""
+    parser.add_argument(
+        "sessions",
+        nargs="+",
+        metavar="SESSION",
+        help="a stored session's id, or a JSON-lines export (agent-flow sessions export)",
+    )
+    parser.add_argument(
+        "--candidates",
+        metavar="FILE",
+        help="a lab file of [[candidate]] tables, or an agent.toml whose [agent.context] to try",
+    )
+    parser.add_argument(
+        "--strategy",
+        action="append",
+        default=[],
+        choices=STRATEGY_NAMES,
+        help="a strategy to try with every --budget (repeatable; default: all four); "
+        "summarize is replayed with the offline extractive summarizer",
+    )
+    parser.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        type=_budget,
+        metavar="TOKENS",
+        help="a max_tokens budget to try with every --strategy (repeatable)",
+    )
+    parser.add_argument(
+        "--reserve", type=int, metavar="TOKENS", help="output reserve of --budget candidates"
+    )
+    parser.add_argument(
+        "--window-turns", type=_budget, default=8, help="turns kept by sliding_window (8)"
+    )
+    parser.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a string whose presence in each prompt to track (repeatable)",
+    )
+    parser.add_argument("--model", help="price the prompts as this model (default: the session's)")
+    parser.add_argument(
+        "--pricing",
+        type=_pricing,
+        metavar="IN,OUT",
+        help="price per million input and output tokens in USD, for a model without known prices",
+    )
+    ask = parser.add_argument_group(
+        "re-asking (optional, needs a live model; its scores are model-dependent)"
+    )
+    ask.add_argument(
+        "--ask",
+        action="store_true",
+        help="send each candidate's last prompt to the model (--model, --base-url) and score "
+        "its answer against the recorded final answer",
+    )
+    ask.add_argument("--base-url", help="the OpenAI-compatible endpoint (default $OPENAI_BASE_URL)")
+    ask.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="NAME",
+        help="the variable holding the API key (default OPENAI_API_KEY)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--html", metavar="FILE", help="write the HTML report with plots here")
+
+
+def _budget(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _pricing(text: str) -> Pricing:
+    try:
+        input_price, output_price = (float(part) for part in text.split(","))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not IN,OUT prices per million tokens (e.g. 0.15,0.60)"
+        ) from err
+    if input_price < 0 or output_price < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: prices cannot be negative")
+    return Pricing(input_per_million=input_price, output_per_million=output_price)
+
+
+def _candidates(args: argparse.Namespace) -> tuple[list[Candidate], list[str]]:
+    candidates: list[Candidate] = []
+    probes: list[str] = []
+    if args.candidates is not None:
+        candidates, probes = load_candidates(args.candidates)
+    if args.budget:
+        strategies: list[StrategyName] = args.strategy or list(STRATEGY_NAMES)
+        if args.reserve is not None and any(args.reserve >= b for b in args.budget):
+            raise _Failure(
+                EXIT_USAGE, f"--reserve {args.reserve} must be smaller than every --budget"
+            )
+        candidates.extend(
+            Candidate(
+                name=f"{name}@{budget}",
+                max_tokens=budget,
+                strategy=strategy_from_name(name, window_turns=args.window_turns),
+                reserve_output_tokens=args.reserve,
+            )
+            for budget in args.budget
+            for name in strategies
+        )
+    elif args.strategy:
+        raise _Failure(EXIT_USAGE, "--strategy needs at least one --budget to try it with")
+    if not candidates:
+        raise _Failure(
+            EXIT_USAGE,
+            "nothing to compare: give --budget TOKENS (with --strategy NAME, or all four), or "
+            "--candidates FILE",
+        )
+    return candidates, probes
+
+
+def _exports(names: list[str]) -> list[RecordedSession | None]:
+    """Each name that is a file, read as an export; None for the others (store ids)."""
+    return [load_export(name) if Path(name).is_file() else None for name in names]
+
+
+def _write_html(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise _Failure(EXIT_USAGE, f"--html {path} cannot be written: {err}") from err
+
+
+async def _sessions(args: argparse.Namespace) -> list[RecordedSession]:
+    sessions = _exports(args.sessions)
+    ids = [name for name, session in zip(args.sessions, sessions, strict=True) if session is None]
+    if ids:
+        async with _store(args) as store:
+            stored = {sid: await load_session(store, sid) for sid in ids}
+        sessions = [
+            session if session is not None else stored[name]
+            for name, session in zip(args.sessions, sessions, strict=True)
+        ]
+    return [s for s in sessions if s is not None]
+
+
+def _model(args: argparse.Namespace, sessions: list[RecordedSession]) -> LLMClient | None:
+    """The live model ``--ask`` re-asks: ``--model``, else the first session's."""
+    if not args.ask:
+        return None
+    model = args.model or next((s.model for s in sessions if s.model), None)
+    if model is None:
+        raise _Failure(EXIT_USAGE, "--ask needs --model: the sessions do not name their model")
+    from agent_flow.llm import OpenAIClient
+
+    return OpenAIClient(model, base_url=args.base_url, api_key_env=args.api_key_env, max_retries=0)
+
+
+async def _lab_command(args: argparse.Namespace, streams: _Streams) -> int:
+    candidates, probes = _candidates(args)
+    sessions = await _sessions(args)
+    llm = _model(args, sessions)
+    report = await run_lab(
+        sessions,
+        candidates,
+        probes=[*probes, *args.probe],
+        model=args.model,
+        pricing=args.pricing,
+        llm=llm,
+    )
+    if args.html is not None:
+        _write_html(args.html, render_html(report))
+    if args.json:
+        streams.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        streams.stdout.write(render_table(report))
+        if args.html is not None:
+            streams.stdout.write(f"HTML report: {args.html}\n")
+    return EXIT_OK
