@@ -19,7 +19,7 @@ from agent_flow.history import HistoryEntry, ToolCallEntry, ToolResultEntry, bui
 from agent_flow.llm.base import StreamEvent
 from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import TokenCounter
-from agent_flow.tools import MCPServerStdio, Tool, tool
+from agent_flow.tools import MCPServerStdio, Tool, ToolPolicy, tool
 
 #: The MCP servers the tests start (``tests/mcp_servers/``).
 MCP_SERVERS = Path(__file__).parent / "mcp_servers"
@@ -32,7 +32,13 @@ def tool_call(name: str, arguments: str | JsonValue = "{}", call_id: str = "1") 
 
 
 def stdio_server(name: str, script: str, **options: Any) -> MCPServerStdio:
-    """The config of one of the test MCP servers, run over stdio with this Python."""
+    """The config of one of the test MCP servers, run over stdio with this Python.
+
+    Most test servers' tools carry no annotations, which makes them high-risk by the MCP
+    spec's defaults (needing approval); tests not about policy trust them (``policy``
+    defaults to a plain `ToolPolicy`; pass ``policy=None`` for the hints' policy).
+    """
+    options.setdefault("policy", ToolPolicy())
     return MCPServerStdio(
         name=name, command=sys.executable, args=(str(MCP_SERVERS / script),), **options
     )

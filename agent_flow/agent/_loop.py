@@ -57,9 +57,11 @@ from agent_flow.errors import (
 )
 from agent_flow.events import (
     AgentEvent,
+    EnvironmentUpdated,
     ExecutionError,
     HistoryPruned,
     IterationStarted,
+    MCPListChanged,
     RunFinished,
     RunStarted,
     WarningRaised,
@@ -183,12 +185,34 @@ class _Run:
                 return limit
             self.iteration += 1
             await self.emit(IterationStarted, iteration=self.iteration)
+            await self._refresh_mcp()
             step = await _model_step(self)
             if isinstance(step, RunTools):
                 step = await _tool_step(self, step)
             if isinstance(step, Finish):
                 return step
             await self._after_step()
+
+    async def _refresh_mcp(self) -> None:
+        """Before a model call: take up what MCP servers said changed since the last one."""
+        found = await self.agent.mcp.refresh(self.agent.environment)
+        for change in found.changes:
+            await self.emit(
+                MCPListChanged,
+                server=change.server,
+                component=change.kind,
+                added=change.added,
+                removed=change.removed,
+            )
+        for source, changes in found.environment:
+            await self.emit(
+                EnvironmentUpdated,
+                source=source,
+                version=self.agent.environment.version,
+                changes=tuple(changes),
+            )
+        for message in found.warnings:
+            await self.emit(WarningRaised, message=message, source="mcp")
 
     def _limit_reached(self) -> Finish | None:
         config = self.agent.config

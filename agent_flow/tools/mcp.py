@@ -21,6 +21,12 @@ tools with a `ToolExecutor`. Each server tool becomes an `MCPTool`, and its resu
 converted for the model by `convert_call_result` (both in `_mcp_tool`): text as is,
 structured content as data, images, audio and binary resources described and kept as
 `Attachment`s, never pasted as base64.
+
+Besides tools, a connection lists the server's resources, resource templates and prompts,
+reads resources (`MCPConnection.read_resource`), renders prompts (`get_prompt`), subscribes
+to resources where the server supports it, and notes the server's ``list_changed`` and
+``resources/updated`` notifications (`MCPConnection.notices`) until `MCPConnection.refresh`
+lists again. How an agent uses them is in `agent_flow.tools.mcp_resources`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from agent_flow.errors import MCPServerError, MCPServerTimeoutError, ToolDefinitionError
+from agent_flow.tools._mcp_catalog import ListChange
 from agent_flow.tools._mcp_connection import MCPConnection
 from agent_flow.tools._mcp_tool import MCPTool, convert_call_result
 from agent_flow.tools.mcp_config import (
@@ -46,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MCP_SERVER_CONFIG_ADAPTER",
+    "ListChange",
     "MCPConnection",
     "MCPServerConfig",
     "MCPServerHTTP",
