@@ -6,6 +6,8 @@ configs, the small agent most loop tests run, and the checks every transcript mu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -111,3 +113,25 @@ def unit_groups(
         groups.append([e for u in units[start:end] for e in u.entries])
         start = end
     return groups
+
+
+@contextlib.asynccontextmanager
+async def http_mcp_server(script: str, log_path: Path) -> AsyncIterator[str]:
+    """Run a test MCP server (tests/mcp_servers/`script`) over streamable HTTP; yield its URL."""
+    with log_path.open("w") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(MCP_SERVERS / script),
+            "http",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(30):
+                port = int(await process.stdout.readline())
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
