@@ -6,6 +6,7 @@ stdio; the npm reference server's turn is in test_tools_mcp_everything.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,18 @@ async def test_list_changes_between_steps_update_the_offered_tools_with_an_event
     # fresh and drop_tool carry no annotations: destructive by the spec, so they needed
     # approval; add_tool and add_prompt say destructiveHint false, so they did not.
     assert approvals == ["notes_fresh", "notes_drop_tool"]
+
+
+def test_the_readme_mcp_example_loads(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### MCP beyond tools", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert match is not None
+    path = tmp_path / "agent.toml"
+    path.write_text(match.group(1), encoding="utf-8")
+    config = load_config(path, environ={})
+    assert config.mcp.clients == ("everything",)
+    assert config.mcp.resources[0].subscribe is True
+    assert config.skills[0].mcp_prompt == MCPPromptRef(
+        server="everything", name="args-prompt", arguments={"city": "Oslo"}
+    )
