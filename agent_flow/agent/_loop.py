@@ -4,8 +4,9 @@ A `_Run` lives for one `run` or `send`. It holds that run's state (iterations, u
 retries, the stuck detector's memory, the event sequence) and reads everything else (config,
 model, context, tools, store, bus) from its executor, which owns it while it runs.
 
-One iteration checks the limits, then takes a `_model_step` (build the prompt, call the
-model, record its turn) that returns a typed step — `RunTools`, `Continue` or `Finish` —
+One iteration checks the limits, takes up what MCP servers announced since the last model
+call (`AgentMCP.refresh`: list changes, updated resources), then takes a `_model_step`
+(build the prompt, call the model, record its turn) that returns a typed step — `RunTools`, `Continue` or `Finish` —
 and, for `RunTools`, a `_tool_step` (execute, apply handlers, record results) that returns
 `Continue` or `Finish`; the steps are in `agent_flow.agent._steps`. Every step publishes
 typed events on the executor's `EventBus`; nothing in a tool, a handler or a subscriber can
