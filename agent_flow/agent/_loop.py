@@ -7,8 +7,9 @@ model, context, tools, store, bus) from its executor, which owns it while it run
 One iteration checks the limits, takes up what MCP servers announced since the last model
 call (`AgentMCP.refresh`: list changes, updated resources), then takes a `_model_step`
 (build the prompt, call the model, record its turn) that returns a typed step —
-`RunTools`, `Continue` or `Finish` — and, for `RunTools`, a `_tool_step` (execute, apply handlers, record results) that returns
-`Continue` or `Finish`; the steps are in `agent_flow.agent._steps`. Every step publishes
+`RunTools`, `Continue` or `Finish` — and, for `RunTools`, a `_tool_step` (execute, apply
+handlers, record results) that returns `Continue` or `Finish`; the steps are in
+`agent_flow.agent._steps`. Every step publishes
 typed events on the executor's `EventBus`; nothing in a tool, a handler or a subscriber can
 end the loop except through a `Finish` with a `StopReason`. Here too: cancellation, the
 loop's own failures, pruning after each step, and the final `ExecutionOutcome`.
