@@ -22,9 +22,11 @@ from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import (
     ApprovalRequest,
     MCPAgentSettings,
+    MCPFilter,
     MCPPromptRef,
     MCPResourceLoad,
     MCPServers,
+    ToolExecutor,
 )
 from tests.helpers import stdio_server, tool_call
 
@@ -68,6 +70,10 @@ async def test_shared_servers_are_filtered_per_agent() -> None:
             assert "no MCP server 'basic' is available; available: notes" in other.result.content
         # Shared servers outlive the agents that used them.
         assert servers["notes"].connected and servers["basic"].connected
+        # Without an agent, the same filter applies to registering into an executor.
+        executor = ToolExecutor()
+        gate = MCPFilter(clients=("notes",), exclude=("add_*",))
+        assert servers.register(executor, mcp_filter=gate) == ["notes_ephemeral", "notes_drop_tool"]
 
 
 def call_of(name: str, **arguments: JsonValue) -> ToolCall:
