@@ -275,3 +275,31 @@ def test_the_readme_mcp_example_loads(tmp_path: Path) -> None:
     assert config.skills[0].mcp_prompt == MCPPromptRef(
         server="everything", name="args-prompt", arguments={"city": "Oslo"}
     )
+
+
+async def test_agents_sharing_a_server_each_take_up_its_list_changes() -> None:
+    async with MCPServers([NOTES]) as servers:
+        changer_llm = ScriptedLLM([reply(tool_calls=[call("notes_add_tool", name="extra")]), "ok"])
+        changer = AgentExecutor(changer_llm, config=_config(), mcp_servers=servers)
+        later_llm = ScriptedLLM(["ok"])
+        later = AgentExecutor(later_llm, config=_config(), mcp_servers=servers)
+        hidden = AgentExecutor(
+            ScriptedLLM(["ok"]),
+            config=_config(mcp=MCPAgentSettings(exclude_components=("tool:extra",))),
+            mcp_servers=servers,
+        )
+        async with changer, later, hidden:
+            runs = []
+            for agent in (changer, later, hidden):
+                subscription = agent.subscribe()
+                await agent.run("go")
+                runs.append([e async for e in subscription if isinstance(e, MCPListChanged)])
+
+    # The changer refreshed the connection; the agent that ran later still took it up.
+    assert [[(e.component, e.added) for e in events] for events in runs] == [
+        [("tools", ("notes_extra",))],
+        [("tools", ("notes_extra",))],
+        [],  # excluded for this one
+    ]
+    assert "notes_extra" in {t.name for t in later_llm.requests[0].tools}
+    assert "notes_extra" not in hidden.tools

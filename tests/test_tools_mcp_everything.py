@@ -195,7 +195,7 @@ async def test_a_subscribed_document_reports_its_updates(server: MCPServerConfig
     async with MCPConnection(server) as connection:
         await connection.subscribe(FEATURES)
         await connection.call_tool("toggle-subscriber-updates", {})
-        await _wait_for(connection, lambda: FEATURES in connection.notices.updated)
+        await _wait_for(connection, lambda: connection.notices.updates.get(FEATURES, 0) > 0)
         await connection.call_tool("toggle-subscriber-updates", {})  # stop the 5 s updates
 
 
@@ -255,7 +255,7 @@ async def test_an_agent_uses_its_resources_prompts_and_updates(server: MCPServer
         if calls == 1:
             # The update is taken up before a model call: make sure it has arrived.
             connection = agent.mcp.connections["everything"]
-            await _wait_for(connection, lambda: FEATURES in connection.notices.updated)
+            await _wait_for(connection, lambda: connection.notices.updates.get(FEATURES, 0) > 0)
             return reply(
                 tool_calls=[
                     call(

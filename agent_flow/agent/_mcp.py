@@ -21,7 +21,8 @@ from agent_flow.config import AgentConfig, Skill
 from agent_flow.environment import Environment, EnvironmentChange
 from agent_flow.errors import ConfigError, MCPServerError
 from agent_flow.tools import MCPFilter, ToolExecutor
-from agent_flow.tools.mcp_config import MCPPromptRef
+from agent_flow.tools._mcp_catalog import diff
+from agent_flow.tools.mcp_config import ComponentKind, MCPPromptRef
 
 if TYPE_CHECKING:
     from agent_flow.tools.mcp import ListChange, MCPConnection, MCPServers
@@ -63,6 +64,11 @@ class AgentMCP:
         self.registered: dict[str, tuple[str, str]] = {}
         self.skills: dict[str, Skill] = {}
         self._resource_tools: list[str] = []
+        # What this agent last saw of each server: its generation, its visible resources and
+        # prompts, and the update count of each resource.
+        self._generations: dict[str, int] = {}
+        self._views: dict[tuple[str, ComponentKind], list[str]] = {}
+        self._updates: dict[str, int] = {}
 
     @property
     def connections(self) -> dict[str, MCPConnection]:
@@ -91,6 +97,7 @@ class AgentMCP:
         try:
             for server, connection in self.connections.items():
                 self._register_tools(server, connection, [t.name for t in connection.tools])
+                self._seen(server, connection)
             self._sync_resource_tools()
             for load in self.settings.resources:
                 connection = self._connection(load.server, f"resource {load.uri!r}")
@@ -194,55 +201,73 @@ class AgentMCP:
     async def refresh(self, environment: Environment) -> MCPRefresh:
         """List again what servers said changed; re-register tools; reload updated resources.
 
-        A server that fails to list is reported in ``warnings`` and kept as it was.
+        What the agent sees is compared with what it saw last, not with the connection's
+        last refresh: agents sharing a connection each take up every change. A server that
+        fails to list is reported in ``warnings`` and kept as it was.
         """
         found = MCPRefresh()
         if self.owned is None and self.shared is None:
             return found
         for server, connection in self.connections.items():
-            if not connection.notices.pending:
-                continue
-            connection.notices.arrived.clear()
-            try:
-                changes = await connection.refresh()
-            except MCPServerError as err:
-                found.warnings.append(str(err))
-                continue
-            for change in changes:
-                seen = self._apply(server, connection, change)
-                if seen is not None:
-                    found.changes.append(seen)
-            updated, connection.notices.updated = connection.notices.updated, set()
+            if connection.notices.changed:
+                connection.notices.arrived.clear()
+                try:
+                    await connection.refresh()
+                except MCPServerError as err:
+                    found.warnings.append(str(err))
+            if connection.generation != self._generations.get(server, 0):
+                self._generations[server] = connection.generation
+                found.changes += self._take_up(server, connection)
             for load in self.settings.resources:
-                if load.server == server and load.subscribe and load.uri in updated:
-                    try:
-                        written = await self._load(environment, connection, load.uri, load.into)
-                    except MCPServerError as err:
-                        found.warnings.append(str(err))
-                        continue
-                    if written:
-                        found.environment.append((f"mcp:{server}", written))
+                if load.server != server or not load.subscribe:
+                    continue
+                updates = connection.notices.updates.get(load.uri, 0)
+                if updates == self._updates.get(load.uri, 0):
+                    continue
+                self._updates[load.uri] = updates
+                try:
+                    written = await self._load(environment, connection, load.uri, load.into)
+                except MCPServerError as err:
+                    found.warnings.append(str(err))
+                    continue
+                if written:
+                    found.environment.append((f"mcp:{server}", written))
         if found.changes:
             self._sync_resource_tools()
         return found
 
-    def _apply(
-        self, server: str, connection: MCPConnection, change: ListChange
-    ) -> ListChange | None:
-        """Bring registrations in line with `change`; return it as this agent sees it."""
+    def _seen(self, server: str, connection: MCPConnection) -> None:
+        """Remember what the agent sees of `server` now (after start or a change)."""
+        self._generations[server] = connection.generation
+        for kind in ("resources", "prompts"):
+            self._views[(server, kind)] = self._visible(server, connection, kind)
+        for uri, count in connection.notices.updates.items():
+            self._updates.setdefault(uri, count)
+
+    def _visible(self, server: str, connection: MCPConnection, kind: ComponentKind) -> list[str]:
+        return [n for n in connection.names(kind) if self.filter.allows(server, kind, n)]
+
+    def _take_up(self, server: str, connection: MCPConnection) -> list[ListChange]:
+        """Bring the agent's view of `server` in line with the connection's lists."""
         from agent_flow.tools.mcp import ListChange
 
-        kind = change.kind
-        added = [n for n in change.added if self.filter.allows(server, kind, n)]
-        removed = [n for n in change.removed if self.filter.allows(server, kind, n)]
-        if kind == "tools":
-            removed = self._unregister(server, set(removed))
-            before = set(self.registered)
-            self._register_tools(server, connection, added)
-            added = [name for name in self.registered if name not in before]
-        if not added and not removed:
-            return None
-        return ListChange(server=server, kind=kind, added=tuple(added), removed=tuple(removed))
+        changes: list[ListChange] = []
+        mine = {name for s, name in self.registered.values() if s == server}
+        now = self._visible(server, connection, "tools")
+        removed = self._unregister(server, mine - set(now))
+        before = set(self.registered)
+        self._register_tools(server, connection, [n for n in now if n not in mine])
+        added = [name for name in self.registered if name not in before]
+        if added or removed:
+            changes.append(ListChange(server, "tools", tuple(added), tuple(removed)))
+        for kind in ("resources", "prompts"):
+            old = self._views.get((server, kind), [])
+            new = self._visible(server, connection, kind)
+            self._views[(server, kind)] = new
+            change = diff(server, kind, old, new)
+            if change.added or change.removed:
+                changes.append(change)
+        return changes
 
     async def aclose(self) -> None:
         """Unregister everything registered here, and stop the owned servers."""

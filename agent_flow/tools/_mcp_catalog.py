@@ -2,10 +2,12 @@
 
 `Catalog` holds the server's lists as its last listing saw them. `list_catalog` fills one:
 every page of tools, and of resources, resource templates and prompts when the server
-declares those capabilities. `Notices` collects what the server's notifications say between
-two refreshes: which lists changed (``notifications/*/list_changed``) and which subscribed
-resources were updated (``notifications/resources/updated``); it is written from the
-session's notification handler and read by the connection's `refresh`.
+declares those capabilities. `Notices` collects what the server's notifications say: which
+lists changed since the last refresh (``notifications/*/list_changed``, consumed by the
+connection's `refresh`) and how often each subscribed resource was updated
+(``notifications/resources/updated``, a counter per URI that is never reset, so that every
+agent sharing the connection can tell what it has not seen yet). It is written from the
+session's notification handler.
 """
 
 from __future__ import annotations
@@ -66,14 +68,10 @@ class Notices:
     """What a server's notifications said since the last refresh."""
 
     changed: set[ComponentKind] = field(default_factory=set)
-    updated: set[str] = field(default_factory=set)
+    #: Resource URI → how many ``resources/updated`` notifications named it.
+    updates: dict[str, int] = field(default_factory=dict)
     #: Set whenever a notification arrives (for waiting on one without sleeping).
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def pending(self) -> bool:
-        """Whether a refresh has something to do."""
-        return bool(self.changed or self.updated)
 
     async def handle(self, message: object) -> None:
         """The session's ``message_handler``: note list changes and resource updates."""
@@ -84,7 +82,8 @@ class Notices:
         elif isinstance(message, mcp_types.PromptListChangedNotification):
             self.changed.add("prompts")
         elif isinstance(message, mcp_types.ResourceUpdatedNotification):
-            self.updated.add(str(message.params.uri))
+            uri = str(message.params.uri)
+            self.updates[uri] = self.updates.get(uri, 0) + 1
         else:
             return
         self.arrived.set()

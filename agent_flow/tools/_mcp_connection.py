@@ -111,8 +111,10 @@ class MCPConnection:
         self._tools: list[MCPTool] = []
         self._catalog = Catalog()
         self._subscribed: set[str] = set()
-        #: What the server's notifications said since the last `refresh`.
+        #: What the server's notifications said (list changes since the last `refresh`).
         self.notices = Notices()
+        #: How many refreshes changed what the server offers.
+        self.generation = 0
 
     def __repr__(self) -> str:
         return f"MCPConnection({self.name!r})"
@@ -171,6 +173,16 @@ class MCPConnection:
         """The server's prompts, as last listed."""
         return list(self._catalog.prompts)
 
+    def names(self, kind: ComponentKind) -> list[str]:
+        """What the server offers of one kind, as last listed.
+
+        Tool names (allow/deny lists applied), prompt names, or resource URIs and URI
+        templates.
+        """
+        if kind == "tools":
+            return [tool.name for tool in self._tools]
+        return self._catalog.names(kind)
+
     @property
     def subscribable(self) -> bool:
         """Whether the server supports resource subscriptions."""
@@ -185,8 +197,8 @@ class MCPConnection:
     async def refresh(self, *, force: bool = False) -> list[ListChange]:
         """List again what the server said changed (everything when `force`); return the changes.
 
-        Only lists whose names changed are reported. Resources the server said were updated
-        stay in ``notices.updated`` for the caller (see `AgentExecutor`), who clears them.
+        Only lists whose names changed are reported; `generation` counts the refreshes that
+        changed something (agents sharing the connection compare it with what they saw).
 
         Raises:
             MCPServerError: The server could not be reached or failed to list.
@@ -207,7 +219,10 @@ class MCPConnection:
         await self._request("list its components", lambda c: list_catalog(c, kinds, into=fresh))
         self._adopt(fresh)
         changes = [diff(self.name, k, before.names(k), fresh.names(k)) for k in sorted(kinds)]
-        return [change for change in changes if change.added or change.removed]
+        changes = [change for change in changes if change.added or change.removed]
+        if changes:
+            self.generation += 1
+        return changes
 
     async def read_resource(self, uri: str) -> mcp_types.ReadResourceResult:
         """Read the resource `uri` (a listed one, or one a template describes).
@@ -231,7 +246,7 @@ class MCPConnection:
         )
 
     async def subscribe(self, uri: str) -> None:
-        """Ask to be notified when the resource `uri` changes (``notices.updated``).
+        """Ask to be notified when the resource `uri` changes (``notices.updates``).
 
         The subscription is renewed when the server is restarted.
 
