@@ -21,7 +21,6 @@ from agent_flow.config import AgentConfig, Skill
 from agent_flow.environment import Environment, EnvironmentChange
 from agent_flow.errors import ConfigError, MCPServerError
 from agent_flow.tools import MCPFilter, ToolExecutor
-from agent_flow.tools._mcp_catalog import diff
 from agent_flow.tools.mcp_config import ComponentKind, MCPPromptRef
 
 if TYPE_CHECKING:
@@ -249,6 +248,7 @@ class AgentMCP:
 
     def _take_up(self, server: str, connection: MCPConnection) -> list[ListChange]:
         """Bring the agent's view of `server` in line with the connection's lists."""
+        from agent_flow.tools._mcp_catalog import diff
         from agent_flow.tools.mcp import ListChange
 
         changes: list[ListChange] = []
