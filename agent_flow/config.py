@@ -37,7 +37,7 @@ import typing
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import jsonschema
 import jsonschema.exceptions
@@ -65,8 +65,9 @@ from agent_flow._defaults import (
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
 from agent_flow.llm.config import LLMConfig, LLMOverrides, resolve_llm_config
+from agent_flow.pricing import Pricing
 from agent_flow.tools._sandbox import ShellSettings
-from agent_flow.tools.mcp_config import MCPServerHTTP, MCPServerStdio
+from agent_flow.tools.mcp_config import MCPAgentSettings, MCPPromptRef, MCPServerConfig
 from agent_flow.tools.policy import RiskLevel
 
 __all__ = [
@@ -135,14 +136,25 @@ class Skill(BaseModel):
         allowed_tools: Tool names (globs) offered and callable while active; the loop-control
             tools stay available.
         description: What the skill is for.
+        mcp_prompt: An MCP server's prompt whose text is the system prompt instead, fetched
+            when the agent starts (give it or `system_prompt`, not both).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1)
-    system_prompt: str
+    system_prompt: str = ""
     allowed_tools: tuple[str, ...] = ()
     description: str = ""
+    mcp_prompt: MCPPromptRef | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> Skill:
+        if (self.mcp_prompt is None) == (not self.system_prompt):
+            raise ValueError(
+                f"skill {self.name!r} needs a system_prompt or an mcp_prompt (not both)"
+            )
+        return self
 
 
 class PolicyConfig(BaseModel):
@@ -161,45 +173,6 @@ class PolicyConfig(BaseModel):
     read_only: bool = False
     approval_tools: tuple[str, ...] = ()
     approval_risk: RiskLevel | None = RiskLevel.HIGH
-
-
-class Pricing(BaseModel):
-    """Prices in US dollars per million tokens, overriding the price data for every model.
-
-    Without it, model calls are priced from genai-prices' data (see `agent_flow.pricing`);
-    set it for private or self-hosted models that data does not know.
-
-    Attributes:
-        input_per_million: Price of a million prompt tokens.
-        output_per_million: Price of a million completion tokens (reasoning included).
-        cached_input_per_million: Price of a million prompt tokens served from the
-            provider's cache (``None``: the input price).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input_per_million: float = Field(ge=0)
-    output_per_million: float = Field(ge=0)
-    cached_input_per_million: float | None = Field(default=None, ge=0)
-
-    def cost(
-        self, prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None
-    ) -> float:
-        """The cost of this many tokens (`cached_tokens` are part of `prompt_tokens`)."""
-        cached = min(cached_tokens or 0, prompt_tokens)
-        cached_price = (
-            self.input_per_million
-            if self.cached_input_per_million is None
-            else self.cached_input_per_million
-        )
-        return (
-            (prompt_tokens - cached) * self.input_per_million
-            + cached * cached_price
-            + completion_tokens * self.output_per_million
-        ) / 1_000_000
-
-
-MCPServerEntry = Annotated[MCPServerStdio | MCPServerHTTP, Field(discriminator="kind")]
 
 
 class AgentConfig(BaseModel):
@@ -225,6 +198,9 @@ class AgentConfig(BaseModel):
         mcp_servers: MCP servers whose tools the agent gets: ``async with AgentExecutor(...)``
             starts them and registers their tools as ``<server>_<tool>``, and leaving the
             block stops them.
+        mcp: How this agent uses MCP servers (its own or shared ones): which servers and
+            components it may use, the resource tools, resources loaded at start; see
+            `agent_flow.tools.MCPAgentSettings`.
         control_tools: Offer ``task_completion``, ``ask_question``, ``converse`` and
             ``update_plan``.
         max_iterations: Model calls per run before it stops.
@@ -267,7 +243,8 @@ class AgentConfig(BaseModel):
     context: ContextConfig = Field(default_factory=ContextConfig)
     allow_tools: tuple[str, ...] | None = None
     deny_tools: tuple[str, ...] = ()
-    mcp_servers: tuple[MCPServerEntry, ...] = ()
+    mcp_servers: tuple[MCPServerConfig, ...] = ()
+    mcp: MCPAgentSettings = Field(default_factory=MCPAgentSettings)
     control_tools: bool = True
     max_iterations: int = Field(default=DEFAULT_MAX_ITERATIONS, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)

@@ -2,7 +2,7 @@
 
 Prices come from `genai-prices` (maintained price data for most providers and models, with
 their changes over time), read from the snapshot bundled in the installed package: nothing is
-downloaded. A `agent_flow.config.Pricing` given in the config overrides it (private or
+downloaded. A `Pricing` given in the config overrides it (private or
 self-hosted models). A model the data does not know, without an override, is priced
 ``None``: unknown, never 0.
 
@@ -28,14 +28,13 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent_flow.llm.base import Usage
 
-if TYPE_CHECKING:
-    from agent_flow.config import Pricing
-
-__all__ = ["preload", "price_usage"]
+__all__ = ["Pricing", "preload", "price_usage"]
 
 _loader: threading.Thread | None = None
 _loader_lock = threading.Lock()
@@ -189,3 +188,39 @@ def _calc(
     except LookupError:
         return None
     return float(calculation.total_price)
+
+
+class Pricing(BaseModel):
+    """Prices in US dollars per million tokens, overriding the price data for every model.
+
+    Without it, model calls are priced from genai-prices' data (see `agent_flow.pricing`);
+    set it for private or self-hosted models that data does not know.
+
+    Attributes:
+        input_per_million: Price of a million prompt tokens.
+        output_per_million: Price of a million completion tokens (reasoning included).
+        cached_input_per_million: Price of a million prompt tokens served from the
+            provider's cache (``None``: the input price).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_per_million: float = Field(ge=0)
+    output_per_million: float = Field(ge=0)
+    cached_input_per_million: float | None = Field(default=None, ge=0)
+
+    def cost(
+        self, prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None
+    ) -> float:
+        """The cost of this many tokens (`cached_tokens` are part of `prompt_tokens`)."""
+        cached = min(cached_tokens or 0, prompt_tokens)
+        cached_price = (
+            self.input_per_million
+            if self.cached_input_per_million is None
+            else self.cached_input_per_million
+        )
+        return (
+            (prompt_tokens - cached) * self.input_per_million
+            + cached * cached_price
+            + completion_tokens * self.output_per_million
+        ) / 1_000_000

@@ -6,6 +6,8 @@ configs, the small agent most loop tests run, and the checks every transcript mu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -19,7 +21,7 @@ from agent_flow.history import HistoryEntry, ToolCallEntry, ToolResultEntry, bui
 from agent_flow.llm.base import StreamEvent
 from agent_flow.messages import ToolCall
 from agent_flow.tokens import TokenCounter
-from agent_flow.tools import MCPServerStdio, Tool, tool
+from agent_flow.tools import MCPServerStdio, Tool, ToolPolicy, tool
 
 #: The MCP servers the tests start (``tests/mcp_servers/``).
 MCP_SERVERS = Path(__file__).parent / "mcp_servers"
@@ -32,7 +34,13 @@ def tool_call(name: str, arguments: str | JsonValue = "{}", call_id: str = "1") 
 
 
 def stdio_server(name: str, script: str, **options: Any) -> MCPServerStdio:
-    """The config of one of the test MCP servers, run over stdio with this Python."""
+    """The config of one of the test MCP servers, run over stdio with this Python.
+
+    Most test servers' tools carry no annotations, which makes them high-risk by the MCP
+    spec's defaults (needing approval); tests not about policy trust them (``policy``
+    defaults to a plain `ToolPolicy`; pass ``policy=None`` for the hints' policy).
+    """
+    options.setdefault("policy", ToolPolicy())
     return MCPServerStdio(
         name=name, command=sys.executable, args=(str(MCP_SERVERS / script),), **options
     )
@@ -90,3 +98,25 @@ def unit_groups(
         groups.append([e for u in units[start:end] for e in u.entries])
         start = end
     return groups
+
+
+@contextlib.asynccontextmanager
+async def http_mcp_server(script: str, log_path: Path) -> AsyncIterator[str]:
+    """Run a test MCP server (tests/mcp_servers/`script`) over streamable HTTP; yield its URL."""
+    with log_path.open("w") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(MCP_SERVERS / script),
+            "http",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(30):
+                port = int(await process.stdout.readline())
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()

@@ -19,8 +19,8 @@ CONTEXT = ContextConfig(counter="approx")
 
 
 def connections(agent: AgentExecutor) -> list[MCPConnection]:
-    assert agent._mcp is not None
-    return list(agent._mcp.connections.values())
+    assert agent.mcp.owned is not None
+    return list(agent.mcp.owned.connections.values())
 
 
 async def test_entering_an_agent_starts_its_servers_and_leaving_stops_them() -> None:
@@ -108,7 +108,7 @@ async def test_a_server_tool_whose_name_is_taken_fails_the_entry_and_stops_the_s
     with pytest.raises(DuplicateToolError, match="basic_add"):
         await agent.start()
     assert tools.names[0] == "basic_add" and "basic_echo" not in tools
-    assert agent._mcp is None
+    assert agent.mcp.owned is None
     # A failed start can be retried once the conflict is gone.
     tools.unregister("basic_add")
     await agent.start()

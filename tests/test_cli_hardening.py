@@ -174,7 +174,7 @@ def test_a_server_that_never_answers_names_the_limit_and_the_flag() -> None:
     )
     assert result.code == 2
     assert result.err == (
-        "agent-flow: error: MCP server 'mute' did not answer its initialization and tool "
+        "agent-flow: error: MCP server 'mute' did not answer its initialization and "
         "listing within 0.5s (its connect_timeout); a server that is slow to start needs a "
         "longer connect_timeout: allow it longer with --mcp-timeout SECONDS\n"
     )

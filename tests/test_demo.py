@@ -40,6 +40,8 @@ MARKERS = {
     "(scripted drop) [the run goes on]",
     "run_finished": "■ run finished: completed after 10 iteration(s)",
     "events_dropped": "event(s) dropped for this subscriber",
+    "mcp_list_changed": "  ⚙ MCP server project changed its resources: "
+    "+project://lint/csvstats/parser.py",
 }
 
 

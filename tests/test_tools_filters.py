@@ -8,7 +8,8 @@ from agent_flow.config import AgentConfig, ContextConfig, Skill
 from agent_flow.messages import ToolDefinition
 from agent_flow.testing import ScriptedLLM
 from agent_flow.tools import control_tools, tool
-from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
+from agent_flow.tools.filters import LOOP_TOOL_NAMES, MCPFilter, ToolFilter
+from agent_flow.tools.mcp_config import ComponentKind
 from tests.helpers import add
 
 LOOP = LOOP_TOOL_NAMES
@@ -147,3 +148,68 @@ def test_the_executor_offers_what_its_filter_allows() -> None:
     assert {d.name for d in agent.offered_tools()} == (LOOP - {"converse"}) | {"add", "search"}
     agent.activate_skill("math")
     assert {d.name for d in agent.offered_tools()} == (LOOP - {"converse"}) | {"add"}
+
+
+# --- MCP components ---------------------------------------------------------------------
+
+KINDS: tuple[ComponentKind, ...] = ("tools", "resources", "prompts")
+PREFIX = {"tools": "tool:", "resources": "resource:", "prompts": "prompt:"}
+_names = st.text(alphabet="abcxyz-_", min_size=1, max_size=6)
+_servers = st.sampled_from(["docs", "fs", "web"])
+_kinds = st.sampled_from(KINDS)
+
+
+def test_mcp_components_are_excluded_by_name_server_and_kind() -> None:
+    gate = MCPFilter(
+        clients=("docs", "fs"),
+        exclude=("tool:docs/delete_*", "prompt:*/internal", "resource:notes://secret/*", "ping"),
+    )
+    assert gate.allows("docs", "tools", "read")
+    assert not gate.allows("docs", "tools", "delete_all")
+    assert gate.allows("fs", "tools", "delete_all")  # only docs' delete_* is excluded
+    assert gate.allows("docs", "prompts", "delete_all")  # the tool: prefix limits the kind
+    assert not gate.allows("fs", "prompts", "internal")
+    assert gate.allows("fs", "tools", "internal")
+    assert not gate.allows("docs", "resources", "notes://secret/keys")
+    assert gate.allows("docs", "resources", "notes://public/readme")
+    # Without a prefix a pattern applies to every kind, on any allowed server.
+    assert not any(gate.allows("fs", kind, "ping") for kind in KINDS)
+    # A server the agent may not use offers it nothing.
+    assert not gate.allows_server("web") and not gate.allows("web", "tools", "read")
+
+
+@given(server=_servers, kind=_kinds, name=_names)
+def test_an_empty_mcp_filter_allows_every_component(
+    server: str, kind: ComponentKind, name: str
+) -> None:
+    assert MCPFilter().allows(server, kind, name)
+
+
+@given(
+    clients=st.lists(_servers, max_size=3).map(tuple) | st.none(),
+    exclude=st.lists(_names, max_size=3).map(tuple),
+    server=_servers,
+    kind=_kinds,
+    name=_names,
+)
+def test_an_excluded_component_or_a_server_not_among_the_clients_is_never_allowed(
+    clients: tuple[str, ...] | None,
+    exclude: tuple[str, ...],
+    server: str,
+    kind: ComponentKind,
+    name: str,
+) -> None:
+    # Whatever else the filter says, excluding the name itself (bare, qualified, or with its
+    # kind's prefix) hides it, and an unlisted server offers nothing.
+    for pattern in (name, f"{server}/{name}", f"{PREFIX[kind]}{name}"):
+        assert not MCPFilter(clients=clients, exclude=(*exclude, pattern)).allows(
+            server, kind, name
+        )
+    gate = MCPFilter(clients=clients, exclude=exclude)
+    if clients is not None and server not in clients:
+        assert not gate.allows(server, kind, name)
+    # A pattern prefixed with another kind never affects this one.
+    others = tuple(f"{PREFIX[k]}{name}" for k in KINDS if k != kind)
+    assert gate.allows(server, kind, name) == MCPFilter(
+        clients=clients, exclude=(*exclude, *others)
+    ).allows(server, kind, name)

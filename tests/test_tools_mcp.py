@@ -203,14 +203,18 @@ async def test_server_stderr_goes_to_the_log_not_the_terminal(
 
 async def test_mcp_tool_policies_come_from_hints_or_configuration(servers: MCPServers) -> None:
     basic = servers["basic"]
-    assert basic.tools[0].policy == ToolPolicy()
+    assert basic.tools[0].policy == ToolPolicy()  # the helper's trusted policy
+    echo, add = basic.tools[0].remote, basic.tools[1].remote
+    # Without a configured policy, an unannotated tool is destructive, as the spec says.
+    assert echo.annotations is None
+    hinted = stdio_server("h", "basic_server.py", policy=None)
+    assert hinted.policy_for(echo) == ToolPolicy(read_only=False, risk=RiskLevel.HIGH)
     config = stdio_server(
         "x",
         "basic_server.py",
         tool_policies={"echo": ToolPolicy(read_only=True)},
         policy=ToolPolicy(requires_approval=True, risk=RiskLevel.HIGH),
     )
-    echo, add = basic.tools[0].remote, basic.tools[1].remote
     assert config.policy_for(echo) == ToolPolicy(read_only=True)
     assert config.policy_for(add) == ToolPolicy(requires_approval=True, risk=RiskLevel.HIGH)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from agent_flow.tools import MCPServerHTTP, MCPServers, ToolExecutor
+from agent_flow.tools import MCPServerHTTP, MCPServers, ToolExecutor, ToolPolicy
 from tests.helpers import MCP_SERVERS
 from tests.helpers import tool_call as call
 
@@ -40,7 +40,13 @@ async def test_a_streamable_http_server_works_like_a_stdio_one(
     http_server: tuple[str, asyncio.subprocess.Process],
 ) -> None:
     url, process = http_server
-    config = MCPServerHTTP(name="web", url=url, headers={"X-Agent": "agent-flow"}, max_restarts=1)
+    config = MCPServerHTTP(
+        name="web",
+        url=url,
+        headers={"X-Agent": "agent-flow"},
+        max_restarts=1,
+        policy=ToolPolicy(),  # its tools carry no annotations: trusted here
+    )
     executor = ToolExecutor()
     async with MCPServers([config]) as servers:
         names = servers.register(executor)

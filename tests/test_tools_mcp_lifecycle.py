@@ -189,7 +189,7 @@ async def test_a_server_that_never_answers_says_what_timed_out_after_how_long() 
         async with MCPConnection(silent):
             pass
     assert str(caught.value) == (
-        "MCP server 'silent' did not answer its initialization and tool listing within 0.5s "
+        "MCP server 'silent' did not answer its initialization and listing within 0.5s "
         "(its connect_timeout); a server that is slow to start needs a longer connect_timeout; "
         "its stderr ended with: waiting"
     )

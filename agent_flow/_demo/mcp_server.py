@@ -9,7 +9,9 @@ DIR"``) gets two read-only tools, namespaced by the server's name (``project_sea
   each hit is a ``{"title": "path:line", "snippet": ...}`` result, the shape agent_flow's
   search handler turns into ``/knowledge/discovered_facts``;
 - ``lint(path)``: checks a Python file with the standard library only (syntax, unused imports,
-  bare ``except:``, mutable default arguments, long lines, TODO/FIXME notes).
+  bare ``except:``, mutable default arguments, long lines, TODO/FIXME notes); the latest
+  report of each file is also published as the resource ``project://lint/<path>`` (its first
+  report announced by ``notifications/resources/list_changed``).
 
 Paths are relative to the root; the server refuses absolute paths and anything that resolves
 outside it (``..``, symlinks).
@@ -23,8 +25,9 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resources.types import FunctionResource
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -247,15 +250,30 @@ def build_server(root: Path) -> MCPServer:
         """Search the project's text files for lines containing a text (case-insensitive)."""
         return search_project(project, query, max_results=max_results)
 
+    reports: dict[str, str] = {}  # resource URI -> the latest report of that file, as JSON
+
     @server.tool(annotations=_READ_ONLY)
-    def lint(
+    async def lint(
         path: Annotated[str, Field(description="The file, relative to the project root.")],
+        ctx: Context,
     ) -> LintReport:
         """Lint a Python file: syntax, unused imports, bare excepts, mutable defaults, notes."""
         file = _inside(project, path)
         if not file.is_file():
             raise ToolError(f"{path!r} is not a file in the project; check the path")
-        return lint_source(file.read_text(encoding="utf-8"), path)
+        report = lint_source(file.read_text(encoding="utf-8"), path)
+        # The latest report of each file is also a resource, announced when it is new.
+        uri = f"project://lint/{path}"
+        new = uri not in reports
+        reports[uri] = report.model_dump_json()
+        if new:
+            server.add_resource(
+                FunctionResource.from_function(
+                    lambda: reports[uri], uri, name=f"lint {path}", mime_type="application/json"
+                )
+            )
+            await ctx.session.send_resource_list_changed()
+        return report
 
     return server
 

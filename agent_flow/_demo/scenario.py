@@ -37,6 +37,7 @@ from agent_flow.testing import Reply, ScriptedLLM, ScriptStep, call, fail, reply
 from agent_flow.tools import (
     ApprovalRequest,
     ApprovalResponse,
+    MCPAgentSettings,
     MCPServers,
     MCPServerStdio,
     ToolExecutor,
@@ -85,6 +86,7 @@ EVENT_KINDS = (
     "execution_error",
     "run_finished",
     "events_dropped",
+    "mcp_list_changed",
 )
 
 _BUGGY_LOOP = "    for line in lines[1:-1]:\n"
@@ -268,6 +270,10 @@ def demo_config() -> AgentConfig:
         stuck_threshold=2,
         model_retries=1,
         tool_timeout=60.0,
+        # The lint reports the MCP server publishes as resources are announced (an
+        # ``mcp_list_changed`` event) but not offered through the resource tools: their
+        # schemas would change the small budget the scripted run was written for.
+        mcp=MCPAgentSettings(resource_tools=False),
     )
 
 
@@ -336,7 +342,6 @@ async def run_demo(
         .build()
     )
     async with SQLiteSessionStore(store_path) as store, MCPServers([server]) as servers:
-        servers.register(tools)
         agent = AgentExecutor(
             llm,
             config=config,
@@ -344,7 +349,9 @@ async def run_demo(
             environment=environment,
             approval=approve,
             store=store,
+            mcp_servers=servers,
         )
+        await agent.start()  # registers the shared server's tools as project_*
         agent.events.on(None, renderer)
         late = agent.subscribe(maxsize=8, policy="drop_oldest")
         say(f"offered tools: {', '.join(d.name for d in agent.offered_tools())}", "dim")

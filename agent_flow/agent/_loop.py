@@ -4,10 +4,12 @@ A `_Run` lives for one `run` or `send`. It holds that run's state (iterations, u
 retries, the stuck detector's memory, the event sequence) and reads everything else (config,
 model, context, tools, store, bus) from its executor, which owns it while it runs.
 
-One iteration checks the limits, then takes a `_model_step` (build the prompt, call the
-model, record its turn) that returns a typed step — `RunTools`, `Continue` or `Finish` —
-and, for `RunTools`, a `_tool_step` (execute, apply handlers, record results) that returns
-`Continue` or `Finish`; the steps are in `agent_flow.agent._steps`. Every step publishes
+One iteration checks the limits, takes up what MCP servers announced since the last model
+call (`AgentMCP.refresh`: list changes, updated resources), then takes a `_model_step`
+(build the prompt, call the model, record its turn) that returns a typed step —
+`RunTools`, `Continue` or `Finish` — and, for `RunTools`, a `_tool_step` (execute, apply
+handlers, record results) that returns `Continue` or `Finish`; the steps are in
+`agent_flow.agent._steps`. Every step publishes
 typed events on the executor's `EventBus`; nothing in a tool, a handler or a subscriber can
 end the loop except through a `Finish` with a `StopReason`. Here too: cancellation, the
 loop's own failures, pruning after each step, and the final `ExecutionOutcome`.
@@ -57,9 +59,11 @@ from agent_flow.errors import (
 )
 from agent_flow.events import (
     AgentEvent,
+    EnvironmentUpdated,
     ExecutionError,
     HistoryPruned,
     IterationStarted,
+    MCPListChanged,
     RunFinished,
     RunStarted,
     WarningRaised,
@@ -183,12 +187,34 @@ class _Run:
                 return limit
             self.iteration += 1
             await self.emit(IterationStarted, iteration=self.iteration)
+            await self._refresh_mcp()
             step = await _model_step(self)
             if isinstance(step, RunTools):
                 step = await _tool_step(self, step)
             if isinstance(step, Finish):
                 return step
             await self._after_step()
+
+    async def _refresh_mcp(self) -> None:
+        """Before a model call: take up what MCP servers said changed since the last one."""
+        found = await self.agent.mcp.refresh(self.agent.environment)
+        for change in found.changes:
+            await self.emit(
+                MCPListChanged,
+                server=change.server,
+                component=change.kind,
+                added=change.added,
+                removed=change.removed,
+            )
+        for source, changes in found.environment:
+            await self.emit(
+                EnvironmentUpdated,
+                source=source,
+                version=self.agent.environment.version,
+                changes=tuple(changes),
+            )
+        for message in found.warnings:
+            await self.emit(WarningRaised, message=message, source="mcp")
 
     def _limit_reached(self) -> Finish | None:
         config = self.agent.config

@@ -28,6 +28,7 @@ from agent_flow.agent._build import (
 )
 from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
+from agent_flow.agent._mcp import AgentMCP
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.context import ContextManager
@@ -45,6 +46,7 @@ from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
 
 if TYPE_CHECKING:
     from agent_flow.tools.mcp import MCPServers
+    from agent_flow.tools.mcp_config import MCPPromptRef
 
 __all__ = ["AgentExecutor"]
 
@@ -91,6 +93,9 @@ class AgentExecutor:
             (`ExecutionOutcome.output_as` returns the model).
         stream: Stream model answers (deltas become events); default from the LLM config,
             else on.
+        mcp_servers: Started MCP servers shared with other agents (the application starts
+            and stops them); this agent uses those ``config.mcp`` allows, besides its own
+            ``config.mcp_servers``.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class AgentExecutor:
         bus: EventBus | None = None,
         output_type: type[BaseModel] | None = None,
         stream: bool | None = None,
+        mcp_servers: MCPServers | None = None,
     ) -> None:
         self.config = config if config is not None else AgentConfig()
         self.llm = llm
@@ -161,8 +167,7 @@ class AgentExecutor:
         # Resources the agent owns: the MCP servers started on entry, with the names their
         # tools were registered under, and the close method of a model `from_config` built.
         self._state: Literal["new", "started", "closed"] = "new"
-        self._mcp: MCPServers | None = None
-        self._mcp_tools: dict[str, str] = {}
+        self.mcp = AgentMCP(self.config, self.tools, shared=mcp_servers)
         self._close_llm: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
@@ -180,6 +185,7 @@ class AgentExecutor:
         bus: EventBus | None = None,
         output_type: type[BaseModel] | None = None,
         stream: bool | None = None,
+        mcp_servers: MCPServers | None = None,
     ) -> AgentExecutor:
         """Build the agent `config` describes; enter it to start its MCP servers.
 
@@ -201,6 +207,7 @@ class AgentExecutor:
             bus: As in the constructor.
             output_type: As in the constructor.
             stream: As in the constructor.
+            mcp_servers: As in the constructor.
 
         Raises:
             ConfigError: `llm` is omitted and the config names no model.
@@ -223,6 +230,7 @@ class AgentExecutor:
             bus=bus,
             output_type=output_type,
             stream=stream,
+            mcp_servers=mcp_servers,
         )
         agent._close_llm = close_llm
         return agent
@@ -244,14 +252,19 @@ class AgentExecutor:
         await self.aclose()
 
     async def start(self) -> None:
-        """Start the MCP servers of ``config.mcp_servers`` and register their tools.
+        """Start the MCP servers, register what the agent may use of them, and load resources.
 
-        Servers start concurrently; their tools are registered as ``<server>_<tool>``
-        (`mcp_tools` lists them). ``async with agent:`` calls this on entry.
+        Servers start concurrently; the tools of those ``config.mcp`` allows (and of shared
+        ones) are registered as ``<server>_<tool>`` (`mcp_tools` lists them), the resource
+        tools when a server has resources, ``config.mcp.resources`` are loaded into the
+        environment, and skills with an ``mcp_prompt`` get its text. ``async with agent:``
+        calls this on entry.
 
         Raises:
             UserError: The agent was already started, or closed.
-            MCPServerError: A required server could not be started (none is left running).
+            MCPServerError: A required server could not be started (none is left running),
+                or a configured resource or prompt could not be read.
+            ConfigError: A configured resource or prompt names a server the agent cannot use.
             DuplicateToolError: A server's tool name is already registered.
         """
         if self._state != "new":
@@ -259,47 +272,34 @@ class AgentExecutor:
                 f"this agent is already {self._state}; enter it (or call start) once, "
                 "and build a new agent after aclose"
             )
-        if not self.config.mcp_servers:
-            self._state = "started"
-            return
-        # The MCP SDK takes about a second to import: only when a server is configured.
-        from agent_flow.tools.mcp import MCPServers
-
-        servers = MCPServers(self.config.mcp_servers)
         self._state = "started"  # taken while starting, so a second start fails at once
+        if not self._uses_mcp():
+            return
         try:
-            await servers.start()
+            await self.mcp.start(self.environment)
         except BaseException:
             self._state = "new"
             raise
-        registered: dict[str, str] = {}
-        try:
-            for server, tool in servers.tools():
-                registered[self.tools.register(tool, namespace=server)] = server
-        except BaseException:
-            for name in registered:
-                self.tools.unregister(name)
-            await servers.aclose()
-            self._state = "new"
-            raise
-        self._mcp, self._mcp_tools = servers, registered
+
+    def _uses_mcp(self) -> bool:
+        config = self.config
+        return bool(
+            config.mcp_servers
+            or self.mcp.shared is not None
+            or config.mcp.resources
+            or any(skill.mcp_prompt is not None for skill in config.skills)
+        )
 
     async def aclose(self) -> None:
         """Stop the MCP servers and close the model client `from_config` built.
 
-        Their tools are unregistered from the tool executor. Call it once the runs have
-        finished; calling it again does nothing.
+        Their tools are unregistered from the tool executor (shared servers keep running).
+        Call it once the runs have finished; calling it again does nothing.
         """
         self._state = "closed"
-        servers, self._mcp = self._mcp, None
-        names, self._mcp_tools = self._mcp_tools, {}
         close_llm, self._close_llm = self._close_llm, None
-        for name in names:
-            if name in self.tools:
-                self.tools.unregister(name)
         try:
-            if servers is not None:
-                await servers.aclose()
+            await self.mcp.aclose()
         finally:
             if close_llm is not None:
                 await close_llm()
@@ -307,7 +307,31 @@ class AgentExecutor:
     @property
     def mcp_tools(self) -> Mapping[str, str]:
         """The registered names of the started MCP servers' tools, each with its server."""
-        return MappingProxyType(self._mcp_tools)
+        return MappingProxyType({name: server for name, (server, _) in self.mcp.registered.items()})
+
+    async def skill_from_mcp_prompt(
+        self,
+        prompt: MCPPromptRef,
+        *,
+        name: str | None = None,
+        allowed_tools: Iterable[str] = (),
+        description: str = "",
+    ) -> Skill:
+        """Make a skill whose system prompt is an MCP server's prompt; activate it by name.
+
+        Raises:
+            ConfigError: The server is not available to this agent, or the prompt is excluded.
+            MCPServerError: The server refused (unknown prompt, missing argument) or failed.
+        """
+        text = await self.mcp.render_prompt(prompt)
+        skill = Skill(
+            name=name or prompt.name,
+            system_prompt=text,
+            allowed_tools=tuple(allowed_tools),
+            description=description,
+        )
+        self.mcp.skills[skill.name] = skill
+        return skill
 
     @classmethod
     async def resume(
@@ -427,7 +451,7 @@ class AgentExecutor:
             self.skill = None
             self.context.system_prompt_template = self._base_template
             return
-        self.skill = self.config.skill(name)
+        self.skill = self.mcp.skills.get(name) or self.config.skill(name)
         template = self.skill.system_prompt
         if "{environment}" not in template:
             template = template.rstrip() + "\n\n{environment}"
@@ -493,9 +517,9 @@ class AgentExecutor:
         """Claim the next run now and return the coroutine that will execute it."""
         if self._running():
             raise UserError("this agent is already running; await the current run first")
-        if self.config.mcp_servers and self._state != "started":
+        if self._uses_mcp() and self._state != "started":
             # Running without them would silently offer the model fewer tools than configured.
-            names = ", ".join(server.name for server in self.config.mcp_servers)
+            names = ", ".join(server.name for server in self.config.mcp_servers) or "shared"
             raise UserError(
                 f"this agent's config names MCP servers ({names}) that are not running; "
                 "use `async with agent:` (or `await agent.start()`) before running it"

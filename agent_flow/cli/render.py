@@ -39,6 +39,7 @@ from agent_flow.events import (
     ExecutionError,
     HistoryPruned,
     IterationStarted,
+    MCPListChanged,
     ModelOutputDiscarded,
     ModelResponded,
     ModelRetrying,
@@ -372,6 +373,14 @@ class EventRenderer:
                 self._environment(event.source, event.version, event.changes)
             case HistoryPruned():
                 self.line(f"  {self._g('prune')} {self.prune_summary(event.report)}", "magenta")
+            case MCPListChanged():
+                added = f" +{', +'.join(event.added)}" if event.added else ""
+                removed = f" -{', -'.join(event.removed)}" if event.removed else ""
+                self.line(
+                    f"  {self._g('tool')} MCP server {event.server} changed its "
+                    f"{event.component}:{added}{removed}",
+                    "dim",
+                )
             case PlanUpdated():
                 self.line(f"  {self._g('plan')} plan updated:", "blue")
                 for step in event.plan:

@@ -31,6 +31,7 @@ __all__ = [
     "ExecutionError",
     "HistoryPruned",
     "IterationStarted",
+    "MCPListChanged",
     "ModelOutputDiscarded",
     "ModelResponded",
     "ModelRetrying",
@@ -181,6 +182,21 @@ class EnvironmentUpdated(_Event):
     changes: tuple[EnvironmentChange, ...]
 
 
+class MCPListChanged(_Event):
+    """An MCP server's tools, resources or prompts changed, and the agent now offers the new list.
+
+    Published between steps, after the server's ``notifications/<list>/list_changed``;
+    ``added`` and ``removed`` are names (tools are registered as ``<server>_<tool>``) or,
+    for resources, URIs and URI templates.
+    """
+
+    kind: Literal["mcp_list_changed"] = "mcp_list_changed"
+    server: str
+    component: Literal["tools", "resources", "prompts"]
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
 class HistoryPruned(_Event):
     """The history was pruned; `report` says what was dropped, elided or summarized."""
 
@@ -301,6 +317,7 @@ AgentEvent: TypeAlias = Annotated[
     | ToolCallFailed
     | EnvironmentUpdated
     | HistoryPruned
+    | MCPListChanged
     | PlanUpdated
     | ApprovalRequired
     | ApprovalResolved

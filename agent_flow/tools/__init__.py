@@ -11,7 +11,9 @@ The pieces, by module:
   `ToolOutcome` and `ToolHooks`;
 - `policy`: `ToolPolicy`, `PolicyEngine`, approval requests and responses;
 - `handlers`: `HandlerRegistry` and the built-in result handlers;
-- `mcp`: MCP server configs, `MCPConnection`, `MCPServers`, `MCPTool`;
+- `mcp`: MCP server configs, `MCPConnection`, `MCPServers`, `MCPTool`; `mcp_resources`:
+  MCP resources and prompts for an agent (tools, handler, loading); `filters`: tool and
+  MCP component filters;
 - `workspace`: `Workspace`, `workspace_tools` and `ShellSettings` (the shell's environment
   and confinement);
 - `SecretRedactor`: known secret values, redacted from every tool result by the executor;
@@ -58,6 +60,7 @@ from agent_flow.tools.executor import (
     ToolOutcome,
     provider_tool_name,
 )
+from agent_flow.tools.filters import MCPFilter
 from agent_flow.tools.handlers import (
     TOOL_RESULTS_EXTENSION,
     HandlerError,
@@ -71,6 +74,9 @@ from agent_flow.tools.handlers import (
 )
 from agent_flow.tools.mcp_config import (
     MCP_SERVER_CONFIG_ADAPTER,
+    MCPAgentSettings,
+    MCPPromptRef,
+    MCPResourceLoad,
     MCPServerConfig,
     MCPServerHTTP,
     MCPServerStdio,
@@ -150,7 +156,11 @@ __all__ = [
     "HandlerError",
     "HandlerRegistry",
     "HandlerReport",
+    "MCPAgentSettings",
     "MCPConnection",
+    "MCPFilter",
+    "MCPPromptRef",
+    "MCPResourceLoad",
     "MCPServerConfig",
     "MCPServerHTTP",
     "MCPServerStdio",

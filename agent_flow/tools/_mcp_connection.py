@@ -25,26 +25,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import warnings
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import anyio
 import httpx2
 import mcp_types
-from mcp import ClientSession, MCPError
+from mcp import ClientSession, MCPDeprecationWarning, MCPError
 
 from agent_flow._types import JsonObject
 from agent_flow.errors import MCPServerError, MCPServerTimeoutError
+from agent_flow.tools._mcp_catalog import Catalog, ListChange, Notices, diff, list_catalog
 from agent_flow.tools._mcp_tool import MCPTool, _jsonable, convert_call_result
 from agent_flow.tools._mcp_transport import ServerOutput, _transport
 from agent_flow.tools.base import ProgressCallback
-from agent_flow.tools.mcp_config import MCPServerConfig, MCPServerHTTP
+from agent_flow.tools.mcp_config import ComponentKind, MCPServerConfig, MCPServerHTTP
 from agent_flow.tools.results import ToolResult
 
 # Logged under the public module's name: users configure MCP logs (servers' stderr included)
 # on ``agent_flow.tools.mcp``.
 logger = logging.getLogger("agent_flow.tools.mcp")
 
+_R = TypeVar("_R")
 _CONNECTION_CLOSED = mcp_types.CONNECTION_CLOSED
 _REQUEST_TIMEOUT = mcp_types.REQUEST_TIMEOUT
 _TRANSPORT_ERRORS = (
@@ -63,7 +67,7 @@ class _Session:
         self.client: ClientSession | None = None
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.tools: list[mcp_types.Tool] = []
+        self.catalog = Catalog()
         self.broken = False  # the connection failed: restart before the next call
         self.suspect = False  # a call timed out or was cancelled: ping before the next call
         self.output = ServerOutput()  # its stderr tail; closed once its messages stop
@@ -105,6 +109,12 @@ class MCPConnection:
         self._closed = False
         self._opened = False
         self._tools: list[MCPTool] = []
+        self._catalog = Catalog()
+        self._subscribed: set[str] = set()
+        #: What the server's notifications said (list changes since the last `refresh`).
+        self.notices = Notices()
+        #: How many refreshes changed what the server offers.
+        self.generation = 0
 
     def __repr__(self) -> str:
         return f"MCPConnection({self.name!r})"
@@ -140,14 +150,149 @@ class MCPConnection:
         if self._closed:
             raise MCPServerError(f"MCP connection {self.name!r} is closed; create a new one")
         session = await self._usable_session()
+        self._adopt(session.catalog)
+
+    def _adopt(self, catalog: Catalog) -> None:
+        self._catalog = catalog
         self._tools = [
-            MCPTool(self, remote) for remote in session.tools if self.config.allows(remote.name)
+            MCPTool(self, remote) for remote in catalog.tools if self.config.allows(remote.name)
         ]
+
+    @property
+    def resources(self) -> list[mcp_types.Resource]:
+        """The server's resources, as last listed."""
+        return list(self._catalog.resources)
+
+    @property
+    def resource_templates(self) -> list[mcp_types.ResourceTemplate]:
+        """The server's resource templates (URI templates), as last listed."""
+        return list(self._catalog.templates)
+
+    @property
+    def prompts(self) -> list[mcp_types.Prompt]:
+        """The server's prompts, as last listed."""
+        return list(self._catalog.prompts)
+
+    def names(self, kind: ComponentKind) -> list[str]:
+        """What the server offers of one kind, as last listed.
+
+        Tool names (allow/deny lists applied), prompt names, or resource URIs and URI
+        templates.
+        """
+        if kind == "tools":
+            return [tool.name for tool in self._tools]
+        return self._catalog.names(kind)
+
+    @property
+    def subscribable(self) -> bool:
+        """Whether the server supports resource subscriptions."""
+        return self._catalog.subscribable
 
     async def list_remote_tools(self) -> list[mcp_types.Tool]:
         """Every tool the server lists (all pages, allow/deny lists not applied)."""
         session = await self._usable_session()
-        return await self._list_all(session)
+        assert session.client is not None
+        return (await list_catalog(session.client, {"tools"})).tools
+
+    async def refresh(self, *, force: bool = False) -> list[ListChange]:
+        """List again what the server said changed (everything when `force`); return the changes.
+
+        Only lists whose names changed are reported; `generation` counts the refreshes that
+        changed something (agents sharing the connection compare it with what they saw).
+
+        Raises:
+            MCPServerError: The server could not be reached or failed to list.
+        """
+        kinds: set[ComponentKind] = (
+            {"tools", "resources", "prompts"} if force else set(self.notices.changed)
+        )
+        self.notices.changed -= kinds
+        if not kinds:
+            return []
+        before = self._catalog
+        fresh = Catalog(
+            tools=list(before.tools),
+            resources=list(before.resources),
+            templates=list(before.templates),
+            prompts=list(before.prompts),
+        )
+        await self._request("list its components", lambda c: list_catalog(c, kinds, into=fresh))
+        self._adopt(fresh)
+        changes = [diff(self.name, k, before.names(k), fresh.names(k)) for k in sorted(kinds)]
+        changes = [change for change in changes if change.added or change.removed]
+        if changes:
+            self.generation += 1
+        return changes
+
+    async def read_resource(self, uri: str) -> mcp_types.ReadResourceResult:
+        """Read the resource `uri` (a listed one, or one a template describes).
+
+        Raises:
+            MCPServerError: The server refused (unknown URI), failed, or could not be reached.
+        """
+        return await self._request(f"read {uri!r}", lambda c: c.read_resource(uri))
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None = None
+    ) -> mcp_types.GetPromptResult:
+        """Render the server's prompt `name` with `arguments`.
+
+        Raises:
+            MCPServerError: The server refused (unknown prompt, missing argument), failed, or
+                could not be reached.
+        """
+        return await self._request(
+            f"render its prompt {name!r}", lambda c: c.get_prompt(name, arguments or None)
+        )
+
+    async def subscribe(self, uri: str) -> None:
+        """Ask to be notified when the resource `uri` changes (``notices.updates``).
+
+        The subscription is renewed when the server is restarted.
+
+        Raises:
+            MCPServerError: The server does not support subscriptions, refused, or could not
+                be reached.
+        """
+        if not self._catalog.subscribable:
+            raise MCPServerError(
+                f"MCP server {self.name!r} does not support resource subscriptions; "
+                "drop subscribe for its resources"
+            )
+        await self._request(f"subscribe to {uri!r}", lambda c: _subscribe(c, uri))
+        self._subscribed.add(uri)
+
+    async def _request(self, what: str, send: Callable[[ClientSession], Awaitable[_R]]) -> _R:
+        """Send one request on a usable session, bounded by the timeout; errors raise."""
+        session = await self._usable_session()
+        assert session.client is not None
+        try:
+            with anyio.fail_after(self.config.timeout):
+                return await send(session.client)
+        except TimeoutError as err:
+            session.suspect = True
+            raise MCPServerError(
+                f"MCP server {self.name!r} did not {what} within {self.config.timeout:g}s"
+            ) from err
+        except MCPError as err:
+            if err.code == _CONNECTION_CLOSED:
+                session.broken = True
+            raise MCPServerError(
+                f"MCP server {self.name!r} could not {what}: {err.message} "
+                f"(JSON-RPC error {err.code})"
+            ) from err
+        except _TRANSPORT_ERRORS as err:
+            session.broken = True
+            self.last_error = session.with_stderr(_describe(err))
+            raise MCPServerError(
+                f"the connection to MCP server {self.name!r} failed while trying to {what} "
+                f"({type(err).__name__}); it will be restarted on the next use"
+            ) from err
+        except RuntimeError as err:  # the SDK's result checks (input required)
+            raise MCPServerError(f"MCP server {self.name!r} could not {what}: {err}") from err
+        except asyncio.CancelledError:
+            session.suspect = True
+            raise
 
     async def call_tool(
         self,
@@ -324,15 +469,21 @@ class MCPConnection:
                 read, write = await stack.enter_async_context(
                     _transport(self.config, stack, session.output)
                 )
-                client = await stack.enter_async_context(ClientSession(read, write))
+                client = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=self.notices.handle)
+                )
                 limit = self.config.connect_timeout
                 try:
                     with anyio.fail_after(limit):
                         await client.initialize()
-                        session.tools = await self._list_all_with(client)
+                        # Listed now, so notifications before this point are stale.
+                        self.notices.changed.clear()
+                        await list_catalog(client, into=session.catalog)
+                        for uri in sorted(self._subscribed):
+                            await _subscribe(client, uri)
                 except TimeoutError as err:
                     raise MCPServerTimeoutError(
-                        f"MCP server {self.name!r} did not answer its initialization and tool "
+                        f"MCP server {self.name!r} did not answer its initialization and "
                         f"listing within {limit:g}s (its connect_timeout); a server that is "
                         "slow to start needs a longer connect_timeout"
                     ) from err
@@ -357,23 +508,13 @@ class MCPConnection:
                 )
             raise
 
-    async def _list_all(self, session: _Session) -> list[mcp_types.Tool]:
-        assert session.client is not None
-        return await self._list_all_with(session.client)
 
-    @staticmethod
-    async def _list_all_with(client: ClientSession) -> list[mcp_types.Tool]:
-        tools: list[mcp_types.Tool] = []
-        cursor: str | None = None
-        seen: set[str] = set()
-        while True:
-            params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await client.list_tools(params=params)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor or cursor in seen:  # a server repeating a cursor would loop forever
-                return tools
-            seen.add(cursor)
+async def _subscribe(client: ClientSession, uri: str) -> None:
+    # Deprecated by the SDK for the 2026-07-28 protocol era (which replaces it with
+    # ``subscriptions/listen``); the handshake-era servers we speak to still serve it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        await client.subscribe_resource(uri)
 
 
 def _innermost(err: BaseException) -> BaseException:

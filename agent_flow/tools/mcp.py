@@ -21,6 +21,12 @@ tools with a `ToolExecutor`. Each server tool becomes an `MCPTool`, and its resu
 converted for the model by `convert_call_result` (both in `_mcp_tool`): text as is,
 structured content as data, images, audio and binary resources described and kept as
 `Attachment`s, never pasted as base64.
+
+Besides tools, a connection lists the server's resources, resource templates and prompts,
+reads resources (`MCPConnection.read_resource`), renders prompts (`get_prompt`), subscribes
+to resources where the server supports it, and notes the server's ``list_changed`` and
+``resources/updated`` notifications (`MCPConnection.notices`) until `MCPConnection.refresh`
+lists again. How an agent uses them is in `agent_flow.tools.mcp_resources`.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from agent_flow.errors import MCPServerError, MCPServerTimeoutError, ToolDefinitionError
+from agent_flow.tools._mcp_catalog import ListChange
 from agent_flow.tools._mcp_connection import MCPConnection
 from agent_flow.tools._mcp_tool import MCPTool, convert_call_result
+from agent_flow.tools.filters import MCPFilter
 from agent_flow.tools.mcp_config import (
     MCP_SERVER_CONFIG_ADAPTER,
     MCPServerConfig,
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MCP_SERVER_CONFIG_ADAPTER",
+    "ListChange",
     "MCPConnection",
     "MCPServerConfig",
     "MCPServerHTTP",
@@ -142,8 +151,11 @@ class MCPServers:
             for tool in connection.tools
         ]
 
-    def register(self, executor: ToolExecutor) -> list[str]:
+    def register(self, executor: ToolExecutor, *, mcp_filter: MCPFilter | None = None) -> list[str]:
         """Register every offered tool with `executor` as ``<server>_<tool>``; return the names.
+
+        With `mcp_filter`, only the tools of the servers it allows, and not excluded by it,
+        are registered (as an agent's ``[agent.mcp]`` table does).
 
         A tool whose name differs from another's only in characters providers refuse
         (``get.sum`` beside ``get_sum``) is registered with a hash suffix
@@ -153,9 +165,11 @@ class MCPServers:
             DuplicateToolError: A resulting name is taken.
             ToolDefinitionError: A server's tool has an invalid parameter schema.
         """
+        chosen = mcp_filter if mcp_filter is not None else MCPFilter()
         names: list[str] = []
         for server, connection in self.connections.items():
-            names += executor.register_all(connection.tools, namespace=server)
+            tools = [t for t in connection.tools if chosen.allows(server, "tools", t.name)]
+            names += executor.register_all(tools, namespace=server)
         return names
 
     async def aclose(self) -> None:

@@ -1,4 +1,11 @@
-"""MCP server configurations: what to start or reach, and which of its tools to offer.
+"""MCP configuration: servers (what to start or reach, which tools to offer) and an agent's use.
+
+`MCPServerStdio` and `MCPServerHTTP` describe servers. `MCPAgentSettings` (the ``[agent.mcp]``
+table) says how one agent uses them: which servers (``clients``), which of their components
+are hidden from it (``exclude_components``, see `agent_flow.tools.filters.MCPFilter`),
+whether the model gets the resource tools, and which resources are loaded into its
+environment at start (`MCPResourceLoad`). `MCPPromptRef` names a server's prompt that seeds
+a skill's system prompt.
 
 Kept apart from `agent_flow.tools.mcp` so that configs (and `AgentConfig`, which holds them)
 load without importing the MCP SDK, which takes about a second.
@@ -16,7 +23,15 @@ from agent_flow.tools.policy import RiskLevel, ToolPolicy, matches_any
 if TYPE_CHECKING:
     import mcp_types
 
-__all__ = ["MCP_SERVER_CONFIG_ADAPTER", "MCPServerConfig", "MCPServerHTTP", "MCPServerStdio"]
+__all__ = [
+    "MCP_SERVER_CONFIG_ADAPTER",
+    "MCPAgentSettings",
+    "MCPPromptRef",
+    "MCPResourceLoad",
+    "MCPServerConfig",
+    "MCPServerHTTP",
+    "MCPServerStdio",
+]
 
 
 class _ServerConfig(BaseModel):
@@ -42,18 +57,23 @@ class _ServerConfig(BaseModel):
     def policy_for(self, tool: mcp_types.Tool) -> ToolPolicy:
         """The policy of one of the server's tools.
 
-        The first matching `tool_policies` glob wins; otherwise the server's `policy` (or the
-        default policy), marked read-only when the server hints so and high-risk when it
-        hints that the tool is destructive.
+        The first matching `tool_policies` glob wins; otherwise the server's `policy`;
+        otherwise one from the tool's annotations, read with the MCP spec's defaults: read-only
+        only when ``readOnlyHint`` is true, and high-risk (so it needs approval under the
+        default `PolicyEngine`) unless it is read-only or ``destructiveHint`` is false. A tool
+        without annotations is therefore high-risk, as the spec says to assume.
         """
         for pattern, policy in self.tool_policies.items():
             if matches_any(tool.name, (pattern,)):
                 return policy
         if self.policy is not None:
             return self.policy
+        # The spec's defaults for a tool without hints: not read-only, destructive
+        # (``destructiveHint`` matters only when ``readOnlyHint`` is false).
         hints = tool.annotations
         read_only = bool(hints and hints.read_only_hint)
-        destructive = bool(hints and hints.destructive_hint) and not read_only
+        destructive_hint = hints.destructive_hint if hints is not None else None
+        destructive = not read_only and destructive_hint is not False
         return ToolPolicy(
             read_only=read_only, risk=RiskLevel.HIGH if destructive else RiskLevel.LOW
         )
@@ -115,3 +135,66 @@ class MCPServerHTTP(_ServerConfig):
 
 MCPServerConfig: TypeAlias = Annotated[MCPServerStdio | MCPServerHTTP, Field(discriminator="kind")]
 MCP_SERVER_CONFIG_ADAPTER: TypeAdapter[MCPServerConfig] = TypeAdapter(MCPServerConfig)
+
+
+ComponentKind: TypeAlias = Literal["tools", "resources", "prompts"]
+
+
+class MCPResourceLoad(BaseModel):
+    """A server's resource loaded into the agent's environment when the agent starts.
+
+    Attributes:
+        server: The server's name.
+        uri: The resource's URI.
+        into: ``knowledge`` (``/knowledge/extra/mcp_resources/<uri>``, and the URI among
+            ``/knowledge/sources``) or ``workspace`` (``/workspace/extra/mcp_resources/<uri>``).
+        subscribe: Subscribe to the resource (where the server supports it) and load it again,
+            between steps, when the server says it changed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    server: str = Field(min_length=1)
+    uri: str = Field(min_length=1)
+    into: Literal["knowledge", "workspace"] = "knowledge"
+    subscribe: bool = False
+
+
+class MCPPromptRef(BaseModel):
+    """A server's prompt, rendered with `arguments` (see `agent_flow.config.Skill`).
+
+    Attributes:
+        server: The server's name.
+        name: The prompt's name on the server.
+        arguments: The prompt's arguments (MCP prompt arguments are strings).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    server: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: dict[str, str] = Field(default_factory=dict)
+
+
+class MCPAgentSettings(BaseModel):
+    """How one agent uses MCP servers (the ``[agent.mcp]`` table).
+
+    Attributes:
+        clients: The servers (name globs) this agent may use; ``None``: all of them. Another
+            server's tools, resources and prompts are not offered to it.
+        exclude_components: Components hidden from this agent although their server is
+            allowed: globs on ``<server>/<name>`` or ``<name>`` (a tool's or prompt's name on
+            its server, a resource's URI or a template's URI template), optionally restricted
+            to one kind by a ``tool:``, ``prompt:`` or ``resource:`` prefix, e.g.
+            ``"tool:docs/delete_*"``, ``"prompt:*/internal"``, ``"resource:notes://secret/*"``.
+        resource_tools: Offer the model ``mcp_list_resources`` and ``mcp_read_resource`` when
+            an allowed server has resources (its reads land in the environment).
+        resources: Resources loaded into the environment when the agent starts.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    clients: tuple[str, ...] | None = None
+    exclude_components: tuple[str, ...] = ()
+    resource_tools: bool = True
+    resources: tuple[MCPResourceLoad, ...] = ()

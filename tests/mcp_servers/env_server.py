@@ -11,23 +11,26 @@ import sys
 
 from _run import run
 from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
 
 server = MCPServer("env")
+# Read-only, and said so: a tool without annotations is destructive by the spec's defaults.
+_READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
-@server.tool()
+@server.tool(annotations=_READ_ONLY)
 def getenv(name: str) -> str:
     """Return the value of one of the server's environment variables ('(unset)' if none)."""
     return os.environ.get(name, "(unset)")
 
 
-@server.tool(name="get.sum")
+@server.tool(name="get.sum", annotations=_READ_ONLY)
 def get_sum_dotted(a: int, b: int) -> str:
     """Add two numbers (the dotted tool)."""
     return f"dotted {a + b}"
 
 
-@server.tool(name="get_sum")
+@server.tool(name="get_sum", annotations=_READ_ONLY)
 def get_sum_plain(a: int, b: int) -> str:
     """Add two numbers (the plain tool)."""
     return f"plain {a + b}"
