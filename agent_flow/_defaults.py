@@ -103,3 +103,18 @@ def default_reserve_output_tokens(max_tokens: int) -> int:
     `max_tokens`.
     """
     return min(DEFAULT_RESERVE_OUTPUT_TOKENS, max_tokens // RESERVE_OUTPUT_DIVISOR)
+
+
+# -- durable runs (agent_flow.durable) ---------------------------------------------------
+
+DURABLE_QUEUE: Final = "agent_flow_runs"
+"""The DBOS queue durable runs are enqueued on."""
+
+DURABLE_APP_NAME: Final = "agent_flow"
+"""The DBOS application name the processes of one deployment share."""
+
+DURABLE_POLL_SECONDS: Final = 0.2
+"""How often a worker looks for queued runs, and for the runs of workers that died."""
+
+DURABLE_SQLITE_FILE: Final = "durable.sqlite"
+"""DBOS's system database beside the session store when ``[durable]`` names none."""
