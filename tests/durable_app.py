@@ -26,9 +26,7 @@ from agent_flow.tools import ToolContext, ToolExecutor, ToolPolicy, tool
 CONFIG = AgentConfig(control_tools=False, max_iterations=50)
 
 
-def model_and_tools(
-    counts: Path, kill_at: int | None
-) -> tuple[FunctionLLM, ToolExecutor]:
+def model_and_tools(counts: Path, kill_at: int | None) -> tuple[FunctionLLM, ToolExecutor]:
     calls = 0
 
     def play(request: LLMRequest) -> Reply:
@@ -58,13 +56,16 @@ async def main(store_url: str, system_url: str, counts: str, executor: str, kill
     durable = DurableConfig(
         enabled=True, system_database_url=system_url, executor_id=executor, poll_seconds=0.1
     )
-    async with open_store(store_url) as store, DurableWorker(
-        durable,
-        store,
-        CONFIG,
-        llm_factory=lambda _config: (llm, None),
-        tools_factory=lambda _config: tools,
-    ) as worker:
+    async with (
+        open_store(store_url) as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ) as worker,
+    ):
         print("ready", flush=True)
         await worker.serve_forever()
 

@@ -11,7 +11,7 @@ import uuid
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from dbos import DBOSClient
+from dbos import DBOS, DBOSClient
 
 from agent_flow.agent import ExecutionOutcome
 from agent_flow.config import AgentConfig
@@ -69,10 +69,16 @@ class RunHandle:
 
 
 class DurableClient:
-    """Enqueues runs on the deployment's DBOS queue (use as ``async with``, or `close`)."""
+    """Enqueues runs on the deployment's DBOS queue (use as ``async with``, or `close`).
+
+    Creating one connects to the system database and creates DBOS's tables if they are
+    missing (blocking, once per process start); start it before the workers.
+    """
 
     def __init__(self, durable: DurableConfig) -> None:
         self.durable = durable
+        # Runs may be enqueued before any worker started: create DBOS's tables if needed.
+        DBOS.migrate(durable.resolved_url())
         self._client = DBOSClient(
             system_database_url=durable.resolved_url(), application_name=durable.app_name
         )

@@ -1,0 +1,168 @@
+"""Durable runs on DBOS: a run completes, and survives SIGKILLed workers exactly once.
+
+The workers are real processes (`tests/durable_app.py`) on a real PostgreSQL: a fresh schema
+for the sessions and a fresh database for DBOS's system tables, both dropped after the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
+from agent_flow.sessions import open_store
+from tests.durable_app import CONFIG, model_and_tools
+from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def pg() -> Iterator[tuple[str, str]]:
+    """A session store URL (fresh schema) and a DBOS system database URL (fresh database)."""
+    require_postgres()
+    import psycopg
+    from psycopg import sql
+
+    suffix = uuid.uuid4().hex[:12]
+    schema, database = f"af_durable_{suffix}", f"af_dbos_{suffix}"
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    base, _, _ = URL.rpartition("/")
+    try:
+        yield f"{URL}?schema={schema}", f"{base}/{database}"
+    finally:
+        drop_schema(schema)
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+            )
+
+
+def counts_of(directory: Path, run_id: str) -> list[int]:
+    path = directory / f"{run_id}.txt"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+async def test_a_durable_run_completes_with_its_events_in_the_store(tmp_path: Path) -> None:
+    llm, tools = model_and_tools(tmp_path, None)
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.sqlite", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ),
+        DurableClient(durable) as client,
+    ):
+        info = await store.create(agent="durable")
+        handle = await client.enqueue(info.id, "count 3")
+        outcome = await asyncio.wait_for(handle.outcome(), 60)
+        assert outcome.final_text == "done"
+        assert [use.content for use in outcome.tool_uses] == ["counted 1", "counted 2", "counted 3"]
+        assert counts_of(tmp_path, handle.run_id) == [1, 2, 3]
+        assert await handle.state() == "succeeded"
+        events = await store.events(info.id, run_id=handle.run_id)
+        assert [event.seq for event in events] == list(range(len(events)))
+        assert events[-1].kind == "run_finished"
+        state = await store.load(info.id)
+        assert state.info.status == "completed"
+        assert [e.kind for e in state.entries].count("tool_result") == 3
+
+
+class Workers:
+    """Worker processes of one test; every one is killed at the end."""
+
+    def __init__(self, store: str, system: str, counts: Path) -> None:
+        self.args = [store, system, str(counts)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, executor: str, kill_at: int | None = None) -> subprocess.Popen[bytes]:
+        extra = [str(kill_at)] if kill_at is not None else []
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.durable_app", *self.args, executor, *extra],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def workers(pg: tuple[str, str], tmp_path: Path) -> Iterator[Workers]:
+    group = Workers(pg[0], pg[1], tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+async def wait_dead(proc: subprocess.Popen[bytes], seconds: float) -> None:
+    """Wait for the process to exit (it kills itself; a process has no event to await)."""
+    await asyncio.wait_for(asyncio.to_thread(proc.wait), seconds)
+
+
+@pytest.mark.timeout(180)
+async def test_sigkilled_workers_lose_no_run_and_repeat_no_tool_call(
+    pg: tuple[str, str], workers: Workers, tmp_path: Path
+) -> None:
+    store_url, system_url = pg
+    rng = random.Random(20261123)
+    wanted = {index: rng.randint(2, 4) for index in range(20)}
+    durable = DurableConfig(enabled=True, system_database_url=system_url, poll_seconds=0.1)
+    async with open_store(store_url) as store, DurableClient(durable) as client:
+        first = workers.start("w1", kill_at=rng.randint(5, 30))
+        second = workers.start("w2", kill_at=rng.randint(20, 45))
+        handles = []
+        for count in wanted.values():
+            info = await store.create(agent="durable")
+            handles.append((await client.enqueue(info.id, f"count {count}"), count))
+        await wait_dead(first, 60)
+        await wait_dead(second, 60)
+        assert first.returncode == second.returncode == -9  # both were SIGKILLed mid-work
+        workers.start("w3")
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(handle.outcome() for handle, _ in handles)), 90
+        )
+        # w1 restarts under its old id: it finds nothing of its own left to run.
+        workers.start("w1")
+        await asyncio.sleep(2.0)
+        interrupted = 0
+        for (handle, count), outcome in zip(handles, outcomes, strict=True):
+            assert outcome.final_text == "done", outcome
+            assert len(outcome.tool_uses) == count
+            executed = counts_of(tmp_path, handle.run_id)
+            for n, use in enumerate(outcome.tool_uses, start=1):
+                assert use.arguments == f'{{"n":{n}}}' or json.loads(use.arguments) == {"n": n}
+                if use.error_kind == "interrupted":
+                    # Running when a worker died: not idempotent, so never run again.
+                    interrupted += 1
+                    assert executed.count(n) <= 1, (handle, executed)
+                else:
+                    assert use.content == f"counted {n}"
+                    assert executed.count(n) == 1, (handle, executed)
+            events = await store.events(handle.session_id, run_id=handle.run_id)
+            assert [event.seq for event in events] == list(range(len(events))), handle
+            assert sum(event.kind == "run_finished" for event in events) == 1
+        print(f"20 runs finished exactly once; {interrupted} tool call(s) interrupted by a kill")
