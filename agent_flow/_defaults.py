@@ -118,3 +118,15 @@ DURABLE_POLL_SECONDS: Final = 0.2
 
 DURABLE_SQLITE_FILE: Final = "durable.sqlite"
 """DBOS's system database beside the session store when ``[durable]`` names none."""
+
+
+# -- following a session's events (SessionStore.wait_for_events / follow_events) -----------
+
+EVENTS_POLL_SECONDS: Final = 0.1
+"""How often a follower re-reads a SQLite or memory store for events other processes saved."""
+
+EVENTS_NOTIFIED_POLL_SECONDS: Final = 2.0
+"""A PostgreSQL follower's re-read when no notification came (a safety net, not the path)."""
+
+EVENTS_RECONNECT_SECONDS: Final = 1.0
+"""How long a PostgreSQL store's LISTEN connection waits before reconnecting after a loss."""
