@@ -7,6 +7,10 @@ also kept in memory, recorded *before* they are published (through `_BufferingRe
 agent's `StepRecorder`), so a watcher that takes a copy of them and subscribes to the bus in
 one synchronous step misses nothing: an event is either in its copy, or published after its
 subscription opened (or both, and it is sent once: ids only ever grow).
+
+A session whose runs execute in other processes (``runs_elsewhere``: durable runs, on
+`agent_flow.durable` workers) is watched by tailing the store (`SessionStore.follow_events`):
+its events arrive as each step is saved, with the same ids.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class LiveSession:
     last_prompt: PromptBreakdown | None = None
     approvals: dict[str, _Pending] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Its runs execute in other processes: `watch` tails the store, not this bus.
+    runs_elsewhere: bool = False
 
     @property
     def running(self) -> bool:
@@ -111,6 +117,10 @@ class LiveSession:
         Each comes with its id; an `EventsDropped` (this watcher fell behind under
         ``drop_oldest``) comes with None. Without `follow`, it ends after what happened so far.
         """
+        if self.runs_elsewhere:
+            async for item in self._tail(after, follow=follow):
+                yield item
+            return
         # One synchronous step: the copy of the latest run's events and the subscription.
         recent = list(self.buffer)
         subscription = self.bus.subscribe(maxsize=maxsize, policy=policy) if follow else None
@@ -139,6 +149,21 @@ class LiveSession:
         finally:
             if subscription is not None:
                 await subscription.aclose()
+
+    async def _tail(self, after: int, *, follow: bool) -> AsyncIterator[tuple[int, AgentEvent]]:
+        position = after + 1
+        if follow:
+            events: AsyncIterator[AgentEvent] = self.store.follow_events(self.id, offset=position)
+        else:
+            events = _each(await self.store.events(self.id, offset=position))
+        async for event in events:
+            yield position, event
+            position += 1
+
+
+async def _each(events: list[AgentEvent]) -> AsyncIterator[AgentEvent]:
+    for event in events:
+        yield event
 
 
 class _BufferingRecorder:
