@@ -130,3 +130,6 @@ EVENTS_NOTIFIED_POLL_SECONDS: Final = 2.0
 
 EVENTS_RECONNECT_SECONDS: Final = 1.0
 """How long a PostgreSQL store's LISTEN connection waits before reconnecting after a loss."""
+
+DURABLE_STATE_SECONDS: Final = 5.0
+"""A server following a durable run asks DBOS for its state after this long without events."""

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from agent_flow.cli._build import _load_config
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli._sessions import _store
+
+if TYPE_CHECKING:
+    from agent_flow.durable import DurableClient
 
 #: Where ``serve`` reads the bearer token when ``--token`` is not given.
 TOKEN_VARIABLE = "AGENT_FLOW_SERVER_TOKEN"
@@ -43,11 +47,36 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         streams.stderr.write(f"agent-flow: warning: {text}\n")
 
     config = _load_config(args.config, warn)
-    async with _store(args) as store:
-        app = create_app(config, store=store, settings=settings)
-        # Event streams stay open until their client leaves: give them 5 s on shutdown.
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5)
-        )
-        await server.serve()
+    durable = _durable_client(args.config)
+    try:
+        async with _store(args) as store:
+            app = create_app(config, store=store, settings=settings, durable=durable)
+            # Event streams stay open until their client leaves: give them 5 s on shutdown.
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5
+                )
+            )
+            await server.serve()
+    finally:
+        if durable is not None:
+            durable.close()
     return EXIT_OK
+
+
+def _durable_client(config: str | None) -> DurableClient | None:
+    """The client that enqueues runs for workers, when ``[durable] enabled = true``."""
+    from agent_flow.durable.config import load_durable_config
+
+    settings = load_durable_config(config)
+    if not settings.enabled:
+        return None
+    try:
+        from agent_flow.durable import DurableClient
+    except ImportError as err:
+        raise _Failure(
+            EXIT_USAGE,
+            f"[durable] enabled = true needs the durable extra ({err.name} is missing); "
+            "install it with pip install 'agent-flow[durable]'",
+        ) from None
+    return DurableClient(settings)

@@ -6,14 +6,20 @@ config says ``[durable] enabled = true`` or a program imports it. See the README
 
 - `DurableClient` enqueues a run and returns a `RunHandle` to await or poll its outcome.
 - `DurableWorker` executes queued runs in this process and recovers those of dead workers.
-- `DurableConfig` is the ``[durable]`` table (`load_durable_config` reads it).
+- `DurableConfig` is the ``[durable]`` table (`load_durable_config` reads it); it needs no
+  DBOS, so reading a config never does (the other names import ``dbos`` on first use).
 """
 
 from __future__ import annotations
 
-from agent_flow.durable.client import DurableClient, RunHandle, RunState
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from agent_flow.durable.config import DurableConfig, load_durable_config
-from agent_flow.durable.worker import DurableWorker
+
+if TYPE_CHECKING:
+    from agent_flow.durable.client import DurableClient, RunHandle, RunState
+    from agent_flow.durable.worker import DurableWorker
 
 __all__ = [
     "DurableClient",
@@ -23,3 +29,17 @@ __all__ = [
     "RunState",
     "load_durable_config",
 ]
+
+_LAZY = {
+    "DurableClient": "agent_flow.durable.client",
+    "RunHandle": "agent_flow.durable.client",
+    "RunState": "agent_flow.durable.client",
+    "DurableWorker": "agent_flow.durable.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

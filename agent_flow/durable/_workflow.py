@@ -33,7 +33,7 @@ from agent_flow.history import History, HistoryEntry
 from agent_flow.llm.base import LLMClient
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.telemetry.propagation import attached_context
-from agent_flow.tools import ToolExecutor
+from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolExecutor
 
 __all__ = ["WORKFLOW_NAME", "RunRequest", "Runtime", "run_workflow"]
 
@@ -148,6 +148,15 @@ class _ReplayRecorder:
             await self._inner.finish(history, environment, final)
 
 
+async def _refuse_approval(request: ApprovalRequest) -> ApprovalResponse:
+    """Durable runs ask no one: a call that needs approval is refused (the model is told)."""
+    return ApprovalResponse(
+        approved=False,
+        reason=f"{request.tool_name!r} needs approval, and a durable run (executing in a worker) "
+        "has no one to ask; allow the tool in its policy to use it in durable runs",
+    )
+
+
 async def _snapshot(store: SessionStore, session_id: str) -> str:
     state = await store.load(session_id)
     environment = state.environment.to_json() if state.environment is not None else None
@@ -191,6 +200,7 @@ async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
             environment=environment,
             store=store,
             session_id=request.session_id,
+            approval=_refuse_approval,
         )
         for entry in snapshot.entries:
             agent.history.add(entry)

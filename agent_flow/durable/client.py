@@ -52,6 +52,14 @@ class RunHandle:
         handle: Any = await self._client.retrieve_workflow_async(self.run_id)
         return _STATES.get((await handle.get_status()).status, "running")
 
+    async def cancel(self) -> None:
+        """Cancel the run: it stops at its next step (a step under way finishes first).
+
+        Its events stop there too, without a ``run_finished``; the session keeps what its last
+        completed step saved. Cancelling a run that is over changes nothing.
+        """
+        await self._client.cancel_workflow_async(self.run_id)
+
     async def outcome(self, *, poll_seconds: float = 0.1) -> ExecutionOutcome:
         """Wait for the run to end and return its outcome (the run's own, however it stopped).
 

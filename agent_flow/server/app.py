@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ag_ui.core import RunAgentInput
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -64,6 +64,9 @@ from agent_flow.sessions.models import SessionInfo
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.tools import ApprovalResponse
 
+if TYPE_CHECKING:
+    from agent_flow.durable import DurableClient
+
 __all__ = ["create_app"]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -95,6 +98,7 @@ def create_app(
     settings: ServerSettings | None = None,
     llm_factory: LLMFactory | None = None,
     tools_factory: ToolsFactory | None = None,
+    durable: DurableClient | None = None,
 ) -> FastAPI:
     """Build the service for agents configured by `config`, keeping sessions in `store`.
 
@@ -106,10 +110,18 @@ def create_app(
         llm_factory: Builds a session's model client (default: an `OpenAIClient` from the
             session's config).
         tools_factory: Builds a session's tool executor (default: from the session's config).
+        durable: Enqueue runs for `agent_flow.durable` workers instead of running them here
+            (the caller opens and closes it); event streams then tail `store`, which must be
+            the workers' store. Approvals and AG-UI need in-process runs: not offered then.
     """
     settings = settings if settings is not None else ServerSettings()
     manager = SessionManager(
-        config, store, settings, llm_factory=llm_factory, tools_factory=tools_factory
+        config,
+        store,
+        settings,
+        llm_factory=llm_factory,
+        tools_factory=tools_factory,
+        durable=durable,
     )
 
     @asynccontextmanager
