@@ -159,3 +159,44 @@ def test_serve_enqueues_only_when_the_config_says_durable(tmp_path: Path) -> Non
     client = _durable_client(str(durable))
     assert isinstance(client, DurableClient)
     client.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_durable_servers_state_and_cancel_follow_the_run(tmp_path: Path) -> None:
+    from agent_flow.durable import DurableWorker
+    from tests.durable_app import model_and_tools
+
+    llm, tools = model_and_tools(tmp_path, None)
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.db", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ),
+        DurableClient(durable) as client,
+        serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as http,
+    ):
+        sid = (await http.post("/sessions", json={})).json()["id"]
+        async with stream(http, f"/sessions/{sid}/events") as events:
+            sent = await http.post(f"/sessions/{sid}/messages", json={"message": "count 500"})
+            run_id = sent.json()["run_id"]
+            await events.until("tool_call_completed")  # it runs, in the worker
+            assert (await http.get(f"/sessions/{sid}")).json()["state"] == "running"
+            cancelled = await http.post(f"/sessions/{sid}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["run_id"] == run_id
+            for _ in range(400):
+                if (await http.get(f"/sessions/{sid}")).json()["state"] == "idle":
+                    break
+                await asyncio.sleep(0.05)
+            assert (await http.get(f"/sessions/{sid}")).json()["state"] == "idle"
+        assert await client.handle(run_id, sid).state() == "cancelled"
+        ran = counts_of(tmp_path, run_id)
+        assert 1 <= len(ran) < 500
+        kinds = [e.kind for e in await store.events(sid, run_id=run_id)]
+        assert "run_finished" not in kinds
