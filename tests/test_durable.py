@@ -95,3 +95,44 @@ async def test_sigkilled_workers_lose_no_run_and_repeat_no_tool_call(
             assert [event.seq for event in events] == list(range(len(events))), handle
             assert sum(event.kind == "run_finished" for event in events) == 1
         print(f"20 runs finished exactly once; {interrupted} tool call(s) interrupted by a kill")
+
+
+async def test_a_durable_run_refuses_tools_that_need_approval(tmp_path: Path) -> None:
+    from agent_flow.llm.base import LLMRequest
+    from agent_flow.testing import FunctionLLM, Reply, call, reply
+    from agent_flow.tools import ToolExecutor, ToolPolicy, tool
+
+    ran: list[str] = []
+
+    @tool(policy=ToolPolicy(requires_approval=True))
+    def launch(target: str) -> str:
+        """Launch something risky."""
+        ran.append(target)
+        return "launched"
+
+    def play(request: LLMRequest) -> Reply:
+        if not any(m.role == "tool" for m in request.messages):
+            return reply(tool_calls=[call("launch", target="prod")])
+        return reply("gave up")
+
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.sqlite", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (FunctionLLM(play), None),
+            tools_factory=lambda _config: ToolExecutor([launch]),
+        ),
+        DurableClient(durable) as client,
+    ):
+        info = await store.create(agent="durable")
+        outcome = await asyncio.wait_for((await client.enqueue(info.id, "go")).outcome(), 60)
+    assert ran == []
+    [use] = outcome.tool_uses
+    assert use.error_kind == "not_approved"
+    assert "durable run" in use.content and "has no one to ask" in use.content
+    assert outcome.final_text == "gave up"
