@@ -463,7 +463,7 @@ def bench_runs(args: Any, workers: list[int]) -> None:
             print("   run at a time, DBOS off then on, alternating in one process; ms/step is a")
             print("   run's own duration (first event to run_finished) / steps, median of the runs")
             print(f"{'store':<10}{'DBOS off':>10}{'DBOS on':>10}{'cost':>8}{'cost p25-p75':>16}")
-            for kind in ("sqlite", "postgres"):
+            for kind in ("sqlite", "postgres") if seq > 0 else ():
                 store, system = sqlite("seq") if kind == "sqlite" else (pg.store(), pg.system())
                 result = in_child(_paired, store, system, seq, steps)
                 off = [x / steps * 1000 for x in result["off"]]

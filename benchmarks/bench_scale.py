@@ -149,17 +149,22 @@ def drop_schema(postgres: str, schema: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 runs, 1-2 workers, 5 sequential")
+    parser.add_argument(
+        "--quick", action="store_true", help="defaults of 40 runs, 1-2 workers, 5 sequential"
+    )
     parser.add_argument("--part", default="stores,runs", help="stores, runs, or both")
-    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--runs", type=int)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--workers", default="1,2,4")
-    parser.add_argument("--sequential", type=int, default=20, help="runs of the cost part")
+    parser.add_argument("--workers")
+    parser.add_argument("--sequential", type=int, help="pairs of the cost part (0: skip it)")
     parser.add_argument("--stores", default="sqlite-full,sqlite-normal,postgres")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
-    if args.quick:
-        args.runs, args.workers, args.sequential = 40, "1,2", 5
+    quick = {"runs": 40, "workers": "1,2", "sequential": 5}
+    full = {"runs": 200, "workers": "1,2,4", "sequential": 20}
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:  # what the command line gives wins
+            setattr(args, name, value)
     workers = [int(w) for w in args.workers.split(",")]
     parts = args.part.split(",")
     if "stores" in parts:
