@@ -441,6 +441,13 @@ HEADER = (
 )
 
 
+COST_HEADER = f"""
+1. durability cost per step: {{seq}} pairs of runs x {{steps}} steps, one run at a time,
+   DBOS off then on, alternating in one process; ms/step is a run's own duration (first
+   event to run_finished) / steps, median of the runs
+{"store":<10}{"DBOS off":>10}{"DBOS on":>10}{"cost":>8}{"cost p25-p75":>16}"""
+
+
 def bench_runs(args: Any, workers: list[int]) -> None:
     """Part ``runs`` of bench_scale.py (see its doc)."""
     import tempfile
@@ -459,10 +466,8 @@ def bench_runs(args: Any, workers: list[int]) -> None:
                 f"\n0. this machine now: a PostgreSQL round trip {calibration['trip'] * 1000:.2f} "
                 f"ms, an empty DBOS step on PostgreSQL {calibration['step'] * 1000:.2f} ms"
             )
-            print(f"\n1. durability cost per step: {seq} pairs of runs x {steps} steps, one")
-            print("   run at a time, DBOS off then on, alternating in one process; ms/step is a")
-            print("   run's own duration (first event to run_finished) / steps, median of the runs")
-            print(f"{'store':<10}{'DBOS off':>10}{'DBOS on':>10}{'cost':>8}{'cost p25-p75':>16}")
+            if seq > 0:
+                print(COST_HEADER.format(seq=seq, steps=steps))
             for kind in ("sqlite", "postgres") if seq > 0 else ():
                 store, system = sqlite("seq") if kind == "sqlite" else (pg.store(), pg.system())
                 result = in_child(_paired, store, system, seq, steps)
@@ -475,7 +480,8 @@ def bench_runs(args: Any, workers: list[int]) -> None:
                     f"{percentile(costs, 0.25):>8.2f}..{percentile(costs, 0.75):<6.2f}",
                     flush=True,
                 )
-            print("   (goal: durability adds <= 2 ms/step on PostgreSQL)")
+            if seq > 0:
+                print("   (goal: durability adds <= 2 ms/step on PostgreSQL)")
 
             runs = args.runs
             print(f"\n2. throughput: {runs} runs x {steps} steps, {CONCURRENCY} in flight/process")
