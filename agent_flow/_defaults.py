@@ -110,3 +110,33 @@ def default_reserve_output_tokens(max_tokens: int) -> int:
     `max_tokens`.
     """
     return min(DEFAULT_RESERVE_OUTPUT_TOKENS, max_tokens // RESERVE_OUTPUT_DIVISOR)
+
+
+# -- durable runs (agent_flow.durable) ---------------------------------------------------
+
+DURABLE_QUEUE: Final = "agent_flow_runs"
+"""The DBOS queue durable runs are enqueued on."""
+
+DURABLE_APP_NAME: Final = "agent_flow"
+"""The DBOS application name the processes of one deployment share."""
+
+DURABLE_POLL_SECONDS: Final = 0.2
+"""How often a worker looks for queued runs, and for the runs of workers that died."""
+
+DURABLE_SQLITE_FILE: Final = "durable.sqlite"
+"""DBOS's system database beside the session store when ``[durable]`` names none."""
+
+
+# -- following a session's events (SessionStore.wait_for_events / follow_events) -----------
+
+EVENTS_POLL_SECONDS: Final = 0.1
+"""How often a follower re-reads a SQLite or memory store for events other processes saved."""
+
+EVENTS_NOTIFIED_POLL_SECONDS: Final = 2.0
+"""A PostgreSQL follower's re-read when no notification came (a safety net, not the path)."""
+
+EVENTS_RECONNECT_SECONDS: Final = 1.0
+"""How long a PostgreSQL store's LISTEN connection waits before reconnecting after a loss."""
+
+DURABLE_STATE_SECONDS: Final = 5.0
+"""A server following a durable run asks DBOS for its state after this long without events."""

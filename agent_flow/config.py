@@ -518,11 +518,11 @@ def load_config(
     data: dict[str, JsonValue] = {}
     if path is not None:
         document = _read_toml(path)
-        unknown = sorted(set(document) - {"agent", "llms", "store"})
+        unknown = sorted(set(document) - {"agent", "llms", "store", "durable"})
         if unknown:
             raise ConfigError(
-                f"unknown top-level table(s) {unknown} in {source}; expected [agent], [llms.*] "
-                "and [store]"
+                f"unknown top-level table(s) {unknown} in {source}; expected [agent], [llms.*], "
+                "[store] and [durable]"
             )
         agent = document.get("agent", {})
         if not isinstance(agent, dict):

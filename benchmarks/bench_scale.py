@@ -11,9 +11,21 @@ step-save latency p50/p99 seen by the workers. A run's ``create`` is inside the 
 Stores: ``sqlite-full`` (the default store: an fsync per step), ``sqlite-normal`` (no fsync
 per step) and ``postgres`` (a fresh schema on ``--postgres``, dropped at the end).
 
-Not measured here: durable execution on DBOS (not built yet) and model calls.
+Part ``runs`` (benchmarks/_runs.py): whole agent runs of ``--steps`` steps against a local
+instant OpenAI-compatible model (one per process), DBOS off (plain `AgentExecutor` runs) and
+on (`DurableWorker` processes executing runs a `DurableClient` enqueued on the DBOS queue):
 
-Usage: python benchmarks/bench_scale.py [--runs 200] [--steps 10] [--workers 1,2,4]
+1. durability cost per step: one process, one run at a time (``--sequential`` runs), on
+   SQLite (store and DBOS system database: the one-machine deployment) and on PostgreSQL;
+   ms/step is a run's own duration (first event to ``run_finished``, from the stored event
+   timestamps: the queue wait is not in it) over its steps; cost = on - off;
+2. throughput: ``--runs`` runs, 10 in flight per process: SQLite in one process (the
+   baseline), PostgreSQL with W worker processes (the main process enqueues and waits).
+
+Numbers taken on a loaded machine are noisy: compare rows of one invocation only.
+
+Usage: python benchmarks/bench_scale.py [--quick] [--part stores,runs] [--runs 200]
+       [--steps 10] [--workers 1,2,4] [--sequential 20]
        [--postgres postgresql://postgres@127.0.0.1:5432/test] [--stores sqlite-full,postgres]
 """
 
@@ -137,13 +149,33 @@ def drop_schema(postgres: str, schema: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument(
+        "--quick", action="store_true", help="defaults of 40 runs, 1-2 workers, 5 sequential"
+    )
+    parser.add_argument("--part", default="stores,runs", help="stores, runs, or both")
+    parser.add_argument("--runs", type=int)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--workers")
+    parser.add_argument("--sequential", type=int, help="pairs of the cost part (0: skip it)")
     parser.add_argument("--stores", default="sqlite-full,sqlite-normal,postgres")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
+    quick = {"runs": 40, "workers": "1,2", "sequential": 5}
+    full = {"runs": 200, "workers": "1,2,4", "sequential": 20}
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:  # what the command line gives wins
+            setattr(args, name, value)
     workers = [int(w) for w in args.workers.split(",")]
+    parts = args.part.split(",")
+    if "stores" in parts:
+        bench_stores(args, workers)
+    if "runs" in parts:
+        from _bench_runs import bench_runs
+
+        bench_runs(args, workers)
+
+
+def bench_stores(args: argparse.Namespace, workers: list[int]) -> None:
     print(
         f"{args.runs} runs x {args.steps} steps per configuration; latency of one save_step "
         "as seen by the writing process"

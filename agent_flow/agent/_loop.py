@@ -109,6 +109,8 @@ class _Run:
     finishing: bool = False
     # Parallel tool calls emit concurrently; see `emit`.
     emit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The events published during a durable model call, recorded with its result.
+    captured: list[AgentEvent] | None = None
 
     @property
     def recorder(self) -> StepRecorder | None:
@@ -343,6 +345,8 @@ class _Run:
     async def _publish(self, event: AgentEvent) -> None:
         """Publish `event`, numbered ``self.seq``; the caller holds the emit lock."""
         self.seq += 1
+        if self.captured is not None:
+            self.captured.append(event)
         if self.recorder is not None:
             self.recorder.record(event)
         await self.agent.events.publish(event)

@@ -4,7 +4,9 @@
 an abandoned attempt's output when the client retries, and closing the stream however the
 call ends. `_count_model_call` adds a call's usage and cost to the run (the summarizer's
 calls too), and `_cost_limit_before_call` stops a run before a call whose worst case could
-pass the cost limit.
+pass the cost limit. `_checkpointed_call` is `_call_model` as a durable step when the run is
+durable (see `agent_flow._checkpoints`): its record is the completion (or the model error) and
+the events the call published, which a recovery publishes again, numbered as they were.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict
+
+from agent_flow._checkpoints import checkpointed, current_step_runner
 from agent_flow.agent.outcome import (
     Finish,
     StopReason,
@@ -20,9 +25,11 @@ from agent_flow.agent.outcome import (
 from agent_flow.config import AgentConfig
 from agent_flow.errors import (
     ConfigError,
+    ModelError,
     ModelResponseError,
 )
 from agent_flow.events import (
+    AgentEvent,
     ModelOutputDiscarded,
     ModelResponded,
     ModelRetrying,
@@ -204,6 +211,76 @@ async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
         delay=notice.delay,
         reason=notice.reason,
     )
+
+
+class _ModelErrorRecord(BaseModel):
+    """A model call's failure as a step records it (rebuilt as a `ModelError`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+    retryable: bool
+    attempts: int | None = None
+    retry_after: float | None = None
+
+
+class _ModelCallRecord(BaseModel):
+    """What a durable model call records: its completion or its error, and its events."""
+
+    model_config = ConfigDict(frozen=True)
+
+    completion: Completion | None = None
+    error: _ModelErrorRecord | None = None
+    events: list[AgentEvent] = []
+
+
+class _ReplayedModelError(ModelError):
+    """A model error recorded before a crash, raised again by the recovered run."""
+
+
+async def _checkpointed_call(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
+    """`_call_model`, as a durable step when the run has a step runner."""
+    runner = current_step_runner()
+    if runner is None:
+        return await _call_model(run, request, call)
+
+    async def work() -> str:
+        run.captured = []
+        try:
+            try:
+                completion = await _call_model(run, request, call)
+            except ModelError as err:
+                failed = _ModelErrorRecord(
+                    type=type(err).__name__,
+                    message=str(err),
+                    retryable=err.retryable,
+                    attempts=err.attempts,
+                    retry_after=err.retry_after,
+                )
+                return _ModelCallRecord(error=failed, events=run.captured).model_dump_json()
+            return _ModelCallRecord(completion=completion, events=run.captured).model_dump_json()
+        finally:
+            run.captured = None
+
+    raw, ran = await checkpointed(runner, "model_call", work)
+    record = _ModelCallRecord.model_validate_json(raw)
+    if not ran:
+        # Replayed: publish the call's events again (the store keeps the ones it has), so
+        # the numbering of every later event is the one the crashed process used.
+        for event in record.events:
+            if isinstance(event, WarningRaised):
+                call.relayed.add(event.message)
+            async with run.emit_lock:
+                await run._publish(event.model_copy(update={"seq": run.seq}))
+    if record.error is not None:
+        err = _ReplayedModelError(f"{record.error.type}: {record.error.message}")
+        err.retryable = record.error.retryable
+        err.attempts = record.error.attempts
+        err.retry_after = record.error.retry_after
+        raise err
+    assert record.completion is not None
+    return record.completion
 
 
 async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Completion:

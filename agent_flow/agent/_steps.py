@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from agent_flow._types import JsonObject
 from agent_flow.agent._model_call import (
-    _call_model,
     _CallState,
+    _checkpointed_call,
     _cost_limit_before_call,
     _count_model_call,
     _estimated_usage,
@@ -123,7 +123,7 @@ async def _model_step(run: _Run) -> Step:
     attempts = run.agent.config.model_retries + 1
     for attempt in range(1, attempts + 1):
         try:
-            completion = await _call_model(run, request, call)
+            completion = await _checkpointed_call(run, request, call)
             break
         except ModelError as err:
             # A client with its own retry layer (err.attempts set) has retried already.

@@ -469,7 +469,9 @@ class AgentExecutor:
             skill=self.skill.allowed_tools if self.skill is not None else None,
         )
 
-    def run(self, task: str) -> Coroutine[object, None, ExecutionOutcome]:
+    def run(
+        self, task: str, *, run_id: str | None = None
+    ) -> Coroutine[object, None, ExecutionOutcome]:
         """Run the agent on `task` until a stop condition; see the class docstring.
 
         `task` becomes the environment's objective (unless the environment was prepared for
@@ -483,23 +485,28 @@ class AgentExecutor:
         history consistently and re-raises; `cancel` instead ends the run with
         `StopReason.CANCELLED` and returns its outcome.
 
+        `run_id` names the run (a new random id if None); a durable run passes its own, so
+        that a recovered run numbers its events under the same id.
+
         Raises:
             UserError: The agent is already running, or its config names MCP servers and it
                 was not entered (``async with agent:``) or started (raised by this call,
                 not when awaited).
         """
-        return self._claimed(task, objective=task)
+        return self._claimed(task, objective=task, run_id=run_id)
 
-    def send(self, message: str) -> Coroutine[object, None, ExecutionOutcome]:
+    def send(
+        self, message: str, *, run_id: str | None = None
+    ) -> Coroutine[object, None, ExecutionOutcome]:
         """Continue the conversation with a new user message (e.g. answering a question).
 
         A task "waiting" for the user's answer goes back to "in progress". Claimed when
-        called, like `run`.
+        called, like `run`; `run_id` as in `run`.
 
         Raises:
             UserError: The agent is already running.
         """
-        return self._claimed(message, objective=None)
+        return self._claimed(message, objective=None, run_id=run_id)
 
     def cancel(self) -> None:
         """Cancel the current run: tools in flight are cancelled, `run` returns CANCELLED.
@@ -512,7 +519,7 @@ class AgentExecutor:
     # -- the run -----------------------------------------------------------------------
 
     def _claimed(
-        self, message: str, *, objective: str | None
+        self, message: str, *, objective: str | None, run_id: str | None = None
     ) -> Coroutine[object, None, ExecutionOutcome]:
         """Claim the next run now and return the coroutine that will execute it."""
         if self._running():
@@ -524,7 +531,7 @@ class AgentExecutor:
                 f"this agent's config names MCP servers ({names}) that are not running; "
                 "use `async with agent:` (or `await agent.start()`) before running it"
             )
-        run = _Run(self, run_id=uuid.uuid4().hex)
+        run = _Run(self, run_id=run_id or uuid.uuid4().hex)
         coroutine = self._execute(run, message, objective=objective)
         run.coroutine = weakref.ref(coroutine)
         self._run = run

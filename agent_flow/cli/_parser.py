@@ -29,6 +29,7 @@ from agent_flow.cli._sessions import (
     _sessions_show,
 )
 from agent_flow.cli._tools import _tools_command
+from agent_flow.cli._worker import _worker_command
 from agent_flow.sessions import default_store_path
 
 _EPILOG = """\
@@ -378,6 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
         "caller's trace",
     )
     serve.set_defaults(handler=_serve_command)
+
+    worker = sub("worker", "execute durable runs from the DBOS queue (agent-flow[durable])", [db])
+    worker.add_argument(
+        "--system-db",
+        metavar="URL",
+        help="DBOS's system database (default: [durable] system_database_url of --config, "
+        "else a local SQLite file)",
+    )
+    worker.add_argument(
+        "--concurrency", type=_positive, help="runs this worker executes at once (default: any)"
+    )
+    worker.add_argument(
+        "--executor-id", help="this worker's DBOS executor id (default: a new one per start)"
+    )
+    worker.set_defaults(handler=_worker_command)
 
     tools = sub(
         "tools",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -11,6 +12,9 @@ from agent_flow.cli._build import _load_config
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli._run import _OTLP_ENDPOINTS
 from agent_flow.cli._sessions import _store
+
+if TYPE_CHECKING:
+    from agent_flow.durable import DurableClient
 
 #: Where ``serve`` reads the bearer token when ``--token`` is not given.
 TOKEN_VARIABLE = "AGENT_FLOW_SERVER_TOKEN"
@@ -44,6 +48,7 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         streams.stderr.write(f"agent-flow: warning: {text}\n")
 
     config = _load_config(args.config, warn)
+    durable = _durable_client(args.config)
     on_agent = None
     export = None
     if args.otel or any(os.environ.get(name) for name in _OTLP_ENDPOINTS):
@@ -51,15 +56,39 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         from agent_flow.telemetry import configure_otlp, instrument
 
         export, on_agent = configure_otlp(), instrument
-    async with _store(args) as store:
-        app = create_app(config, store=store, settings=settings, on_agent=on_agent)
-        # Event streams stay open until their client leaves: give them 5 s on shutdown.
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5)
-        )
-        try:
+    try:
+        async with _store(args) as store:
+            app = create_app(
+                config, store=store, settings=settings, on_agent=on_agent, durable=durable
+            )
+            # Event streams stay open until their client leaves: give them 5 s on shutdown.
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5
+                )
+            )
             await server.serve()
-        finally:
-            if export is not None:
-                export.shutdown()  # flushes what is buffered
+    finally:
+        if export is not None:
+            export.shutdown()  # flushes what is buffered
+        if durable is not None:
+            durable.close()
     return EXIT_OK
+
+
+def _durable_client(config: str | None) -> DurableClient | None:
+    """The client that enqueues runs for workers, when ``[durable] enabled = true``."""
+    from agent_flow.durable.config import load_durable_config
+
+    settings = load_durable_config(config)
+    if not settings.enabled:
+        return None
+    try:
+        from agent_flow.durable import DurableClient
+    except ImportError as err:
+        raise _Failure(
+            EXIT_USAGE,
+            f"[durable] enabled = true needs the durable extra ({err.name} is missing); "
+            "install it with pip install 'agent-flow[durable]'",
+        ) from None
+    return DurableClient(settings)

@@ -7,6 +7,10 @@ also kept in memory, recorded *before* they are published (through `_BufferingRe
 agent's `StepRecorder`), so a watcher that takes a copy of them and subscribes to the bus in
 one synchronous step misses nothing: an event is either in its copy, or published after its
 subscription opened (or both, and it is sent once: ids only ever grow).
+
+A session whose runs execute in other processes (``runs_elsewhere``: durable runs, on
+`agent_flow.durable` workers) is watched by tailing the store (`SessionStore.follow_events`):
+its events arrive as each step is saved, with the same ids.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ __all__ = ["BATCH", "LiveSession"]
 
 #: Most events one SSE write carries.
 BATCH = 256
+#: Seconds a tail of the store waits for new events per read when no keep-alive is asked for.
+TAIL_WAIT = 60.0
 
 
 @dataclass
@@ -61,6 +67,8 @@ class LiveSession:
     last_prompt: PromptBreakdown | None = None
     approvals: dict[str, _Pending] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Its runs execute in other processes: `watch` tails the store, not this bus.
+    runs_elsewhere: bool = False
 
     @property
     def running(self) -> bool:
@@ -124,6 +132,10 @@ class LiveSession:
         after that many seconds without an event (the caller's cue for a keep-alive).
         Without `follow`, it ends after what happened so far.
         """
+        if self.runs_elsewhere:
+            async for stored_batch in self._tail(after, follow=follow, idle=idle):
+                yield stored_batch
+            return
         # One synchronous step: the copy of the latest run's events and the subscription.
         recent = list(self.buffer)
         subscription = self.bus.subscribe(maxsize=maxsize, policy=policy) if follow else None
@@ -170,6 +182,26 @@ class LiveSession:
         finally:
             if subscription is not None:
                 await subscription.aclose()
+
+    async def _tail(
+        self, after: int, *, follow: bool, idle: float | None
+    ) -> AsyncIterator[Sequence[tuple[int | None, AgentEvent]]]:
+        """The stored events after `after` in batches, then (with `follow`) each step's as saved."""
+        position = after + 1
+        wait = idle if idle is not None else TAIL_WAIT
+        while True:
+            if follow:
+                events = await self.store.wait_for_events(self.id, offset=position, wait=wait)
+            else:
+                events = await self.store.events(self.id, offset=position)
+            for first in range(0, len(events), BATCH):
+                chunk = events[first : first + BATCH]
+                yield [(position + n, event) for n, event in enumerate(chunk)]
+                position += len(chunk)
+            if not events and idle is not None:
+                yield []  # the keep-alive cue
+            if not follow:
+                return
 
 
 class _BufferingRecorder:

@@ -1,5 +1,8 @@
 """`SessionManager`: the sessions the server runs, over the library's public API.
 
+With a `DurableClient` it runs nothing itself: runs are enqueued for durable workers
+(`agent_flow.server._remote`), and event streams tail the store.
+
 It creates sessions in the store (their `SessionOptions` kept in the session's metadata, so
 a restarted server rebuilds the same agent), builds each session's agent on its first message
 with `AgentExecutor.resume` on a bus of the session's own, starts one run at a time per
@@ -11,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -21,12 +26,16 @@ from agent_flow.config import AgentConfig
 from agent_flow.errors import AgentFlowError, SessionNotFoundError
 from agent_flow.llm.base import LLMClient
 from agent_flow.server._live import LiveSession, buffering_recorder
+from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions.models import SessionInfo
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalResponse, ToolExecutor
+
+if TYPE_CHECKING:
+    from agent_flow.durable import DurableClient, RunHandle
 
 __all__ = ["ApiError", "LLMFactory", "SessionManager", "ToolsFactory"]
 
@@ -75,9 +84,12 @@ class SessionManager:
         llm_factory: LLMFactory | None = None,
         tools_factory: ToolsFactory | None = None,
         on_agent: Callable[[AgentExecutor], object] | None = None,
+        durable: DurableClient | None = None,
     ) -> None:
         self.config = config
         self._on_agent = on_agent
+        self.durable = durable
+        self._handles: dict[str, RunHandle] = {}
         self.store = store
         self.settings = settings
         self._llm_factory = llm_factory
@@ -196,6 +208,7 @@ class SessionManager:
             options=options,
             store=self.store,
             approval_timeout=self.settings.approval_timeout,
+            runs_elsewhere=self.durable is not None,
         )
 
     async def live(self, session_id: str) -> LiveSession:
@@ -237,6 +250,13 @@ class SessionManager:
         """The session's agent, resumed from the store and started on first use."""
         if live.agent is not None:
             return live.agent
+        if self.durable is not None:
+            raise ApiError(
+                409,
+                "runs_elsewhere",
+                "this server enqueues runs for durable workers and runs no agent itself; "
+                "send a message (POST /sessions/{id}/messages) and watch its events",
+            )
         config = self.session_config(live.options)
         close_llm: Callable[[], Awaitable[None]] | None = None
         if self._llm_factory is not None:
@@ -297,6 +317,8 @@ class SessionManager:
                     "or cancel it",
                     run_id=live.run_id or "",
                 )
+            if self.durable is not None:
+                return await self._enqueue(live, self.durable, message, trace)
             agent = await self.agent(live)
             base = (await self.info(session_id)).event_count
             first = len(agent.history) == 0 and agent.environment.task.objective == ""
@@ -309,9 +331,33 @@ class SessionManager:
             live.task = asyncio.create_task(_drive(session_id, coroutine, trace))
         return run_id, base
 
+    async def _enqueue(
+        self,
+        live: LiveSession,
+        durable: DurableClient,
+        message: str,
+        trace: Mapping[str, str] | None,
+    ) -> tuple[str, int]:
+        config = self.session_config(live.options)
+        base = (await self.info(live.id)).event_count
+        # The queued run carries the requester's trace to the worker that executes it.
+        with attached_context(trace):
+            handle = await durable.enqueue(live.id, message, config=config, run_id=uuid.uuid4().hex)
+        self._handles[live.id] = handle
+        live.run_id = handle.run_id
+        live.task = asyncio.create_task(
+            _drive(live.id, until_finished(self.store, handle, base)),
+            name=f"agent_flow.durable_run:{handle.run_id}",
+        )
+        return handle.run_id, base
+
     async def cancel(self, session_id: str) -> str:
         """Cancel the session's run and return its id (409 when none runs)."""
         live = await self.live(session_id)
+        handle = self._handles.get(session_id)
+        if handle is not None and live.running:
+            await handle.cancel()
+            return handle.run_id
         if not live.running or live.agent is None or live.run_id is None:
             raise ApiError(409, "not_running", f"session {session_id!r} has no run to cancel")
         live.agent.cancel()
@@ -331,12 +377,16 @@ class SessionManager:
     async def delete(self, session_id: str) -> None:
         """Stop the session's run, release its agent, and delete it from the store."""
         live = await self.live(session_id)
+        handle = self._handles.get(session_id)
+        if handle is not None and live.running:
+            await handle.cancel()
         await self._release(live)
         self._live.pop(session_id, None)
         with contextlib.suppress(SessionNotFoundError):
             await self.store.delete(session_id)
 
     async def _release(self, live: LiveSession) -> None:
+        self._handles.pop(live.id, None)  # a durable run goes on in its worker
         task = live.task
         if task is not None and not task.done():
             if live.agent is not None:

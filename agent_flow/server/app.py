@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ag_ui.core import RunAgentInput
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -67,6 +67,9 @@ from agent_flow.sessions.protocol import SessionStore
 from agent_flow.telemetry.propagation import TRACE_HEADERS, inject_context
 from agent_flow.tools import ApprovalResponse
 
+if TYPE_CHECKING:
+    from agent_flow.durable import DurableClient
+
 __all__ = ["create_app"]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -99,6 +102,7 @@ def create_app(
     llm_factory: LLMFactory | None = None,
     tools_factory: ToolsFactory | None = None,
     on_agent: Callable[[AgentExecutor], object] | None = None,
+    durable: DurableClient | None = None,
 ) -> FastAPI:
     """Build the service for agents configured by `config`, keeping sessions in `store`.
 
@@ -113,6 +117,9 @@ def create_app(
         on_agent: Called with each session's agent once it is built, before its first run:
             ``agent_flow.telemetry.instrument`` traces the runs (a run started by a request
             that carries a W3C ``traceparent`` joins the caller's trace).
+        durable: Enqueue runs for `agent_flow.durable` workers instead of running them here
+            (the caller opens and closes it); event streams then tail `store`, which must be
+            the workers' store. Approvals and AG-UI need in-process runs: not offered then.
     """
     settings = settings if settings is not None else ServerSettings()
     manager = SessionManager(
@@ -122,6 +129,7 @@ def create_app(
         llm_factory=llm_factory,
         tools_factory=tools_factory,
         on_agent=on_agent,
+        durable=durable,
     )
 
     @asynccontextmanager

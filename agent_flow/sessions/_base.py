@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +19,7 @@ from uuid import uuid4
 
 from pydantic import ValidationError
 
+from agent_flow._defaults import EVENTS_POLL_SECONDS
 from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
 from agent_flow.errors import SessionConflictError, StoreError, UserError
@@ -38,6 +39,7 @@ from agent_flow.sessions._backend import (
     _StepWrite,
     _Stored,
 )
+from agent_flow.sessions._changes import _Changes
 from agent_flow.sessions._planner import _environment_write, _kept_entries, _Tracked
 from agent_flow.sessions.export import _export_lines, _parse_export, _read_lines, _write_lines
 from agent_flow.sessions.models import (
@@ -110,10 +112,14 @@ class _OnWorker:
 class _StoreBase:
     """The async API over an `_AsyncBackend`."""
 
+    #: How long a follower of a session waits for a signal before it reads the store again.
+    _follow_poll: float = EVENTS_POLL_SECONDS
+
     def __init__(self, backend: _AsyncBackend, where: str) -> None:
         self._backend = backend
         self._where = where
         self._closed = False
+        self._changes = _Changes()
         # One lock per session serializes this store's writes of it, so that each plans
         # against the state it last saved; writes of different sessions go on side by side
         # (on PostgreSQL, over several pooled connections). A lock lives while someone holds
@@ -258,6 +264,8 @@ class _StoreBase:
                 tracked.history, tracked.history_version = weakref.ref(history), history_version
                 tracked.environment = weakref.ref(environment)
                 tracked.environment_version = env_version
+                if event_rows:
+                    self._changes.signal(session_id)
                 return info
         raise SessionConflictError(
             f"session {session_id!r} changed under every one of {_RETRIES} attempts to save a "
@@ -333,6 +341,51 @@ class _StoreBase:
         rows = await self._run(self._backend.events, session_id, offset, run_id, after_seq, limit)
         return [_decode_event(row, session_id) for row in rows]
 
+    async def wait_for_events(
+        self, session_id: str, *, offset: int = 0, wait: float
+    ) -> builtins.list[AgentEvent]:
+        """Return the session's events from position `offset` on, waiting for some if none.
+
+        Returns at once when events are stored past `offset`; otherwise when one is saved (by
+        this store, or by any process: a PostgreSQL store is notified, the others re-read
+        every `EVENTS_POLL_SECONDS`), or with ``[]`` when `wait` seconds passed.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: A negative `offset` or `wait`.
+        """
+        if wait < 0:
+            raise UserError(f"wait={wait} is negative; pass 0 or more seconds")
+        await self._listen()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            waiter = self._changes.waiter(session_id)  # before the read: see _changes
+            events = await self.events(session_id, offset=offset)
+            remaining = deadline - loop.time()
+            if events or remaining <= 0:
+                return events
+            await self._changes.wait(waiter, min(remaining, self._follow_poll))
+
+    async def follow_events(self, session_id: str, *, offset: int = 0) -> AsyncIterator[AgentEvent]:
+        """Yield the session's events from position `offset` on, then each one as it is saved.
+
+        Every event once, in the stored order, with no gap, whichever process saves it. It
+        never ends by itself: stop iterating (or cancel) when done, e.g. at the `RunFinished`
+        of the run you watch. Events arrive when their step is saved, not as published.
+
+        Raises:
+            SessionNotFoundError: No session has that id (or it was deleted meanwhile).
+        """
+        while True:
+            events = await self.wait_for_events(session_id, offset=offset, wait=60.0)
+            offset += len(events)
+            for event in events:
+                yield event
+
+    async def _listen(self) -> None:
+        """Start hearing of other processes' saves (a PostgreSQL store's LISTEN); else none."""
+
     async def delete(self, session_id: str) -> None:
         """Delete the session and everything stored with it.
 
@@ -388,6 +441,7 @@ class _StoreBase:
         session = _parse_export(lines, label, session_id)
         async with self._lock(session.info.id):
             await self._run(self._backend.insert, session)
+        self._changes.signal(session.info.id)
         return session.info
 
     # -- lifetime ----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from agent_flow._defaults import EVENTS_NOTIFIED_POLL_SECONDS
 from agent_flow.errors import StoreError, UserError
 from agent_flow.sessions._backend import (
     _exists,
@@ -50,6 +51,7 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions._pg_notify import _Listener, channel_for
 from agent_flow.sessions.models import SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
@@ -161,6 +163,7 @@ class _PostgresBackend:
         self._timeout = connect_timeout
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._opening = asyncio.Lock()
+        self.channel = channel_for(schema)
 
     async def _configure(self, conn: _Conn) -> None:
         await conn.execute("SET TIME ZONE 'UTC'")
@@ -394,6 +397,9 @@ class _PostgresBackend:
                                 for i, e in enumerate(write.events)
                             ],
                         )
+                if write.events:
+                    # Delivered at commit only: followers elsewhere read what it committed.
+                    await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, sid))
                 after = _stepped(info, write)
                 await conn.execute(
                     "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
@@ -533,6 +539,18 @@ class PostgresSessionStore(_StoreBase):
         )
         where = repr(redact(url) + (f" (schema {schema})" if schema else ""))
         super().__init__(backend, where)
+        self._listener = _Listener(url, backend.channel, self._changes, connect_timeout)
+
+    #: Notified of every save (see `_pg_notify`): re-reads are only a safety net.
+    _follow_poll = EVENTS_NOTIFIED_POLL_SECONDS
+
+    async def _listen(self) -> None:
+        await self._listener.start()
+
+    async def aclose(self) -> None:
+        """Release the store; later calls raise `StoreError`. Closing twice is harmless."""
+        await self._listener.aclose()
+        await super().aclose()
 
     async def _run(
         self, fn: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Protocol, Self
@@ -123,6 +123,30 @@ class SessionStore(Protocol):
         Raises:
             SessionNotFoundError: No session has that id.
             UserError: A negative `offset` or `limit`, or `after_seq` without `run_id`.
+        """
+        ...
+
+    async def wait_for_events(
+        self, session_id: str, *, offset: int = 0, wait: float
+    ) -> builtins.list[AgentEvent]:
+        """Return the session's events from position `offset` on; wait up to `wait` seconds.
+
+        When none is stored past `offset` yet, it waits for one to be saved (by any process).
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: A negative `offset` or `wait`.
+        """
+        ...
+
+    def follow_events(self, session_id: str, *, offset: int = 0) -> AsyncIterator[AgentEvent]:
+        """Yield the session's events from position `offset` on, then each as it is saved.
+
+        Every event once, in stored order, with no gap, whichever process saved it; it never
+        ends by itself (stop iterating when done).
+
+        Raises:
+            SessionNotFoundError: No session has that id.
         """
         ...
 

@@ -23,6 +23,11 @@ the agent loop. For each `ToolCall` it:
 The calls of one turn run concurrently in an `asyncio.TaskGroup` and the outcomes come back in
 call order. Cancelling `execute` cancels the running tools.
 
+In a durable run (a step runner is set, see `agent_flow._checkpoints`) each invocation is a
+step recording its `ToolResult`, and the calls of a turn run one after another, because
+recovery matches steps by position. A call a crash interrupted runs again if its tool is
+idempotent (or read-only); otherwise it gets an error result saying so, and never runs twice.
+
 Several agents may share one executor: the hooks and the approver of a turn travel with its
 `execute` call (a `_Scope`), never as state on the executor, so each agent hears about and
 answers for its own calls only. The executor's own `hooks` and `approval` are the defaults
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_flow._checkpoints import checkpointed, current_step_runner
 from agent_flow._defaults import DEFAULT_MAX_TOOL_OUTPUT_TOKENS, DEFAULT_TOOL_TIMEOUT
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
@@ -248,9 +254,14 @@ class ToolExecutor(ToolRegistry):
         async def run(index: int, call: ToolCall) -> None:
             ran[index] = await self._run_call(call, scope)
 
-        async with asyncio.TaskGroup() as group:
+        runner = current_step_runner()
+        if runner is not None and runner.sequential_tools:
             for index, call in enumerate(calls):
-                group.create_task(run(index, call))
+                await run(index, call)
+        else:
+            async with asyncio.TaskGroup() as group:
+                for index, call in enumerate(calls):
+                    group.create_task(run(index, call))
         return [
             self._finish(call, record, environment) for call, record in zip(calls, ran, strict=True)
         ]
@@ -363,11 +374,47 @@ class ToolExecutor(ToolRegistry):
             progress_callback=self._progress_reporter(call, scope.hooks),
         )
         if self._semaphore is None:
-            result = await self._invoke(call, registered, arguments, context)
+            result = await self._checkpointed_invoke(call, registered, arguments, context)
         else:
             async with self._semaphore:
-                result = await self._invoke(call, registered, arguments, context)
+                result = await self._checkpointed_invoke(call, registered, arguments, context)
         return _Ran(result, decision, approval)
+
+    async def _checkpointed_invoke(
+        self,
+        call: ToolCall,
+        registered: RegisteredTool,
+        arguments: JsonObject,
+        context: ToolContext,
+    ) -> ToolResult:
+        """`_invoke`, as a durable step when the run has a step runner (see the module doc)."""
+        runner = current_step_runner()
+        if runner is None:
+            return await self._invoke(call, registered, arguments, context)
+        policy = registered.policy
+        rerun = policy.idempotent or policy.read_only
+        started_before = False
+        if not rerun:
+            # A step recorded before the call starts: replayed without its result, it
+            # means the process that started the call crashed before recording one.
+            _, started_now = await checkpointed(runner, f"tool_started:{registered.name}", _started)
+            started_before = not started_now
+
+        async def work() -> str:
+            if started_before:
+                result = self._error(
+                    call,
+                    f"the call to {registered.name!r} was interrupted by a crash and was not "
+                    "run again because the tool is not idempotent; check its effect before "
+                    "calling it again",
+                    "interrupted",
+                )
+            else:
+                result = await self._invoke(call, registered, arguments, context)
+            return result.model_dump_json()
+
+        raw, _ = await checkpointed(runner, f"tool:{registered.name}", work)
+        return ToolResult.model_validate_json(raw)
 
     async def _invoke(
         self,
@@ -450,3 +497,7 @@ class ToolExecutor(ToolRegistry):
         listed = ", ".join(available[:40])
         more = f" and {len(available) - 40} more" if len(available) > 40 else ""
         return f"unknown tool {name!r}; {hint}available: {listed}{more}"
+
+
+async def _started() -> str:
+    return "started"

@@ -71,6 +71,9 @@ class ToolPolicy(BaseModel):
         risk: How much harm a call can do.
         command_argument: The argument holding a shell command, checked against the engine's
             forbidden and dangerous command patterns.
+        idempotent: Running a call twice does no more than running it once. A durable run
+            (`agent_flow.durable`) runs a call again that a crash interrupted only when its
+            tool is idempotent (or `read_only`); otherwise the call gets an error result.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -79,6 +82,7 @@ class ToolPolicy(BaseModel):
     requires_approval: bool = False
     risk: RiskLevel = RiskLevel.LOW
     command_argument: str | None = None
+    idempotent: bool = False
 
 
 Verdict: TypeAlias = Literal["allowed", "requires_approval", "denied"]

@@ -44,6 +44,7 @@ ErrorKind: TypeAlias = Literal[
     "exception",
     "mcp_error",
     "server_unavailable",
+    "interrupted",
     "reported",
 ]
 

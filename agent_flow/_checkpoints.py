@@ -1,0 +1,64 @@
+"""The seam through which a durable engine checkpoints a run's model calls and tool calls.
+
+The agent loop and the tool executor ask `current_step_runner()` around each model call and
+each tool invocation. Without one (the default) they call the model or the tool directly; a
+durable engine (`agent_flow.durable`, on DBOS) sets `STEP_RUNNER` for the run it executes,
+and every such call becomes a step whose recorded result (a JSON string the core writes and
+reads itself) is what a recovery gets back instead of calling again.
+
+The core decides what is recorded (`_model_call` records the completion and the events it
+streamed, the tool executor the `ToolResult`), so an engine only needs `step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Protocol
+
+__all__ = ["STEP_RUNNER", "StepRunner", "checkpointed", "current_step_runner"]
+
+
+class StepRunner(Protocol):
+    """Runs one named unit of work as a durable step.
+
+    `step` returns the string `work` returned, recorded: when a recovery replays a run, the
+    step at the same position returns its recorded string and `work` is not called.
+    """
+
+    async def step(self, name: str, work: Callable[[], Awaitable[str]]) -> str:
+        """Run `work` once (or return what it returned before this run was recovered)."""
+        ...
+
+    @property
+    def sequential_tools(self) -> bool:
+        """Whether one turn's tool calls must run one after another (steps are positional)."""
+        ...
+
+
+#: The step runner of the run executing in this context (None: no durability).
+STEP_RUNNER: ContextVar[StepRunner | None] = ContextVar("agent_flow_step_runner", default=None)
+
+
+def current_step_runner() -> StepRunner | None:
+    """The step runner of the run executing in this context, if it is durable."""
+    return STEP_RUNNER.get()
+
+
+async def checkpointed(
+    runner: StepRunner, name: str, work: Callable[[], Awaitable[str]]
+) -> tuple[str, bool]:
+    """Run `work` as the step `name`; return its recorded result and whether it ran now.
+
+    ``False`` means the result was recorded before a crash and is replayed: whatever `work`
+    did besides returning (events it published) happened in the process that crashed.
+    """
+    ran = False
+
+    async def tracked() -> str:
+        nonlocal ran
+        ran = True
+        return await work()
+
+    result = await runner.step(name, tracked)
+    return result, ran

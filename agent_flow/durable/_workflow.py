@@ -1,0 +1,221 @@
+"""The durable run: one DBOS workflow per run, one DBOS step per model call and tool call.
+
+`run_workflow` is registered with DBOS under `WORKFLOW_NAME`. It
+
+1. takes the session's state as the run found it in a first step (``session_snapshot``): a
+   recovery gets that recorded snapshot back, not the store's later state;
+2. rebuilds the agent from it in this process (`Runtime.build` makes the model client and the
+   tools) and runs it with a `_DBOSSteps` step runner set (see `agent_flow._checkpoints`):
+   every model call and tool call is a step, so a recovery replays them from their records
+   and reaches the same history, environment, usage and cost as the crashed process;
+3. records through a `_ReplayRecorder`: the events a replay publishes again that the store
+   already has (same run id, same ``seq``) are not saved twice, nor are the step saves they
+   belong to.
+
+The run's outcome (`ExecutionOutcome` as JSON) is the workflow's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from dbos import DBOS
+from pydantic import BaseModel, ConfigDict
+
+from agent_flow._checkpoints import STEP_RUNNER
+from agent_flow._types import JsonObject
+from agent_flow.agent import AgentExecutor, ExecutionOutcome
+from agent_flow.config import AgentConfig
+from agent_flow.environment import Environment
+from agent_flow.events import AgentEvent, RunFinished
+from agent_flow.history import History, HistoryEntry
+from agent_flow.llm.base import LLMClient
+from agent_flow.sessions.protocol import SessionStore, StepRecorder
+from agent_flow.telemetry.propagation import attached_context
+from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolExecutor
+
+__all__ = ["WORKFLOW_NAME", "RunRequest", "Runtime", "run_workflow"]
+
+#: The name runs are enqueued under (the same in every process of a deployment).
+WORKFLOW_NAME = "agent_flow.run"
+
+#: Builds the model client of a run from its config, with the coroutine that closes it.
+LLMFactory = Callable[[AgentConfig], tuple[LLMClient, Callable[[], Awaitable[None]] | None]]
+#: Builds the tool executor of a run from its config (None: from the config).
+ToolsFactory = Callable[[AgentConfig], ToolExecutor]
+
+
+class RunRequest(BaseModel):
+    """An enqueued run: the workflow's one argument (as JSON).
+
+    Attributes:
+        session_id: The session the run continues (it exists in the store).
+        message: The user message the run starts with.
+        run_id: The run's id: its events' ``run_id`` and its DBOS workflow id.
+        config: The agent's config as JSON (None: the worker's own).
+        trace_context: The W3C trace context of the enqueuer, so the run joins its trace.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    message: str
+    run_id: str
+    config: JsonObject | None = None
+    trace_context: dict[str, str] | None = None
+
+
+class _Snapshot(BaseModel):
+    entries: list[HistoryEntry]
+    environment: str | None
+
+
+@dataclass
+class Runtime:
+    """What a worker process runs durable runs with (one per process: DBOS is one per process).
+
+    Attributes:
+        store: The session store every run records into.
+        config: The agent config of runs whose request carries none.
+        llm_factory: Builds a run's model client (default: `OpenAIClient` from the config).
+        tools_factory: Builds a run's tools (default: from the config).
+    """
+
+    store: SessionStore
+    config: AgentConfig
+    llm_factory: LLMFactory | None = None
+    tools_factory: ToolsFactory | None = None
+
+    def llm(self, config: AgentConfig) -> tuple[LLMClient, Callable[[], Awaitable[None]] | None]:
+        """The model client of a run, and how to close it."""
+        if self.llm_factory is not None:
+            return self.llm_factory(config)
+        from agent_flow.llm.openai_client import OpenAIClient
+
+        client = OpenAIClient.from_config(config.resolved_llm())
+        return client, client.aclose
+
+
+_runtime: Runtime | None = None
+
+
+def install(runtime: Runtime | None) -> None:
+    """Make `runtime` the one this process's workflows run with."""
+    global _runtime
+    _runtime = runtime
+
+
+class _DBOSSteps:
+    """The `StepRunner` of a durable run: each unit of work is a DBOS step."""
+
+    sequential_tools = True
+
+    async def step(self, name: str, work: Callable[[], Awaitable[str]]) -> str:
+        async def call() -> str:
+            return await work()
+
+        result: str = await DBOS.run_step_async({"name": name}, call)
+        return result
+
+
+class _ReplayRecorder:
+    """A `StepRecorder` that does not save again what a crashed attempt of the run saved."""
+
+    def __init__(self, inner: StepRecorder, saved_through: int) -> None:
+        self._inner = inner
+        self._saved_through = saved_through  # the largest seq of this run in the store
+        self._last = -1
+
+    @property
+    def session_id(self) -> str | None:
+        return self._inner.session_id
+
+    async def start(self, *, agent: str, task: str) -> None:
+        await self._inner.start(agent=agent, task=task)
+
+    def record(self, event: AgentEvent) -> None:
+        self._last = event.seq
+        if event.seq > self._saved_through:
+            self._inner.record(event)
+
+    async def step(self, history: History, environment: Environment) -> None:
+        if self._last > self._saved_through:
+            await self._inner.step(history, environment)
+
+    async def finish(self, history: History, environment: Environment, final: RunFinished) -> None:
+        if final.seq > self._saved_through:
+            await self._inner.finish(history, environment, final)
+
+
+async def _refuse_approval(request: ApprovalRequest) -> ApprovalResponse:
+    """Durable runs ask no one: a call that needs approval is refused (the model is told)."""
+    return ApprovalResponse(
+        approved=False,
+        reason=f"{request.tool_name!r} needs approval, and a durable run (executing in a worker) "
+        "has no one to ask; allow the tool in its policy to use it in durable runs",
+    )
+
+
+async def _snapshot(store: SessionStore, session_id: str) -> str:
+    state = await store.load(session_id)
+    environment = state.environment.to_json() if state.environment is not None else None
+    return _Snapshot(entries=list(state.entries), environment=environment).model_dump_json()
+
+
+async def _saved_through(store: SessionStore, session_id: str, run_id: str) -> int:
+    events = await store.events(session_id, run_id=run_id)
+    return max((event.seq for event in events), default=-1)
+
+
+@DBOS.workflow(name=WORKFLOW_NAME)
+async def run_workflow(request_json: str) -> str:
+    """Execute one enqueued run (see the module doc); return its `ExecutionOutcome` JSON."""
+    runtime = _runtime
+    if runtime is None:
+        raise RuntimeError("no agent_flow durable runtime in this process; start a Worker")
+    request = RunRequest.model_validate_json(request_json)
+    with attached_context(request.trace_context):
+        outcome = await _execute(runtime, request)
+    return outcome.model_dump_json()
+
+
+async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
+    store = runtime.store
+    raw: str = await DBOS.run_step_async(
+        {"name": "session_snapshot"}, _snapshot, store, request.session_id
+    )
+    snapshot = _Snapshot.model_validate_json(raw)
+    config = (
+        AgentConfig.model_validate(request.config) if request.config is not None else runtime.config
+    )
+    llm, close = runtime.llm(config)
+    try:
+        tools = runtime.tools_factory(config) if runtime.tools_factory is not None else None
+        environment = Environment.from_json(snapshot.environment) if snapshot.environment else None
+        agent = AgentExecutor(
+            llm,
+            config=config,
+            tools=tools,
+            environment=environment,
+            store=store,
+            session_id=request.session_id,
+            approval=_refuse_approval,
+        )
+        for entry in snapshot.entries:
+            agent.history.add(entry)
+        assert agent.recorder is not None
+        saved = await _saved_through(store, request.session_id, request.run_id)
+        agent.recorder = _ReplayRecorder(agent.recorder, saved)
+        token = STEP_RUNNER.set(_DBOSSteps())
+        try:
+            async with agent:
+                first = not snapshot.entries and agent.environment.task.objective == ""
+                if first:
+                    return await agent.run(request.message, run_id=request.run_id)
+                return await agent.send(request.message, run_id=request.run_id)
+        finally:
+            STEP_RUNNER.reset(token)
+    finally:
+        if close is not None:
+            await close()

@@ -1,0 +1,149 @@
+"""`DurableClient`: enqueue durable runs and await or poll their outcomes, from any process.
+
+A client talks to DBOS's system database only (`dbos.DBOSClient`): a server or a script
+enqueues runs without executing any; `DurableWorker` processes execute them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from dbos import DBOS, DBOSClient
+
+from agent_flow.agent import ExecutionOutcome
+from agent_flow.config import AgentConfig
+from agent_flow.durable._workflow import WORKFLOW_NAME, RunRequest
+from agent_flow.durable.config import DurableConfig
+from agent_flow.errors import RunError
+from agent_flow.telemetry.propagation import inject_context
+
+__all__ = ["DurableClient", "RunHandle", "RunState"]
+
+#: Where a run is: queued, executing (or waiting for recovery), or over.
+RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+_STATES: dict[str, RunState] = {
+    "ENQUEUED": "queued",
+    "DELAYED": "queued",
+    "PENDING": "running",
+    "SUCCESS": "succeeded",
+    "ERROR": "failed",
+    "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed",
+    "CANCELLED": "cancelled",
+}
+
+
+class RunHandle:
+    """One enqueued run: its id, its state, its outcome."""
+
+    def __init__(self, client: DBOSClient, run_id: str, session_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+        self.session_id = session_id
+
+    def __repr__(self) -> str:
+        return f"RunHandle(run_id={self.run_id!r}, session_id={self.session_id!r})"
+
+    async def state(self) -> RunState:
+        """Where the run is now."""
+        handle: Any = await self._client.retrieve_workflow_async(self.run_id)
+        return _STATES.get((await handle.get_status()).status, "running")
+
+    async def cancel(self) -> None:
+        """Cancel the run: it stops at its next step (a step under way finishes first).
+
+        Its events stop there too, without a ``run_finished``; the session keeps what its last
+        completed step saved. Cancelling a run that is over changes nothing.
+        """
+        await self._client.cancel_workflow_async(self.run_id)
+
+    async def outcome(self, *, poll_seconds: float = 0.1) -> ExecutionOutcome:
+        """Wait for the run to end and return its outcome (the run's own, however it stopped).
+
+        Raises:
+            RunError: The workflow itself failed (not the agent: its failures are outcomes).
+        """
+        handle: Any = await self._client.retrieve_workflow_async(self.run_id)
+        try:
+            raw = await handle.get_result(polling_interval_sec=poll_seconds)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            raise RunError(f"durable run {self.run_id} failed: {err}") from err
+        return ExecutionOutcome.model_validate_json(raw)
+
+
+class DurableClient:
+    """Enqueues runs on the deployment's DBOS queue (use as ``async with``, or `close`).
+
+    Creating one connects to the system database and creates DBOS's tables if they are
+    missing (blocking, once per process start); start it before the workers.
+    """
+
+    def __init__(self, durable: DurableConfig) -> None:
+        self.durable = durable
+        # Runs may be enqueued before any worker started: create DBOS's tables if needed.
+        DBOS.migrate(durable.resolved_url())
+        self._client = DBOSClient(
+            system_database_url=durable.resolved_url(), application_name=durable.app_name
+        )
+
+    async def enqueue(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        config: AgentConfig | None = None,
+        run_id: str | None = None,
+    ) -> RunHandle:
+        """Enqueue a run of `session_id` on `message` and return its handle.
+
+        Args:
+            session_id: A session that exists in the workers' store.
+            message: The user message the run starts with.
+            config: The agent config to run with (None: the worker's own).
+            run_id: The run's id (a new one if None); enqueueing an id again is a no-op.
+        """
+        request = RunRequest(
+            session_id=session_id,
+            message=message,
+            run_id=run_id or uuid.uuid4().hex,
+            config=config.model_dump(mode="json", exclude_unset=True) if config else None,
+            trace_context=inject_context() or None,
+        )
+        options: Any = {
+            "workflow_name": WORKFLOW_NAME,
+            "queue_name": self.durable.queue,
+            "workflow_id": request.run_id,
+            "app_version": _app_version(),
+        }
+        await self._client.enqueue_async(options, request.model_dump_json())
+        return RunHandle(self._client, request.run_id, session_id)
+
+    def handle(self, run_id: str, session_id: str) -> RunHandle:
+        """The handle of a run enqueued earlier (by any process)."""
+        return RunHandle(self._client, run_id, session_id)
+
+    def close(self) -> None:
+        """Release the client's connections to the system database."""
+        self._client.destroy()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _app_version() -> str:
+    from agent_flow import __version__
+
+    return f"agent_flow-{__version__}"

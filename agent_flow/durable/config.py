@@ -1,0 +1,79 @@
+"""`DurableConfig`: the ``[durable]`` table, how runs become durable DBOS workflows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_flow._defaults import (
+    DURABLE_APP_NAME,
+    DURABLE_POLL_SECONDS,
+    DURABLE_QUEUE,
+    DURABLE_SQLITE_FILE,
+)
+from agent_flow.errors import ConfigError
+
+__all__ = ["DurableConfig", "load_durable_config"]
+
+
+class DurableConfig(BaseModel):
+    """How runs are made durable (the ``[durable]`` table of an agent.toml).
+
+    Attributes:
+        enabled: Run agents as DBOS workflows through a queue (``durable = true``).
+        system_database_url: DBOS's system database: ``postgresql://...`` to share runs
+            between processes and machines, ``sqlite:///path`` for one machine; None: a
+            SQLite file beside the session store (``AGENT_FLOW_HOME`` or the data dir).
+        queue: The DBOS queue runs are enqueued on.
+        worker_concurrency: Runs one worker process executes at once (None: no limit).
+        global_concurrency: Runs executing at once across every worker (None: no limit).
+        executor_id: This process's DBOS executor id (None: a new one per process). A
+            worker restarted with its old id takes back its own unfinished runs at once.
+        poll_seconds: How often a worker looks for queued runs and for dead workers.
+        app_name: The DBOS application name every process of one deployment shares.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = False
+    system_database_url: str | None = Field(default=None, min_length=1)
+    queue: str = Field(default=DURABLE_QUEUE, min_length=1)
+    worker_concurrency: int | None = Field(default=None, ge=1)
+    global_concurrency: int | None = Field(default=None, ge=1)
+    executor_id: str | None = Field(default=None, min_length=1)
+    poll_seconds: float = Field(default=DURABLE_POLL_SECONDS, gt=0)
+    app_name: str = Field(default=DURABLE_APP_NAME, pattern=r"^[a-z0-9_-]{3,256}$")
+
+    def resolved_url(self) -> str:
+        """The system database URL, the local SQLite default when none is set."""
+        if self.system_database_url is not None:
+            return self.system_database_url
+        from agent_flow.sessions.protocol import default_store_path
+
+        path = default_store_path().with_name(DURABLE_SQLITE_FILE)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+
+
+def load_durable_config(path: str | Path | None) -> DurableConfig:
+    """Read the ``[durable]`` table of a TOML config file (defaults: not durable).
+
+    Raises:
+        ConfigError: The file is missing or not TOML, or ``[durable]`` is invalid; the message
+            names the key and the file.
+    """
+    if path is None:
+        return DurableConfig()
+    from agent_flow.config import _read_toml
+
+    document = _read_toml(path)
+    table = document.get("durable", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[durable] in {path} must be a table, e.g. enabled = true")
+    try:
+        return DurableConfig.model_validate(table)
+    except ValidationError as err:
+        item = err.errors()[0]
+        where = ".".join(str(part) for part in item["loc"])
+        raise ConfigError(f"invalid [durable] {where} in {path}: {item['msg']}") from err

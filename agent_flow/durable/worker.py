@@ -1,0 +1,160 @@
+"""`DurableWorker`: a process that executes queued runs, and recovers the runs of dead ones.
+
+A worker launches DBOS in this process (its executor id, the deployment's system database),
+registers the queue with its concurrency limits, and executes the runs DBOS dequeues for it
+(`agent_flow.durable._workflow`). Every `DurableConfig.poll_seconds` it also looks at the
+runs pending on other executors: an executor whose liveness lock it can take is gone (see
+`agent_flow.durable._liveness`), and its runs are handed back to the queue through DBOS's
+recovery, then finished by whichever worker dequeues them, from their last recorded step.
+
+Recovery is at-least-once for the step a crash interrupted (a model call is made again; a
+tool call runs again only if its tool is idempotent, see `ToolPolicy.idempotent`); every
+step recorded before the crash is replayed from its record and never executed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from types import TracebackType
+from typing import Any, Self
+
+from dbos import DBOS
+
+from agent_flow import __version__
+from agent_flow.config import AgentConfig
+from agent_flow.durable._liveness import Liveness, liveness_for
+from agent_flow.durable._workflow import LLMFactory, Runtime, ToolsFactory, install
+from agent_flow.durable.config import DurableConfig
+from agent_flow.sessions.protocol import SessionStore
+
+__all__ = ["DurableWorker", "dbos_config"]
+
+logger = logging.getLogger("agent_flow.durable")
+
+
+def dbos_config(durable: DurableConfig, executor_id: str) -> Any:
+    """The DBOS configuration of a process of this deployment."""
+    return {
+        "name": durable.app_name,
+        "system_database_url": durable.resolved_url(),
+        "executor_id": executor_id,
+        # One version for every process of a deployment, so any worker may recover any run.
+        "application_version": f"agent_flow-{__version__}",
+        "notification_listener_polling_interval_sec": durable.poll_seconds,
+        "log_level": "WARNING",
+    }
+
+
+class DurableWorker:
+    """Executes durable runs in this process (use as ``async with``; one per process).
+
+    Args:
+        durable: The deployment's durable settings.
+        store: The session store runs record into (the caller opens and closes it).
+        config: The agent config of runs whose request carries none.
+        llm_factory: Builds a run's model client (default: `OpenAIClient` from the config).
+        tools_factory: Builds a run's tools (default: from the config).
+        concurrency: Runs this worker executes at once (default:
+            `DurableConfig.worker_concurrency`).
+    """
+
+    def __init__(
+        self,
+        durable: DurableConfig,
+        store: SessionStore,
+        config: AgentConfig | None = None,
+        *,
+        llm_factory: LLMFactory | None = None,
+        tools_factory: ToolsFactory | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        self.durable = durable
+        self.executor_id = durable.executor_id or f"worker-{uuid.uuid4().hex[:12]}"
+        self._runtime = Runtime(
+            store=store,
+            config=config if config is not None else AgentConfig(),
+            llm_factory=llm_factory,
+            tools_factory=tools_factory,
+        )
+        self._concurrency = concurrency if concurrency is not None else durable.worker_concurrency
+        self._liveness: Liveness | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Take this worker's liveness lock, launch DBOS and start watching for dead workers."""
+        url = self.durable.resolved_url()
+        self._liveness = liveness_for(url)
+        await self._liveness.hold(self.executor_id)
+        install(self._runtime)
+        DBOS(config=dbos_config(self.durable, self.executor_id))
+        # Launched from this event loop: DBOS runs the dequeued workflows on it.
+        DBOS.launch()
+        await DBOS.register_queue_async(
+            self.durable.queue,
+            worker_concurrency=self._concurrency,
+            global_concurrency=self.durable.global_concurrency,
+            polling_interval_sec=self.durable.poll_seconds,
+            on_conflict="always_update",
+        )
+        self._watch = asyncio.create_task(self._recover_dead_workers())
+
+    async def aclose(self) -> None:
+        """Stop executing runs (unfinished ones stay pending, for recovery) and shut DBOS down."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        await asyncio.to_thread(DBOS.destroy)
+        install(None)
+        if self._liveness is not None:
+            await self._liveness.aclose()
+            self._liveness = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def serve_forever(self) -> None:
+        """Execute runs until cancelled."""
+        await asyncio.Event().wait()
+
+    async def recover_dead_workers(self) -> list[str]:
+        """Hand the runs of every dead executor back to the queue; return those executors."""
+        assert self._liveness is not None
+        pending = await DBOS.list_workflows_async(
+            status="PENDING", load_input=False, load_output=False
+        )
+        owners = sorted({w.executor_id for w in pending if w.executor_id} - {self.executor_id})
+        recovered: list[str] = []
+        for owner in owners:
+            if not await self._liveness.claim_if_dead(owner):
+                continue
+            try:
+                handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [owner])
+                logger.warning(
+                    "executor %s is gone: %d run(s) handed back to the queue", owner, len(handles)
+                )
+                recovered.append(owner)
+            finally:
+                await self._liveness.release(owner)
+        return recovered
+
+    async def _recover_dead_workers(self) -> None:
+        while True:
+            try:
+                await self.recover_dead_workers()
+            except Exception:  # a failed pass is retried at the next one
+                logger.exception("looking for the runs of dead workers failed")
+            await asyncio.sleep(self.durable.poll_seconds * 5)

@@ -1,0 +1,47 @@
+"""Runs a server hands to durable workers: enqueue, follow to the end, cancel.
+
+With a `DurableClient` (``[durable] enabled = true``), `SessionManager.send` does not run the
+agent in the server: it enqueues the run on the DBOS queue and answers at once; a worker
+process executes it (`agent_flow.durable`). The server learns how the run goes from the store
+(its events, saved by the worker step by step, `SessionStore.follow_events`) and, for a run
+that died without finishing, from DBOS (`RunHandle.state`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agent_flow._defaults import DURABLE_STATE_SECONDS
+from agent_flow.events import RunFinished
+from agent_flow.sessions.protocol import SessionStore
+
+if TYPE_CHECKING:
+    from agent_flow.durable import RunHandle
+
+__all__ = ["until_finished"]
+
+logger = logging.getLogger("agent_flow.server")
+
+
+async def until_finished(store: SessionStore, handle: RunHandle, offset: int) -> None:
+    """Return when the run of `handle` is over: its `RunFinished` is stored, or DBOS says so.
+
+    Args:
+        store: The store the run's worker saves into.
+        handle: The enqueued run.
+        offset: The session's event count when it was enqueued (its events come after).
+    """
+    while True:
+        events = await store.wait_for_events(
+            handle.session_id, offset=offset, wait=DURABLE_STATE_SECONDS
+        )
+        offset += len(events)
+        if any(isinstance(e, RunFinished) and e.run_id == handle.run_id for e in events):
+            return
+        if not events:
+            state = await handle.state()
+            if state in ("succeeded", "failed", "cancelled"):
+                if state != "succeeded":
+                    logger.warning("durable run %s ended %s", handle.run_id, state)
+                return

@@ -1,0 +1,74 @@
+"""A durable worker process for the tests: a counting tool and a model that calls it.
+
+``python -m tests.durable_app STORE_URL SYSTEM_DB_URL COUNTS_DIR EXECUTOR_ID [KILL_AT]``
+
+Each run's message is ``count N``: the model calls ``count`` N times (one call per turn),
+then answers ``done``. Every execution of the tool appends one line to
+``COUNTS_DIR/<run's session>.txt`` (the side-effect counter). With ``KILL_AT``, the process
+SIGKILLs itself at its KILL_AT-th model call: a crash at a random point between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from agent_flow.config import AgentConfig
+from agent_flow.durable import DurableConfig, DurableWorker
+from agent_flow.llm.base import LLMRequest
+from agent_flow.sessions import open_store
+from agent_flow.testing import FunctionLLM, Reply, call, reply
+from agent_flow.tools import ToolContext, ToolExecutor, ToolPolicy, tool
+
+CONFIG = AgentConfig(control_tools=False, max_iterations=50)
+
+
+def model_and_tools(counts: Path, kill_at: int | None) -> tuple[FunctionLLM, ToolExecutor]:
+    calls = 0
+
+    def play(request: LLMRequest) -> Reply:
+        nonlocal calls
+        calls += 1
+        if kill_at is not None and calls == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        users = [i for i, m in enumerate(request.messages) if m.role == "user"]
+        wanted = int(str(request.messages[users[-1]].content).split()[-1])
+        done = sum(1 for m in request.messages[users[-1] :] if m.role == "tool")
+        if done < wanted:
+            return reply(tool_calls=[call("count", n=done + 1)])
+        return reply("done")
+
+    @tool(policy=ToolPolicy(idempotent=False))
+    def count(n: int, context: ToolContext) -> str:
+        """Count one side effect."""
+        with (counts / f"{context.run_id}.txt").open("a") as file:
+            file.write(f"{n}\n")
+        return f"counted {n}"
+
+    return FunctionLLM(play), ToolExecutor([count])
+
+
+async def main(store_url: str, system_url: str, counts: str, executor: str, kill: str) -> None:
+    llm, tools = model_and_tools(Path(counts), int(kill) if kill else None)
+    durable = DurableConfig(
+        enabled=True, system_database_url=system_url, executor_id=executor, poll_seconds=0.1
+    )
+    async with (
+        open_store(store_url) as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ) as worker,
+    ):
+        print("ready", flush=True)
+        await worker.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:5], sys.argv[5] if len(sys.argv) > 5 else ""))

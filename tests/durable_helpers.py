@@ -1,0 +1,84 @@
+"""Fixtures of the durable-run tests: a fresh PostgreSQL schema and DBOS database, worker
+processes (`tests/durable_app.py`), and the tool's side-effect counters."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def pg() -> Iterator[tuple[str, str]]:
+    """A session store URL (fresh schema) and a DBOS system database URL (fresh database)."""
+    require_postgres()
+    import psycopg
+    from psycopg import sql
+
+    suffix = uuid.uuid4().hex[:12]
+    schema, database = f"af_durable_{suffix}", f"af_dbos_{suffix}"
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    base, _, _ = URL.rpartition("/")
+    try:
+        yield f"{URL}?schema={schema}", f"{base}/{database}"
+    finally:
+        drop_schema(schema)
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+            )
+
+
+def counts_of(directory: Path, run_id: str) -> list[int]:
+    path = directory / f"{run_id}.txt"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+class Workers:
+    """Worker processes of one test; every one is killed at the end."""
+
+    def __init__(self, store: str, system: str, counts: Path) -> None:
+        self.args = [store, system, str(counts)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, executor: str, kill_at: int | None = None) -> subprocess.Popen[bytes]:
+        extra = [str(kill_at)] if kill_at is not None else []
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.durable_app", *self.args, executor, *extra],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def workers(pg: tuple[str, str], tmp_path: Path) -> Iterator[Workers]:
+    group = Workers(pg[0], pg[1], tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+async def wait_dead(proc: subprocess.Popen[bytes], seconds: float) -> None:
+    """Wait for the process to exit (it kills itself; a process has no event to await)."""
+    await asyncio.wait_for(asyncio.to_thread(proc.wait), seconds)

@@ -1,0 +1,138 @@
+"""Durable runs on DBOS: a run completes, and survives SIGKILLed workers exactly once.
+
+The workers are real processes (`tests/durable_app.py`) on a real PostgreSQL: a fresh schema
+for the sessions and a fresh database for DBOS's system tables, both dropped after the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
+from agent_flow.sessions import open_store
+from tests.durable_app import CONFIG, model_and_tools
+from tests.durable_helpers import Workers, counts_of, pg, wait_dead, workers
+
+__all__ = ["pg", "workers"]  # fixtures
+
+
+async def test_a_durable_run_completes_with_its_events_in_the_store(tmp_path: Path) -> None:
+    llm, tools = model_and_tools(tmp_path, None)
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.sqlite", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ),
+        DurableClient(durable) as client,
+    ):
+        info = await store.create(agent="durable")
+        handle = await client.enqueue(info.id, "count 3")
+        outcome = await asyncio.wait_for(handle.outcome(), 60)
+        assert outcome.final_text == "done"
+        assert [use.content for use in outcome.tool_uses] == ["counted 1", "counted 2", "counted 3"]
+        assert counts_of(tmp_path, handle.run_id) == [1, 2, 3]
+        assert await handle.state() == "succeeded"
+        events = await store.events(info.id, run_id=handle.run_id)
+        assert [event.seq for event in events] == list(range(len(events)))
+        assert events[-1].kind == "run_finished"
+        state = await store.load(info.id)
+        assert state.info.status == "completed"
+        assert [e.kind for e in state.entries].count("tool_result") == 3
+
+
+@pytest.mark.timeout(180)
+async def test_sigkilled_workers_lose_no_run_and_repeat_no_tool_call(
+    pg: tuple[str, str], workers: Workers, tmp_path: Path
+) -> None:
+    store_url, system_url = pg
+    rng = random.Random(20261123)
+    wanted = {index: rng.randint(2, 4) for index in range(20)}
+    durable = DurableConfig(enabled=True, system_database_url=system_url, poll_seconds=0.1)
+    async with open_store(store_url) as store, DurableClient(durable) as client:
+        first = workers.start("w1", kill_at=rng.randint(5, 30))
+        second = workers.start("w2", kill_at=rng.randint(20, 45))
+        handles = []
+        for count in wanted.values():
+            info = await store.create(agent="durable")
+            handles.append((await client.enqueue(info.id, f"count {count}"), count))
+        await wait_dead(first, 60)
+        await wait_dead(second, 60)
+        assert first.returncode == second.returncode == -9  # both were SIGKILLed mid-work
+        workers.start("w3")
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(handle.outcome() for handle, _ in handles)), 90
+        )
+        # w1 restarts under its old id: it finds nothing of its own left to run.
+        workers.start("w1")
+        await asyncio.sleep(2.0)
+        interrupted = 0
+        for (handle, count), outcome in zip(handles, outcomes, strict=True):
+            assert outcome.final_text == "done", outcome
+            assert len(outcome.tool_uses) == count
+            executed = counts_of(tmp_path, handle.run_id)
+            for n, use in enumerate(outcome.tool_uses, start=1):
+                assert use.arguments == f'{{"n":{n}}}' or json.loads(use.arguments) == {"n": n}
+                if use.error_kind == "interrupted":
+                    # Running when a worker died: not idempotent, so never run again.
+                    interrupted += 1
+                    assert executed.count(n) <= 1, (handle, executed)
+                else:
+                    assert use.content == f"counted {n}"
+                    assert executed.count(n) == 1, (handle, executed)
+            events = await store.events(handle.session_id, run_id=handle.run_id)
+            assert [event.seq for event in events] == list(range(len(events))), handle
+            assert sum(event.kind == "run_finished" for event in events) == 1
+        print(f"20 runs finished exactly once; {interrupted} tool call(s) interrupted by a kill")
+
+
+async def test_a_durable_run_refuses_tools_that_need_approval(tmp_path: Path) -> None:
+    from agent_flow.llm.base import LLMRequest
+    from agent_flow.testing import FunctionLLM, Reply, call, reply
+    from agent_flow.tools import ToolExecutor, ToolPolicy, tool
+
+    ran: list[str] = []
+
+    @tool(policy=ToolPolicy(requires_approval=True))
+    def launch(target: str) -> str:
+        """Launch something risky."""
+        ran.append(target)
+        return "launched"
+
+    def play(request: LLMRequest) -> Reply:
+        if not any(m.role == "tool" for m in request.messages):
+            return reply(tool_calls=[call("launch", target="prod")])
+        return reply("gave up")
+
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.sqlite", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (FunctionLLM(play), None),
+            tools_factory=lambda _config: ToolExecutor([launch]),
+        ),
+        DurableClient(durable) as client,
+    ):
+        info = await store.create(agent="durable")
+        outcome = await asyncio.wait_for((await client.enqueue(info.id, "go")).outcome(), 60)
+    assert ran == []
+    [use] = outcome.tool_uses
+    assert use.error_kind == "not_approved"
+    assert "durable run" in use.content and "has no one to ask" in use.content
+    assert outcome.final_text == "gave up"

@@ -1,0 +1,202 @@
+"""Two servers and two durable workers on one PostgreSQL database, clients on both servers.
+
+`agent-flow serve` with ``[durable] enabled = true`` (here: `create_app(..., durable=...)` on a
+real uvicorn) enqueues each run on the DBOS queue; worker processes (`tests/durable_app.py`)
+execute them; a client watching a session on either server gets every event of every run,
+live, in order, with ids 0, 1, 2, ... (no gap, no duplicate), the same on both servers and the
+same as the store holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
+
+from agent_flow.durable import DurableClient, DurableConfig
+from agent_flow.llm.base import LLMClient
+from agent_flow.server import create_app
+from agent_flow.sessions import open_store
+from agent_flow.testing import ScriptedLLM
+from tests.durable_app import CONFIG
+from tests.durable_helpers import Workers, counts_of, pg, workers
+from tests.server_harness import EventStream, serving, stream
+
+__all__ = ["pg", "workers"]  # fixtures
+
+SESSIONS = 6
+RUNS_PER_SESSION = 2
+
+
+def no_model(_config: object) -> LLMClient:
+    raise AssertionError("a durable server runs no model itself")
+
+
+async def until_run_finished(events: EventStream, run_id: str) -> list[tuple[int, str, str]]:
+    """(id, kind, run id) of every frame up to the `run_finished` of `run_id`."""
+    got: list[tuple[int, str, str]] = []
+    while True:
+        frame = await events.next()
+        assert frame.id is not None and frame.event is not None, frame
+        got.append((int(frame.id), frame.event, frame.json["run_id"]))
+        if frame.event == "run_finished" and frame.json["run_id"] == run_id:
+            return got
+
+
+@pytest.mark.timeout(180)
+async def test_two_servers_two_workers_every_stream_complete_in_order(
+    pg: tuple[str, str], workers: Workers, tmp_path: Path
+) -> None:
+    store_url, system_url = pg
+    durable = DurableConfig(enabled=True, system_database_url=system_url, poll_seconds=0.1)
+    async with DurableClient(durable) as client_a, DurableClient(durable) as client_b:
+        workers.start("w1")
+        workers.start("w2")
+        async with (
+            open_store(store_url) as store_a,
+            open_store(store_url) as store_b,
+            serving(
+                create_app(CONFIG, store=store_a, llm_factory=no_model, durable=client_a)
+            ) as http_a,
+            serving(
+                create_app(CONFIG, store=store_b, llm_factory=no_model, durable=client_b)
+            ) as http_b,
+        ):
+            servers = [http_a, http_b]
+            sessions = []
+            for index in range(SESSIONS):
+                created = await servers[index % 2].post("/sessions", json={})
+                assert created.status_code == 201, created.text
+                sessions.append(created.json()["id"])
+
+            async def drive(
+                index: int, sid: str
+            ) -> tuple[list[str], list[list[tuple[int, str, str]]]]:
+                """Watch `sid` on both servers; send its runs through alternating servers."""
+                async with contextlib.AsyncExitStack() as stack:
+                    watchers = [
+                        await stack.enter_async_context(stream(http, f"/sessions/{sid}/events"))
+                        for http in servers
+                    ]
+                    seen: list[list[tuple[int, str, str]]] = [[], []]
+                    run_ids = []
+                    for run in range(RUNS_PER_SESSION):
+                        sender = servers[(index + run) % 2]
+                        sent = await sender.post(
+                            f"/sessions/{sid}/messages", json={"message": f"count {run + 2}"}
+                        )
+                        assert sent.status_code == 202, sent.text  # answered at once
+                        accepted = sent.json()
+                        assert accepted["first_event_id"] == len(seen[0])
+                        busy = await sender.post(
+                            f"/sessions/{sid}/messages", json={"message": "count 1"}
+                        )
+                        assert busy.status_code == 409 and busy.json()["code"] == "run_in_progress"
+                        run_ids.append(accepted["run_id"])
+                        for side, watcher in enumerate(watchers):
+                            seen[side] += await until_run_finished(watcher, accepted["run_id"])
+                        # The enqueuing server says idle once the run is over.
+                        for _ in range(100):
+                            view = (await sender.get(f"/sessions/{sid}")).json()
+                            if view["state"] == "idle":
+                                break
+                            await asyncio.sleep(0.05)
+                        assert view["state"] == "idle", view
+                    return run_ids, seen
+
+            results = await asyncio.wait_for(
+                asyncio.gather(*(drive(i, sid) for i, sid in enumerate(sessions))), 150
+            )
+            for sid, (run_ids, seen) in zip(sessions, results, strict=True):
+                stored = await store_a.events(sid)
+                expected = [(i, e.kind, e.run_id) for i, e in enumerate(stored)]
+                assert seen[0] == seen[1] == expected, sid
+                assert [kind for _, kind, _ in expected].count("run_finished") == RUNS_PER_SESSION
+                for run, run_id in enumerate(run_ids):
+                    assert counts_of(tmp_path, run_id) == list(range(1, run + 3))
+                    seqs = [e.seq for e in stored if e.run_id == run_id]
+                    assert seqs == list(range(len(seqs)))
+            all_runs = [run_id for run_ids, _ in results for run_id in run_ids]
+            listed = await client_a._client.list_workflows_async(
+                workflow_ids=all_runs, load_input=False, load_output=False
+            )
+            executors = [w.executor_id for w in listed]
+            assert len(executors) == len(all_runs) and set(executors) <= {"w1", "w2"}
+            print("runs per worker:", {e: executors.count(e) for e in sorted(set(executors))})
+            state = await store_a.load(sessions[0])
+            assert [e.kind for e in state.entries].count("tool_result") == 2 + 3
+
+
+async def test_a_durable_server_refuses_in_process_agents(tmp_path: Path) -> None:
+    durable = DurableConfig(enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.db")
+    async with DurableClient(durable) as client, open_store("memory://") as store:
+        app = create_app(
+            CONFIG, store=store, llm_factory=lambda _c: ScriptedLLM([]), durable=client
+        )
+        async with serving(app) as http:
+            sid = (await http.post("/sessions", json={})).json()["id"]
+            resumed = await http.post(f"/sessions/{sid}/resume")
+            assert resumed.status_code == 409 and resumed.json()["code"] == "runs_elsewhere"
+            idle = await http.post(f"/sessions/{sid}/cancel")
+            assert idle.status_code == 409 and idle.json()["code"] == "not_running"
+
+
+def test_serve_enqueues_only_when_the_config_says_durable(tmp_path: Path) -> None:
+    from agent_flow.cli._serve import _durable_client
+
+    assert _durable_client(None) is None
+    plain = tmp_path / "plain.toml"
+    plain.write_text('[agent]\nname = "a"\n')
+    assert _durable_client(str(plain)) is None
+    durable = tmp_path / "durable.toml"
+    durable.write_text(
+        f'[durable]\nenabled = true\nsystem_database_url = "sqlite:///{tmp_path}/dbos.db"\n'
+    )
+    client = _durable_client(str(durable))
+    assert isinstance(client, DurableClient)
+    client.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_durable_servers_state_and_cancel_follow_the_run(tmp_path: Path) -> None:
+    from agent_flow.durable import DurableWorker
+    from tests.durable_app import model_and_tools
+
+    llm, tools = model_and_tools(tmp_path, None)
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.db", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ),
+        DurableClient(durable) as client,
+        serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as http,
+    ):
+        sid = (await http.post("/sessions", json={})).json()["id"]
+        async with stream(http, f"/sessions/{sid}/events") as events:
+            sent = await http.post(f"/sessions/{sid}/messages", json={"message": "count 500"})
+            run_id = sent.json()["run_id"]
+            await events.until("tool_call_completed")  # it runs, in the worker
+            assert (await http.get(f"/sessions/{sid}")).json()["state"] == "running"
+            cancelled = await http.post(f"/sessions/{sid}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["run_id"] == run_id
+            for _ in range(400):
+                if (await http.get(f"/sessions/{sid}")).json()["state"] == "idle":
+                    break
+                await asyncio.sleep(0.05)
+            assert (await http.get(f"/sessions/{sid}")).json()["state"] == "idle"
+        assert await client.handle(run_id, sid).state() == "cancelled"
+        ran = counts_of(tmp_path, run_id)
+        assert 1 <= len(ran) < 500
+        kinds = [e.kind for e in await store.events(sid, run_id=run_id)]
+        assert "run_finished" not in kinds
