@@ -19,7 +19,9 @@ is refused). JSON is kept as ``text``, exactly as written, so environments read 
 byte::
 
     sessions(id PK, agent, title, status, created_at, updated_at, metadata, steps,
-             entry_count, event_count, environment_version, environment, revision, task)
+             entry_count, event_count, environment_version, environment, revision, task,
+             model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
+             unpriced_calls, estimated_calls)
     entries(session_id FK, position, entry_id, kind, data)         PK (session_id, position)
     environment_changes(session_id FK, version, data)              PK (session_id, version)
     events(session_id FK, position, run_id, seq, kind, data)       PK (session_id, position)
@@ -50,6 +52,14 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions._usage import (
+    CALLS_QUERY,
+    USAGE_COLUMNS,
+    USAGE_FIELDS,
+    _assignments,
+    _backfill,
+    _Totals,
+)
 from agent_flow.sessions.models import SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
@@ -107,16 +117,34 @@ async def _create_v1(conn: _Conn) -> None:
         await conn.execute(statement)
 
 
+async def _add_usage_v2(conn: _Conn) -> None:
+    """Each session's model calls, tokens and cost, summed from the events already stored."""
+    await conn.execute(
+        "ALTER TABLE sessions ADD COLUMN model_calls INTEGER NOT NULL DEFAULT 0, "
+        "ADD COLUMN prompt_tokens BIGINT NOT NULL DEFAULT 0, "
+        "ADD COLUMN completion_tokens BIGINT NOT NULL DEFAULT 0, "
+        "ADD COLUMN cost_usd DOUBLE PRECISION DEFAULT 0.0, "
+        "ADD COLUMN unpriced_calls INTEGER NOT NULL DEFAULT 0, "
+        "ADD COLUMN estimated_calls INTEGER NOT NULL DEFAULT 0"
+    )
+    rows = await (await conn.execute(CALLS_QUERY)).fetchall()
+    async with conn.cursor() as many:
+        await many.executemany(
+            f"UPDATE sessions SET {_assignments('%s')} WHERE id = %s",
+            _backfill((r["session_id"], r["kind"], r["data"]) for r in rows),
+        )
+
+
 #: Migration ``i`` brings a database from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
-_MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (_create_v1,)
+_MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (_create_v1, _add_usage_v2)
 
 #: The schema version this agent_flow writes (the row of ``agent_flow_schema``).
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    "event_count, environment_version, task"
+    f"event_count, environment_version, task, {USAGE_COLUMNS}"
 )
 
 
@@ -134,6 +162,7 @@ def _info_from_row(row: dict[str, Any]) -> SessionInfo:
         environment_version=row["environment_version"],
         metadata=json.loads(row["metadata"]),
         task=row["task"],
+        **{name: row[name] for name in USAGE_FIELDS},
     )
 
 
@@ -269,7 +298,7 @@ class _PostgresBackend:
     ) -> bool:
         cur = await conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            f"VALUES ({', '.join(['%s'] * 20)}) "
             "ON CONFLICT (id) DO NOTHING",
             (
                 info.id,
@@ -284,6 +313,7 @@ class _PostgresBackend:
                 info.event_count,
                 info.environment_version,
                 info.task,
+                *_Totals.of(info).values(),
                 environment,
                 revision,
             ),
@@ -398,6 +428,7 @@ class _PostgresBackend:
                 await conn.execute(
                     "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
                     "entry_count = %s, event_count = %s, environment_version = %s, "
+                    f"{_assignments('%s')}, "
                     "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
                     (
                         after.status,
@@ -406,6 +437,7 @@ class _PostgresBackend:
                         after.entry_count,
                         after.event_count,
                         after.environment_version,
+                        *_Totals.of(after).values(),
                         env.base if env is not None else None,
                         write.revision,
                         sid,
