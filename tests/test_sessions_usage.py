@@ -1,0 +1,121 @@
+"""A session's usage and cost totals: upgrading old stores in place, and what the CLI shows.
+
+The totals' contract (sum over the stored calls, unknown price → unknown cost) is in
+tests/test_store_conformance.py. Here: SQLite files and PostgreSQL schemas written by the
+previous agent_flow (tests/data, see tests/data/make_old_stores.py) gain their totals, summed
+from the events they already hold, and keep working; and ``agent-flow sessions list/show``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent_flow.environment import Environment
+from agent_flow.history import History
+from agent_flow.sessions import PostgresSessionStore, SessionStore, SQLiteSessionStore
+from agent_flow.sessions import postgres as postgres_module
+from agent_flow.sessions import sqlite as sqlite_module
+from agent_flow.tokens import ApproxCounter
+from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+from tests.store_helpers.usage import expected_totals, step_events
+
+DATA = Path(__file__).resolve().parent / "data"
+
+#: What the old stores hold (tests/data/make_old_stores.py): calls per session, in order.
+OLD_TOTALS = {
+    "priced": {
+        "model_calls": 3,
+        "prompt_tokens": 303,
+        "completion_tokens": 33,
+        "cost_usd": 0.0 + 0.0012 + 0.0003 + 0.1,
+        "unpriced_calls": 0,
+        "estimated_calls": 0,
+    },
+    "unpriced": {
+        "model_calls": 3,
+        "prompt_tokens": 303,
+        "completion_tokens": 33,
+        "cost_usd": None,
+        "unpriced_calls": 1,
+        "estimated_calls": 0,
+    },
+    "idle": {
+        "model_calls": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cost_usd": 0.0,
+        "unpriced_calls": 0,
+        "estimated_calls": 0,
+    },
+}
+
+
+async def _check_upgraded(store: SessionStore) -> None:
+    """The old sessions show their totals, read back whole, and go on counting."""
+    for session_id, totals in OLD_TOTALS.items():
+        info = await store.info(session_id)
+        assert info.model_dump(include=set(totals)) == totals
+        assert expected_totals(await store.events(session_id)) == totals
+        assert info.task == f"task {session_id}"
+    state = await store.load("priced")
+    assert len(state.entries) == 6 and state.environment is not None
+    history = History(state.entries, counter=ApproxCounter())
+    environment: Environment = state.environment
+    events = step_events([(1000, 100, 0.5, "agent", True)], "run-new")
+    after = await store.save_step("priced", history=history, environment=environment, events=events)
+    assert after.model_calls == 4 and after.estimated_calls == 1
+    assert after.cost_usd == OLD_TOTALS["priced"]["cost_usd"] + 0.5  # type: ignore[operator]
+    assert after == await store.info("priced")
+
+
+async def test_a_schema_2_sqlite_file_gains_its_totals_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    shutil.copy(DATA / "sessions_v2.db", path)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
+    raw.close()
+    async with SQLiteSessionStore(path) as store:
+        await _check_upgraded(store)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (sqlite_module.SCHEMA_VERSION,)
+        assert raw.execute("SELECT cost_usd FROM sessions WHERE id = 'unpriced'").fetchone() == (
+            None,
+        )
+    raw.close()
+    async with SQLiteSessionStore(path) as store:  # reopening migrates nothing more
+        assert (await store.info("unpriced")).unpriced_calls == 1
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    require_postgres()
+    schema = f"af_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield schema
+    finally:
+        drop_schema(schema)
+
+
+async def test_a_schema_1_postgres_store_gains_its_totals_in_place(pg_schema: str) -> None:
+    dump = (DATA / "postgres_v1.sql").read_text().replace("__SCHEMA__", pg_schema)
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(dump.encode())
+        found = conn.execute(
+            sql.SQL("SELECT version FROM {}.agent_flow_schema").format(sql.Identifier(pg_schema))
+        ).fetchone()
+    assert found == (1,)
+    async with PostgresSessionStore(URL, schema=pg_schema) as store:
+        await _check_upgraded(store)
+    with psycopg.connect(URL, autocommit=True) as conn:
+        found = conn.execute(
+            sql.SQL("SELECT version FROM {}.agent_flow_schema").format(sql.Identifier(pg_schema))
+        ).fetchone()
+    assert found == (postgres_module.SCHEMA_VERSION,)
