@@ -8,6 +8,8 @@ from the events they already hold, and keep working; and ``agent-flow sessions l
 
 from __future__ import annotations
 
+import asyncio
+import io
 import shutil
 import sqlite3
 import uuid
@@ -18,11 +20,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from agent_flow.agent import AgentExecutor
+from agent_flow.cli import main
+from agent_flow.config import AgentConfig, ContextConfig, Pricing
 from agent_flow.environment import Environment
 from agent_flow.history import History
 from agent_flow.sessions import PostgresSessionStore, SessionStore, SQLiteSessionStore
 from agent_flow.sessions import postgres as postgres_module
 from agent_flow.sessions import sqlite as sqlite_module
+from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.usage import expected_totals, step_events
@@ -119,3 +125,64 @@ async def test_a_schema_1_postgres_store_gains_its_totals_in_place(pg_schema: st
             sql.SQL("SELECT version FROM {}.agent_flow_schema").format(sql.Identifier(pg_schema))
         ).fetchone()
     assert found == (postgres_module.SCHEMA_VERSION,)
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+
+def _cli(*argv: str) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdin=io.StringIO(""), stdout=out, stderr=err)
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+async def test_sessions_list_and_show_give_each_sessions_tokens_and_cost(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    shutil.copy(DATA / "sessions_v2.db", db)
+    pricing = Pricing(input_per_million=2.0, output_per_million=8.0)
+    async with SQLiteSessionStore(db) as store:
+        agent = AgentExecutor(
+            ScriptedLLM(
+                [
+                    reply(
+                        "Looking.", tool_calls=[call("update_plan", steps=[{"description": "a"}])]
+                    ),
+                    reply(tool_calls=[call("task_completion", summary="Done.")]),
+                    reply(tool_calls=[call("task_completion", summary="Done again.")]),
+                ]
+            ),
+            config=AgentConfig(context=ContextConfig(max_tokens=8000), pricing=pricing),
+            store=store,
+        )
+        first = await agent.run("count the files")
+        second = await agent.run("count them again")
+        assert agent.session_id is not None
+        info = await store.info(agent.session_id)
+    assert first.cost_usd is not None and second.cost_usd is not None
+    usage = first.usage + second.usage
+    assert (info.model_calls, info.prompt_tokens, info.completion_tokens) == (
+        3,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+    assert info.cost_usd == pytest.approx(first.cost_usd + second.cost_usd, rel=1e-12)
+
+    listing = await asyncio.to_thread(_cli, "sessions", "list", "--db", str(db))
+    header, *rows, _footer = listing.splitlines()
+    assert header.split()[4:6] == ["TOKENS", "COST"]
+    cells = {row.split()[0]: row.split() for row in rows}
+    assert cells["priced"][5:7] == ["336", "$0.10"]
+    assert cells["unpriced"][5:7] == ["336", "unknown"]
+    assert cells["idle"][5:7] == ["0", "$0.00"]
+    total = usage.prompt_tokens + usage.completion_tokens
+    assert cells[agent.session_id][5] == f"{total:,}"
+
+    show = await asyncio.to_thread(_cli, "sessions", "show", "unpriced", "--db", str(db))
+    assert (
+        "  usage:    3 model call(s), 303 prompt + 33 completion tokens, cost unknown "
+        "(1 call(s) with no known price)\n"
+    ) in show
+    show = await asyncio.to_thread(_cli, "sessions", "show", agent.session_id, "--db", str(db))
+    assert f"3 model call(s), {usage.prompt_tokens:,} prompt + " in show
+    assert f"completion tokens, ${info.cost_usd:.6f}".rstrip("0") in show
