@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import shutil
 import sqlite3
 import uuid
@@ -186,3 +187,26 @@ async def test_sessions_list_and_show_give_each_sessions_tokens_and_cost(tmp_pat
     show = await asyncio.to_thread(_cli, "sessions", "show", agent.session_id, "--db", str(db))
     assert f"3 model call(s), {usage.prompt_tokens:,} prompt + " in show
     assert f"completion tokens, ${info.cost_usd:.6f}".rstrip("0") in show
+
+
+# -- export and import ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("header", ["older", "edited"])
+async def test_an_import_recomputes_the_totals_from_its_events(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "sessions.db"
+    shutil.copy(DATA / "sessions_v2.db", path)
+    async with SQLiteSessionStore(path) as store:
+        stream = io.StringIO()
+        await store.export("unpriced", stream)
+        first, *rest = stream.getvalue().splitlines()
+        line = json.loads(first)
+        for name in OLD_TOTALS["unpriced"]:
+            if header == "older":  # as an export written before sessions kept totals
+                del line["session"][name]
+            else:
+                line["session"][name] = 7
+        text = "\n".join([json.dumps(line), *rest]) + "\n"
+        imported = await store.import_(io.StringIO(text), session_id="again")
+    totals = OLD_TOTALS["unpriced"]
+    assert imported.model_dump(include=set(totals)) == totals
