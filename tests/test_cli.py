@@ -380,7 +380,16 @@ async def test_sessions_list_show_export_import_and_delete(tmp_path: Path) -> No
     listing = await invoke_async(["sessions", "list", "--db", str(db)])
     assert listing.code == 0
     header, row, footer = listing.out.splitlines()
-    assert header.split() == ["ID", "STATUS", "STEPS", "UPDATED", "AGENT", "TITLE"]
+    assert header.split() == [
+        "ID",
+        "STATUS",
+        "STEPS",
+        "UPDATED",
+        "TOKENS",
+        "COST",
+        "AGENT",
+        "TITLE",
+    ]
     assert row.startswith(session_id) and "completed" in row and "count the files" in row
     assert footer == f"1 session(s) in {db}"
     as_json = await invoke_async(["sessions", "list", "--db", str(db), "--json"])

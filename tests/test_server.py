@@ -113,6 +113,13 @@ async def test_a_run_streams_its_events_numbered_and_an_approval_is_answered_ove
         view = (await client.get(f"/sessions/{sid}")).json()
         assert view["state"] == "idle" and view["status"] == "completed"
         assert view["event_count"] == len(frames)
+        calls = [f.json for f in frames if f.event == "model_responded"]
+        listed = (await client.get("/sessions")).json()["sessions"][0]
+        for shown in (view, listed):  # the session's usage over its runs, as the store keeps it
+            assert shown["model_calls"] == len(calls) == 2
+            assert shown["prompt_tokens"] == sum(c["prompt_tokens"] for c in calls)
+            assert shown["completion_tokens"] == sum(c["completion_tokens"] for c in calls)
+            assert (shown["cost_usd"] is None) == (shown["unpriced_calls"] > 0)
         assert view["environment"]["task"]["objective"] == "deploy it"
         assert view["last_prompt"]["budget"] == _config().context.max_tokens
         assert view["history"]["entries"] >= 4 and view["pending_approvals"] == []

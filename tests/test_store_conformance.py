@@ -44,6 +44,7 @@ from agent_flow.tokens import ApproxCounter
 from tests.helpers import unit_groups
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 from tests.store_helpers.session_writer import add_step
+from tests.store_helpers.usage import Drawn, call_steps, expected_totals, step_events
 
 COUNTER = ApproxCounter()
 KINDS = ["memory", "sqlite", "postgres"]
@@ -517,3 +518,66 @@ async def test_a_deleted_session_leaves_nothing_behind_for_a_new_one_of_that_id(
     state = await store.load("gone")
     assert (state.entries, state.environment) == ((), None)
     assert await store.events("gone") == []
+
+
+# -- usage and cost totals --------------------------------------------------------------------
+
+
+@pytest.fixture(params=KINDS)
+def any_backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
+    made = Backing(typing.cast(str, request.param), tmp_path)
+    try:
+        yield made
+    finally:
+        made.drop()
+
+
+@settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=call_steps)
+def test_session_totals_are_the_sum_over_its_stored_model_calls(
+    any_backing: Backing, steps: list[list[Drawn]]
+) -> None:
+    async def scenario() -> None:
+        history, environment = fresh()
+        async with any_backing.open() as store:
+            info = await store.create()
+            for number, drawn in enumerate(steps):
+                add_step(history, environment, number)
+                events = step_events(drawn, f"run-{number % 2}", first_seq=number * 10)
+                saved = await store.save_step(
+                    info.id, history=history, environment=environment, events=events
+                )
+                expected = expected_totals(await store.events(info.id))
+                assert saved.model_dump(include=set(expected)) == expected
+                # What a reader finds is what the step returned; an import recomputes the same.
+                assert await store.info(info.id) == saved
+                assert (await store.list())[0] == saved
+            stream = io.StringIO()
+            await store.export(info.id, stream)
+            stream.seek(0)
+            copy = await store.import_(stream, session_id=f"copy-{info.id}")
+            assert copy.model_dump(include=set(expected)) == expected
+        if any_backing.kind != "memory":
+            async with any_backing.open() as reader:
+                assert await reader.info(info.id) == saved
+
+    asyncio.run(scenario())
+
+
+async def test_one_unpriced_call_makes_the_session_cost_unknown_for_good(
+    store: SessionStore,
+) -> None:
+    history, environment = fresh()
+    info = await store.create()
+    costs = [0.25, None, 0.5]
+    for number, cost in enumerate(costs):
+        add_step(history, environment, number)
+        events = step_events([(10, 2, cost, "summarizer", False)], f"run-{number}")
+        info = await store.save_step(
+            info.id, history=history, environment=environment, events=events
+        )
+        known = number == 0
+        assert info.cost_usd == (0.25 if known else None)
+        assert info.unpriced_calls == (0 if known else 1)
+    assert (info.model_calls, info.prompt_tokens, info.completion_tokens) == (3, 30, 6)
+    assert (await store.create(session_id="idle")).cost_usd == 0.0

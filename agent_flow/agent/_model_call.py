@@ -96,6 +96,7 @@ async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: i
         source=report.source,
         model=report.model,
         cost_usd=cost,
+        estimated=report.usage.estimated,
     )
 
 

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
+from agent_flow.cli.render import format_cost
 from agent_flow.config import load_store_config
-from agent_flow.sessions import SessionStore, open_store, store_location
+from agent_flow.sessions import SessionInfo, SessionStore, open_store, store_location
 
 
 def _check_db(db: str | None) -> None:
@@ -52,18 +53,40 @@ async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
             info.status,
             str(info.steps),
             info.updated_at.astimezone().strftime("%Y-%m-%d %H:%M"),
+            _tokens(info),
+            "unknown" if info.cost_usd is None else format_cost(info.cost_usd),
             info.agent,
             _one_line(info.title, 60),
         )
         for info in infos
     ]
-    header = ("ID", "STATUS", "STEPS", "UPDATED", "AGENT", "TITLE")
+    header = ("ID", "STATUS", "STEPS", "UPDATED", "TOKENS", "COST", "AGENT", "TITLE")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
     out.write(f"{len(infos)} session(s) in {store_location(store)}\n")
     return EXIT_OK
+
+
+def _tokens(info: SessionInfo) -> str:
+    """Prompt plus completion tokens over all runs; ``~`` marks counts agent_flow estimated."""
+    mark = "~" if info.estimated_calls else ""
+    return f"{mark}{info.prompt_tokens + info.completion_tokens:,}"
+
+
+def _usage_line(info: SessionInfo) -> str:
+    """The session's model calls, tokens and cost, the summarizer's included."""
+    notes = []
+    if info.unpriced_calls:
+        notes.append(f"{info.unpriced_calls} call(s) with no known price")
+    if info.estimated_calls:
+        notes.append(f"{info.estimated_calls} call(s) with usage estimated by agent_flow")
+    return (
+        f"{info.model_calls} model call(s), {info.prompt_tokens:,} prompt + "
+        f"{info.completion_tokens:,} completion tokens, {format_cost(info.cost_usd)}"
+        + (f" ({'; '.join(notes)})" if notes else "")
+    )
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -87,6 +110,7 @@ async def _sessions_show(args: argparse.Namespace, streams: _Streams) -> int:
         f"  stored:   {info.steps} steps, {info.entry_count} history entries, "
         f"{info.event_count} events, environment version {info.environment_version}\n"
     )
+    out.write(f"  usage:    {_usage_line(info)}\n")
     out.write(f"\nhistory ({len(state.entries)} entries)\n")
     for entry in state.entries:
         out.write(f"  {_entry_line(entry.model_dump(mode='json'))}\n")

@@ -120,7 +120,8 @@ class ModelResponded(_Event):
     ``source`` says who made it: the agent's own step, or the summarizer while pruning the
     history (its tokens count in the run's usage and limits too). ``model`` is the model
     that answered, as the server named it (``None``: not reported); ``cost_usd`` the call's
-    price in US dollars (``None``: unknown, see `agent_flow.pricing`).
+    price in US dollars (``None``: unknown, see `agent_flow.pricing`). ``estimated``: the
+    server reported no usage, so the token counts are agent_flow's own (`Usage.estimated`).
     """
 
     kind: Literal["model_responded"] = "model_responded"
@@ -135,6 +136,7 @@ class ModelResponded(_Event):
     reasoning_tokens: int | None = None
     model: str | None = None
     cost_usd: float | None = None
+    estimated: bool = False
 
 
 class ToolCallStarted(_Event):

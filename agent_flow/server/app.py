@@ -405,6 +405,12 @@ def _summary(info: SessionInfo, manager: SessionManager) -> SessionSummary:
         updated_at=info.updated_at,
         steps=info.steps,
         event_count=info.event_count,
+        model_calls=info.model_calls,
+        prompt_tokens=info.prompt_tokens,
+        completion_tokens=info.completion_tokens,
+        cost_usd=info.cost_usd,
+        unpriced_calls=info.unpriced_calls,
+        estimated_calls=info.estimated_calls,
     )
 
 

@@ -108,7 +108,12 @@ class HistorySummary(BaseModel):
 
 
 class SessionSummary(BaseModel):
-    """A session as listed."""
+    """A session as listed, with its model calls, tokens and cost over all runs.
+
+    The usage fields are the store's (`agent_flow.sessions.SessionInfo`): the summarizer's
+    calls are included, and ``cost_usd`` is ``null`` (unknown) when ``unpriced_calls`` is
+    above 0, never a misleading 0.
+    """
 
     id: str
     title: str
@@ -120,6 +125,14 @@ class SessionSummary(BaseModel):
     updated_at: datetime
     steps: int
     event_count: int
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = Field(default=0.0, description="US dollars; null: unknown.")
+    unpriced_calls: int = Field(default=0, description="Calls with no known price.")
+    estimated_calls: int = Field(
+        default=0, description="Calls whose usage agent_flow counted (the server reported none)."
+    )
 
 
 class SessionList(BaseModel):

@@ -22,7 +22,9 @@ difference on are rewritten, in the same transaction. Events are appended. The e
 kept as its latest snapshot *without* its change log, plus the change log as rows: a step
 writes the snapshot and the changes made since the last step (none of it when the version did
 not move), and trims changes that fell out of ``max_changes``, so `load` rebuilds an
-environment whose `Environment.to_json` is exactly what was saved.
+environment whose `Environment.to_json` is exactly what was saved. The session's usage totals
+(`SessionInfo.model_calls`, tokens, ``cost_usd``) grow by the step's ``ModelResponded`` events
+in the same transaction (see `_usage`).
 
 When to save is the `StepRecorder`'s call (`recorder.SessionRecorder`, which an
 `AgentExecutor` given a store uses): it creates the session on the first run, saves every
@@ -32,7 +34,8 @@ Modules: `models` (`SessionInfo`, `SessionState`, `SessionStatus`), `protocol`
 (`SessionStore`, `StepRecorder`, `default_store_path`), `recorder` (`SessionRecorder`),
 `export` (the export format), `sqlite` (durability, concurrency and the storage schema are
 described there) and `memory`; privately, `_backend` (the rows a backend stores), `_planner`
-(what a step writes) and `_base` (the async store shared by both implementations).
+(what a step writes), `_usage` (a session's usage and cost totals) and `_base` (the async
+store shared by both implementations).
 
 `SQLiteSessionStore` and `SCHEMA_VERSION` are loaded on first use, so that importing
 `agent_flow` (which imports this package for the `SessionStore` protocol) does not import

@@ -26,6 +26,7 @@ from agent_flow.errors import (
 )
 from agent_flow.events import AgentEvent, event_from_json
 from agent_flow.history import HISTORY_ENTRY_ADAPTER, HistoryEntry
+from agent_flow.sessions._usage import _Totals
 from agent_flow.sessions.models import SessionInfo, SessionStatus
 
 
@@ -106,6 +107,8 @@ def _stepped(info: SessionInfo, write: _StepWrite) -> SessionInfo:
             "environment_version": (
                 environment.version if environment is not None else info.environment_version
             ),
+            # The step's model calls (the agent's and the summarizer's) join the totals.
+            **_Totals.of(info).add((e.kind, e.data) for e in write.events).fields(),
         }
     )
 

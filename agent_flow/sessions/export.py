@@ -31,6 +31,7 @@ from agent_flow.sessions._backend import (
     _problem,
     _Stored,
 )
+from agent_flow.sessions._usage import _Totals
 from agent_flow.sessions.models import SessionInfo, _check_id
 from agent_flow.tokens import ApproxCounter
 
@@ -210,12 +211,16 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
         )
         base = json.dumps(payload, separators=(",", ":"))
         version = env.version
+    event_rows = tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events)
     info = header.session.model_copy(
         update={
             "id": session_id if session_id is not None else _check_id(header.session.id),
             "entry_count": len(entries),
             "event_count": len(events),
             "environment_version": version,
+            # Recomputed from the events, as the counts are: an export of an older version
+            # (without totals) or an edited header imports with the totals its events give.
+            **_Totals.over((e.kind, e.data) for e in event_rows).fields(),
         }
     )
     return _Import(
@@ -226,5 +231,5 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
         ),
         environment=base,
         changes=changes,
-        events=tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events),
+        events=event_rows,
     )

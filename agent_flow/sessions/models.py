@@ -45,6 +45,15 @@ class SessionInfo(BaseModel):
         metadata: Free JSON the caller attached at creation.
         task: The task the session was created for, whole (the title may be shortened); kept
             so that a session stopped before its first step was saved still has it.
+        model_calls: Model calls over all runs, the summarizer's included (one per
+            ``ModelResponded`` event stored).
+        prompt_tokens: Prompt tokens of those calls, summed.
+        completion_tokens: Completion tokens of those calls, summed.
+        cost_usd: What those calls cost in US dollars, summed; ``None`` (unknown) as soon as
+            one call's price is unknown, never a misleading 0 (0.0 before any call).
+        unpriced_calls: Calls whose price is unknown (``cost_usd`` is None when above 0).
+        estimated_calls: Calls whose usage agent_flow counted itself because the server
+            reported none (see `agent_flow.llm.Usage.estimated`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,6 +70,12 @@ class SessionInfo(BaseModel):
     environment_version: int = Field(ge=0)
     metadata: JsonObject = Field(default_factory=dict)
     task: str | None = None
+    model_calls: int = Field(default=0, ge=0)
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    cost_usd: float | None = Field(default=0.0, ge=0)
+    unpriced_calls: int = Field(default=0, ge=0)
+    estimated_calls: int = Field(default=0, ge=0)
 
 
 @dataclass(frozen=True, slots=True)

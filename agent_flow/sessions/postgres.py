@@ -19,7 +19,9 @@ is refused). JSON is kept as ``text``, exactly as written, so environments read 
 byte::
 
     sessions(id PK, agent, title, status, created_at, updated_at, metadata, steps,
-             entry_count, event_count, environment_version, environment, revision, task)
+             entry_count, event_count, environment_version, environment, revision, task,
+             model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
+             unpriced_calls, estimated_calls)
     entries(session_id FK, position, entry_id, kind, data)         PK (session_id, position)
     environment_changes(session_id FK, version, data)              PK (session_id, version)
     events(session_id FK, position, run_id, seq, kind, data)       PK (session_id, position)
@@ -52,73 +54,20 @@ from agent_flow.sessions._backend import (
 )
 from agent_flow.sessions._base import _P, _R, _StoreBase
 from agent_flow.sessions._pg_notify import _Listener, channel_for
+from agent_flow.sessions._pg_schema import MIGRATION_LOCK, MIGRATIONS, SCHEMA_VERSION, _Conn
+from agent_flow.sessions._usage import (
+    USAGE_COLUMNS,
+    USAGE_FIELDS,
+    _assignments,
+    _Totals,
+)
 from agent_flow.sessions.models import SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
 
-_Conn = psycopg.AsyncConnection[dict[str, Any]]
-
-# Any constant distinct from other applications' advisory locks on the same database.
-_MIGRATION_LOCK = 0x61676E74_666C6F77 & 0x7FFFFFFFFFFFFFFF
-
-
-async def _create_v1(conn: _Conn) -> None:
-    for statement in (
-        """CREATE TABLE sessions (
-            id TEXT PRIMARY KEY,
-            agent TEXT NOT NULL,
-            title TEXT NOT NULL,
-            status TEXT NOT NULL,
-            created_at TIMESTAMPTZ NOT NULL,
-            updated_at TIMESTAMPTZ NOT NULL,
-            metadata TEXT NOT NULL,
-            steps INTEGER NOT NULL,
-            entry_count INTEGER NOT NULL,
-            event_count INTEGER NOT NULL,
-            environment_version INTEGER NOT NULL,
-            environment TEXT,
-            revision TEXT NOT NULL,
-            task TEXT
-        )""",
-        "CREATE INDEX sessions_by_update ON sessions (updated_at DESC, id)",
-        """CREATE TABLE entries (
-            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-            position INTEGER NOT NULL,
-            entry_id TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            data TEXT NOT NULL,
-            PRIMARY KEY (session_id, position)
-        )""",
-        """CREATE TABLE environment_changes (
-            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-            version INTEGER NOT NULL,
-            data TEXT NOT NULL,
-            PRIMARY KEY (session_id, version)
-        )""",
-        """CREATE TABLE events (
-            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-            position INTEGER NOT NULL,
-            run_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            kind TEXT NOT NULL,
-            data TEXT NOT NULL,
-            PRIMARY KEY (session_id, position)
-        )""",
-        "CREATE INDEX events_by_run ON events (session_id, run_id, seq)",
-    ):
-        await conn.execute(statement)
-
-
-#: Migration ``i`` brings a database from schema version ``i`` to ``i + 1``. To change the
-#: schema, append a migration; never edit one that shipped.
-_MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (_create_v1,)
-
-#: The schema version this agent_flow writes (the row of ``agent_flow_schema``).
-SCHEMA_VERSION = len(_MIGRATIONS)
-
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    "event_count, environment_version, task"
+    f"event_count, environment_version, task, {USAGE_COLUMNS}"
 )
 
 
@@ -136,6 +85,7 @@ def _info_from_row(row: dict[str, Any]) -> SessionInfo:
         environment_version=row["environment_version"],
         metadata=json.loads(row["metadata"]),
         task=row["task"],
+        **{name: row[name] for name in USAGE_FIELDS},
     )
 
 
@@ -242,7 +192,7 @@ class _PostgresBackend:
     async def _migrate(self, conn: _Conn) -> None:
         # Processes starting together migrate one at a time; the lock is taken before the
         # transaction begins, so that the transaction sees what the previous holder committed.
-        await conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         try:
             if self._schema is not None:
                 name = sql.Identifier(self._schema)
@@ -255,11 +205,11 @@ class _PostgresBackend:
                 if version == 0:
                     await conn.execute("CREATE TABLE agent_flow_schema (version INTEGER NOT NULL)")
                     await conn.execute("INSERT INTO agent_flow_schema VALUES (0)")
-                for migration in _MIGRATIONS[version:]:
+                for migration in MIGRATIONS[version:]:
                     await migration(conn)
                 await conn.execute("UPDATE agent_flow_schema SET version = %s", (SCHEMA_VERSION,))
         finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
 
     async def create(self, info: SessionInfo, revision: str) -> None:
         async with (await self._ready()).connection() as conn, conn.transaction():
@@ -272,7 +222,7 @@ class _PostgresBackend:
     ) -> bool:
         cur = await conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            f"VALUES ({', '.join(['%s'] * 20)}) "
             "ON CONFLICT (id) DO NOTHING",
             (
                 info.id,
@@ -287,6 +237,7 @@ class _PostgresBackend:
                 info.event_count,
                 info.environment_version,
                 info.task,
+                *_Totals.of(info).values(),
                 environment,
                 revision,
             ),
@@ -404,6 +355,7 @@ class _PostgresBackend:
                 await conn.execute(
                     "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
                     "entry_count = %s, event_count = %s, environment_version = %s, "
+                    f"{_assignments('%s')}, "
                     "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
                     (
                         after.status,
@@ -412,6 +364,7 @@ class _PostgresBackend:
                         after.entry_count,
                         after.event_count,
                         after.environment_version,
+                        *_Totals.of(after).values(),
                         env.base if env is not None else None,
                         write.revision,
                         sid,

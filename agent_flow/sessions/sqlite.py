@@ -18,7 +18,8 @@ file migrates it, a newer one raises `StoreError`)::
 
     sessions(id PK, agent, title, status, created_at, updated_at, metadata JSON, steps,
              entry_count, event_count, environment_version, environment JSON, revision,
-             task)
+             task, model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
+             unpriced_calls, estimated_calls)
     entries(session_id, position, entry_id, kind, data JSON)          PK (session_id, position)
     environment_changes(session_id, version, data JSON)               PK (session_id, version)
     events(session_id, position, run_id, seq, kind, data JSON)        PK (session_id, position)
@@ -48,6 +49,14 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _R, _OnWorker, _StoreBase
+from agent_flow.sessions._usage import (
+    CALLS_QUERY,
+    USAGE_COLUMNS,
+    USAGE_FIELDS,
+    _assignments,
+    _backfill,
+    _Totals,
+)
 from agent_flow.sessions.models import SessionInfo
 from agent_flow.sessions.protocol import default_store_path
 
@@ -110,16 +119,35 @@ def _add_task_v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sessions ADD COLUMN task TEXT")
 
 
+def _add_usage_v3(conn: sqlite3.Connection) -> None:
+    """Each session's model calls, tokens and cost, summed from the events already stored."""
+    for column in (
+        "model_calls INTEGER NOT NULL DEFAULT 0",
+        "prompt_tokens INTEGER NOT NULL DEFAULT 0",
+        "completion_tokens INTEGER NOT NULL DEFAULT 0",
+        "cost_usd REAL DEFAULT 0.0",
+        "unpriced_calls INTEGER NOT NULL DEFAULT 0",
+        "estimated_calls INTEGER NOT NULL DEFAULT 0",
+    ):
+        conn.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
+    rows = conn.execute(CALLS_QUERY).fetchall()
+    conn.executemany(f"UPDATE sessions SET {_assignments('?')} WHERE id = ?", _backfill(rows))
+
+
 #: Migration ``i`` brings a store file from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1, _add_task_v2)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _create_v1,
+    _add_task_v2,
+    _add_usage_v3,
+)
 
 #: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    "event_count, environment_version, task"
+    f"event_count, environment_version, task, {USAGE_COLUMNS}"
 )
 
 
@@ -137,6 +165,7 @@ def _info_from_row(row: sqlite3.Row) -> SessionInfo:
         environment_version=row["environment_version"],
         metadata=json.loads(row["metadata"]),
         task=row["task"],
+        **{name: row[name] for name in USAGE_FIELDS},
     )
 
 
@@ -242,7 +271,7 @@ class _SQLiteBackend:
     ) -> None:
         conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 info.id,
                 info.agent,
@@ -256,6 +285,7 @@ class _SQLiteBackend:
                 info.event_count,
                 info.environment_version,
                 info.task,
+                *_Totals.of(info).values(),
                 environment,
                 revision,
             ),
@@ -353,6 +383,7 @@ class _SQLiteBackend:
             conn.execute(
                 "UPDATE sessions SET status = ?, updated_at = ?, steps = ?, entry_count = ?, "
                 "event_count = ?, environment_version = ?, "
+                f"{_assignments('?')}, "
                 "environment = COALESCE(?, environment), revision = ? WHERE id = ?",
                 (
                     after.status,
@@ -361,6 +392,7 @@ class _SQLiteBackend:
                     after.entry_count,
                     after.event_count,
                     after.environment_version,
+                    *_Totals.of(after).values(),
                     env.base if env is not None else None,
                     write.revision,
                     sid,
