@@ -103,7 +103,7 @@ async def test_an_appended_migration_runs_once_when_processes_open_together(
         runs.append(1)
         await conn.execute("ALTER TABLE sessions ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT false")
 
-    monkeypatch.setattr(postgres_module, "_MIGRATIONS", (*postgres_module._MIGRATIONS, add_pinned))
+    monkeypatch.setattr(postgres_module, "MIGRATIONS", (*postgres_module.MIGRATIONS, add_pinned))
     monkeypatch.setattr(postgres_module, "SCHEMA_VERSION", postgres_module.SCHEMA_VERSION + 1)
     stores = [PostgresSessionStore(URL, schema=pg_schema) for _ in range(3)]
     try:
