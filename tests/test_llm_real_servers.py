@@ -327,6 +327,31 @@ async def test_a_non_streamed_answer_that_never_comes_hits_the_request_timeout(
             await llm.complete(WITH_TOOLS)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_attempt_that_used_the_whole_request_timeout_is_not_tried_again(
+    openai_server: OpenAIServer, stream: bool
+) -> None:
+    # A model generating without end (llama-cpp-python ignores max_tokens when it picks
+    # tools itself) would run as long again on every retry: one timeout ends the call.
+    if stream:  # it streams, then goes silent for less than the chunk timeout
+        openai_server.script(
+            sse_reply(text_chunks("abcdef", chunk_size=2), stall_after=1),
+            sse_reply(text_chunks("never asked for")),
+        )
+    else:
+        openai_server.script(Reply(hang=True), json_reply(completion_body("never asked for")))
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", timeout=0.3, chunk_timeout=30
+    ) as llm:
+        assert llm.max_retries == 2
+        call = collect(llm.stream(WITH_TOOLS)) if stream else llm.complete(WITH_TOOLS)
+        with pytest.raises(ModelTimeoutError, match=r"request timeout of 0.3 s") as caught:
+            await call
+    assert caught.value.attempts == 1
+    assert not caught.value.retryable
+    assert len(openai_server.requests) == 1
+
+
 async def test_retry_after_is_honoured_and_announced(
     client: OpenAIClient, openai_server: OpenAIServer
 ) -> None:
