@@ -9,6 +9,7 @@ and then close, and streams without usage.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -40,6 +41,7 @@ from agent_flow.tools import Tool
 from tests.helpers import drain_into, make_agent
 from tests.openai_server import (
     OpenAIServer,
+    RecordedRequest,
     Reply,
     completion_body,
     error_reply,
@@ -279,6 +281,40 @@ async def test_a_stream_warning_is_published_once(
     _, events = await run_agent(client, max_iterations=1)
     fallbacks = [m for m in warnings_of(events) if "without streaming" in m]
     assert len(fallbacks) == 1
+
+
+async def test_a_server_that_dropped_the_tools_is_warned_about_once(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    # llama-cpp-python asked without tool_choice: it counts the prompt without the tools.
+    client.tool_choice = None
+    openai_server.script(
+        sse_reply(tool_call_chunks([("c1", "add", '{"a": 1, "b": 2}')], usage=(60, 9))),
+        sse_reply(text_chunks("3", usage=(70, 2))),
+    )
+    _, events = await run_agent(client, max_iterations=2)
+    breakdown = next(e for e in events if isinstance(e, ContextBuilt)).breakdown
+    assert breakdown.tools > breakdown.total / 2  # the schemas are most of the prompt
+    dropped = [m for m in warnings_of(events) if "dropped the tools" in m]
+    assert len(dropped) == 1
+    assert "60 prompt tokens" in dropped[0] and "tool_choice" in dropped[0]
+
+
+@pytest.mark.parametrize("tool_mode", ["native", "xml"])
+async def test_a_server_that_counted_the_tools_is_not_warned_about(
+    openai_server: OpenAIServer, tool_mode: str
+) -> None:
+    # Counted by another tokenizer (here 20% fewer tokens): still clearly with the tools.
+    def counted(request: RecordedRequest) -> Reply:
+        size = len(json.dumps(request.body)) // 5
+        return sse_reply(text_chunks("done", usage=(size, 2)))
+
+    openai_server.handler = counted
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", tool_mode=tool_mode
+    ) as llm:
+        _, events = await run_agent(llm, max_iterations=1)
+    assert [m for m in warnings_of(events) if "dropped the tools" in m] == []
 
 
 # -- 2. timeouts and retries -------------------------------------------------------------------
