@@ -69,7 +69,7 @@ def _estimated_usage(run: _Run, prompt_tokens: int, completion: Completion) -> U
 
 # A server's prompt count differs from agent_flow's by its tokenizer and chat template, so
 # only a clear case is judged: tool schemas that are a large share of the counted prompt,
-# of which less than half shows in the server's count.
+# of which less than half shows in a count that is otherwise about the rest of the prompt.
 _TOOLS_SHARE_JUDGED = 0.3
 
 
@@ -89,7 +89,9 @@ def _tools_not_counted(run: _Run, breakdown: PromptBreakdown, usage: Usage) -> s
     ):
         return None
     without_tools = breakdown.total - breakdown.tools
-    if usage.prompt_tokens >= without_tools + breakdown.tools / 2:
+    # Judged only when the count is about the prompt without the tools: far below even
+    # that, it is no count of this prompt at all (a proxy's, a test double's).
+    if not without_tools / 2 <= usage.prompt_tokens < without_tools + breakdown.tools / 2:
         return None
     run.tools_checked = True
     return (
