@@ -4,7 +4,7 @@ llama-cpp-python's OpenAI-compatible server runs SmolLM2-135M-Instruct (see test
 for the whole session. A 135M model answers poorly, so these tests assert on the protocol,
 never on the model's wisdom: tools reach the model (the server's own prompt count grows by
 them), no request is refused for its shape (every HTTP status is 200), every run ends with a
-clear outcome within its bounds, and usage is the server's, not an estimate.
+clear outcome within its bounds, and usage is counted (the server's own where it reports one).
 
 The model is asked at temperature 0 (greedy, so the same answers every run) for few tokens.
 """
@@ -22,12 +22,14 @@ from openai import AsyncOpenAI
 
 from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.events import AgentEvent, ModelResponded, ModelRetrying, WarningRaised
-from agent_flow.llm import Completion, LLMRequest, OpenAIClient, StreamEvent, StreamWarning
-from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
+from agent_flow.llm import LLMRequest, OpenAIClient
+from agent_flow.messages import ChatMessage, ToolDefinition
 from tests.helpers import make_agent
 from tests.real_llm import MODEL, HttpLog, LlamaServer, start_llama_server
 
-pytestmark = [pytest.mark.real_llm, pytest.mark.timeout(240)]
+# Generous: the slowest case (a native run, two grammar-constrained answers) takes about 20 s
+# on a quiet 2-core machine and several times that while other jobs load it.
+pytestmark = [pytest.mark.real_llm, pytest.mark.timeout(600)]
 
 # Only an enum: llama-cpp-python constrains tool arguments by the schema and ignores
 # max_tokens when it chooses between tools itself, so a free-form string could run on.
@@ -40,15 +42,11 @@ PICK_COLOR = ToolDefinition(
         "required": ["color"],
     },
 )
-ASK = [ChatMessage(role="user", content="Paint the wall blue.")]
-AFTER_A_TOOL_TURN = [
-    *ASK,
-    ChatMessage(
-        role="assistant",
-        content="",
-        tool_calls=(ToolCall.from_raw("call_1", "pick_color", '{"color": "blue"}'),),
-    ),
-    ChatMessage(role="tool", tool_call_id="call_1", content="The wall is blue now."),
+# With a system message: llama-cpp-python's chatml-function-calling template lists the tools
+# inside it (a prompt without one shows the model no tools at all).
+ASK = [
+    ChatMessage(role="system", content="You paint walls."),
+    ChatMessage(role="user", content="Paint the wall blue."),
 ]
 # Outcomes a run may end with here; ERROR (a refused request, a timeout) is never one.
 CLEAR_OUTCOMES = {
@@ -75,7 +73,7 @@ async def real_client(
     *,
     tool_mode: Literal["native", "xml"] = "native",
     tool_choice: str | None = "auto",
-    max_tokens: int = 48,
+    max_tokens: int = 32,
 ) -> AsyncIterator[OpenAIClient]:
     """An `OpenAIClient` on the server, every exchange recorded in `log`."""
     http = httpx2.AsyncClient(event_hooks=log.hooks())
@@ -88,7 +86,7 @@ async def real_client(
             tool_choice=tool_choice,
             temperature=0,
             max_tokens=max_tokens,
-            timeout=90,
+            timeout=240,
         )
     finally:
         await sdk.close()
@@ -121,41 +119,14 @@ async def test_tools_reach_the_model_because_tool_choice_is_sent(llama_server: L
     assert without_choice.usage.prompt_tokens == plain.usage.prompt_tokens
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
-@pytest.mark.parametrize("tool_mode", ["native", "xml"])
-async def test_a_conversation_with_a_tool_turn_is_accepted(
-    llama_server: LlamaServer, tool_mode: Literal["native", "xml"], stream: bool
-) -> None:
-    log = HttpLog()
-    request = LLMRequest(messages=AFTER_A_TOOL_TURN, tools=[PICK_COLOR])
-    async with real_client(llama_server, log, tool_mode=tool_mode) as llm:
-        if stream:
-            events: list[StreamEvent] = [event async for event in llm.stream(request)]
-            completion = events[-1]
-            warnings = [e.code for e in events if isinstance(e, StreamWarning)]
-        else:
-            completion = await llm.complete(request)
-            warnings = []
-    assert isinstance(completion, Completion)
-    assert_every_request_accepted(log, llama_server)
-    assert completion.finish_reason in ("stop", "tool_calls", "length")
-    assert completion.usage is not None and not completion.usage.estimated
-    assert completion.usage.prompt_tokens > 0
-    first = log.chat_requests[0]
-    if tool_mode == "native":
-        assert first["tool_choice"] == "auto"
-        assert first["messages"][1]["content"] == ""
-    else:
-        assert "tools" not in first
-        assert "pick_color" in first["messages"][0]["content"]
-    # A stream refused after its HTTP 200 is asked again without streaming, and says so.
-    assert set(warnings) <= {"stream_with_tools_unsupported"}
-
-
 async def run_agent(
     llm: OpenAIClient, *, stream: bool
 ) -> tuple[ExecutionOutcome, list[AgentEvent]]:
-    agent = make_agent(llm, max_iterations=3)
+    # A short prompt (no control tools, one line of system prompt): a 135M model on 2 busy
+    # cores reads a few hundred tokens a second at best, and far fewer under load.
+    agent = make_agent(
+        llm, max_iterations=2, control_tools=False, system_prompt="You are a calculator."
+    )
     agent.stream = stream
     events: list[AgentEvent] = []
     subscription = agent.subscribe()
@@ -182,12 +153,16 @@ async def test_an_agent_run_on_a_real_model_ends_with_a_clear_outcome(
     assert_every_request_accepted(log, llama_server)
     assert not [e for e in events if isinstance(e, ModelRetrying)]
     responded = [e for e in events if isinstance(e, ModelResponded)]
-    assert 1 <= len(responded) <= 3
-    # Usage is the server's: counted, never estimated, never zero.
-    assert all(e.prompt_tokens > 0 for e in responded)
-    assert not outcome.usage.estimated
+    assert 1 <= len(responded) <= 2
+    # Usage is never zero. Non-streamed answers carry the server's count; llama-cpp-python
+    # 0.3.36 streams without usage (it ignores stream_options), so a streamed answer is
+    # counted by agent_flow, marked as estimated, and the run says so once.
+    assert all(e.prompt_tokens > 0 and e.completion_tokens > 0 for e in responded)
     assert outcome.usage.prompt_tokens == sum(e.prompt_tokens for e in responded)
-    assert not [e for e in events if isinstance(e, WarningRaised) and "usage" in e.message]
+    no_usage = [e for e in events if isinstance(e, WarningRaised) and "no token usage" in e.message]
+    assert len(no_usage) == int(outcome.usage.estimated)
+    if not stream:
+        assert not outcome.usage.estimated
     for body in log.chat_requests:
         if tool_mode == "native":
             assert [t["function"]["name"] for t in body["tools"]] == ["add"]
