@@ -1,11 +1,16 @@
 # The same steps .ci/run performs, one target each.
 VENV ?= .venv
 
-.PHONY: install lint typecheck test bench demo ci
+.PHONY: install install-real-llm lint typecheck test bench demo ci
 
 install:
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -e '.[dev]'
+
+# The real_llm tier's model server: builds llama-cpp-python once (portable CPU kernels).
+install-real-llm:
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+		$(VENV)/bin/pip install -e '.[real-llm]'
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -9,6 +9,7 @@ and then close, and streams without usage.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -40,6 +41,7 @@ from agent_flow.tools import Tool
 from tests.helpers import drain_into, make_agent
 from tests.openai_server import (
     OpenAIServer,
+    RecordedRequest,
     Reply,
     completion_body,
     error_reply,
@@ -281,6 +283,40 @@ async def test_a_stream_warning_is_published_once(
     assert len(fallbacks) == 1
 
 
+async def test_a_server_that_dropped_the_tools_is_warned_about_once(
+    client: OpenAIClient, openai_server: OpenAIServer
+) -> None:
+    # llama-cpp-python asked without tool_choice: it counts the prompt without the tools.
+    client.tool_choice = None
+    openai_server.script(
+        sse_reply(tool_call_chunks([("c1", "add", '{"a": 1, "b": 2}')], usage=(60, 9))),
+        sse_reply(text_chunks("3", usage=(70, 2))),
+    )
+    _, events = await run_agent(client, max_iterations=2)
+    breakdown = next(e for e in events if isinstance(e, ContextBuilt)).breakdown
+    assert breakdown.tools > breakdown.total / 2  # the schemas are most of the prompt
+    dropped = [m for m in warnings_of(events) if "dropped the tools" in m]
+    assert len(dropped) == 1
+    assert "60 prompt tokens" in dropped[0] and "tool_choice" in dropped[0]
+
+
+@pytest.mark.parametrize("tool_mode", ["native", "xml"])
+async def test_a_server_that_counted_the_tools_is_not_warned_about(
+    openai_server: OpenAIServer, tool_mode: str
+) -> None:
+    # Counted by another tokenizer (here 20% fewer tokens): still clearly with the tools.
+    def counted(request: RecordedRequest) -> Reply:
+        size = len(json.dumps(request.body)) // 5
+        return sse_reply(text_chunks("done", usage=(size, 2)))
+
+    openai_server.handler = counted
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", tool_mode=tool_mode
+    ) as llm:
+        _, events = await run_agent(llm, max_iterations=1)
+    assert [m for m in warnings_of(events) if "dropped the tools" in m] == []
+
+
 # -- 2. timeouts and retries -------------------------------------------------------------------
 
 
@@ -325,6 +361,31 @@ async def test_a_non_streamed_answer_that_never_comes_hits_the_request_timeout(
     ) as llm:
         with pytest.raises(ModelTimeoutError, match=r"request timeout of 0.2 s"):
             await llm.complete(WITH_TOOLS)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_attempt_that_used_the_whole_request_timeout_is_not_tried_again(
+    openai_server: OpenAIServer, stream: bool
+) -> None:
+    # A model generating without end (llama-cpp-python ignores max_tokens when it picks
+    # tools itself) would run as long again on every retry: one timeout ends the call.
+    if stream:  # it streams, then goes silent for less than the chunk timeout
+        openai_server.script(
+            sse_reply(text_chunks("abcdef", chunk_size=2), stall_after=1),
+            sse_reply(text_chunks("never asked for")),
+        )
+    else:
+        openai_server.script(Reply(hang=True), json_reply(completion_body("never asked for")))
+    async with OpenAIClient(
+        "m", base_url=openai_server.base_url, api_key="k", timeout=0.3, chunk_timeout=30
+    ) as llm:
+        assert llm.max_retries == 2
+        call = collect(llm.stream(WITH_TOOLS)) if stream else llm.complete(WITH_TOOLS)
+        with pytest.raises(ModelTimeoutError, match=r"request timeout of 0.3 s") as caught:
+            await call
+    assert caught.value.attempts == 1
+    assert not caught.value.retryable
+    assert len(openai_server.requests) == 1
 
 
 async def test_retry_after_is_honoured_and_announced(

@@ -100,6 +100,8 @@ class _Run:
     tool_uses: list[ToolUse] = field(default_factory=list)
     errors: list[RunErrorInfo] = field(default_factory=list)
     reprompts: int = 0
+    # Whether a server's prompt count showed it dropped the offered tools (warned once).
+    tools_checked: bool = False
     output_retries: int = 0
     last_signature: tuple[tuple[str, str, str], ...] | None = None
     repeats: int = 0

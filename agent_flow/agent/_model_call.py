@@ -39,6 +39,7 @@ from agent_flow.events import (
     WarningRaised,
 )
 from agent_flow.llm.base import (
+    NATIVE_FORMAT,
     RETRY_LISTENER,
     Completion,
     LLMRequest,
@@ -50,9 +51,11 @@ from agent_flow.llm.base import (
     ToolCallArgumentsChunk,
     ToolCallChunk,
     Usage,
+    prompt_format_of,
 )
 from agent_flow.llm.metering import ModelCallReport
 from agent_flow.pricing import price_usage
+from agent_flow.prompt import PromptBreakdown
 
 if TYPE_CHECKING:
     from agent_flow.agent._loop import _Run
@@ -69,6 +72,41 @@ def _estimated_usage(run: _Run, prompt_tokens: int, completion: Completion) -> U
     if completion.thinking:
         answer += counter.count(completion.thinking)
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=answer, estimated=True)
+
+
+# A server's prompt count differs from agent_flow's by its tokenizer and chat template, so
+# only a clear case is judged: tool schemas that are a large share of the counted prompt,
+# of which less than half shows in a count that is otherwise about the rest of the prompt.
+_TOOLS_SHARE_JUDGED = 0.3
+
+
+def _tools_not_counted(run: _Run, breakdown: PromptBreakdown, usage: Usage) -> str | None:
+    """A warning when the server's prompt count shows it dropped the offered tools.
+
+    Only natively offered tools can be dropped (XML tool mode puts them in the prompt's text):
+    llama-cpp-python, asked without ``tool_choice``, drops them silently, so the model never
+    learns they exist. Told once per run.
+    """
+    if (
+        run.tools_checked
+        or usage.estimated
+        or prompt_format_of(run.agent.llm) is not NATIVE_FORMAT
+        or breakdown.tools < _TOOLS_SHARE_JUDGED * breakdown.total
+        or breakdown.tools == 0
+    ):
+        return None
+    without_tools = breakdown.total - breakdown.tools
+    # Judged only when the count is about the prompt without the tools: far below even
+    # that, it is no count of this prompt at all (a proxy's, a test double's).
+    if not without_tools / 2 <= usage.prompt_tokens < without_tools + breakdown.tools / 2:
+        return None
+    run.tools_checked = True
+    return (
+        f"the model server counted {usage.prompt_tokens} prompt tokens, about what agent_flow "
+        f"counts without the tool schemas ({without_tools} of {breakdown.total}): it seems "
+        "to have dropped the tools, so the model cannot call them; set tool_choice (e.g. "
+        '"auto") in the LLM config, or use tool_mode "xml"'
+    )
 
 
 async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:

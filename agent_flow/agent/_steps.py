@@ -23,6 +23,7 @@ from agent_flow.agent._model_call import (
     _estimated_usage,
     _output_allowance,
     _retrying,
+    _tools_not_counted,
 )
 from agent_flow.agent._output import _validate_output, _validate_result
 from agent_flow.agent.outcome import (
@@ -151,6 +152,8 @@ async def _model_step(run: _Run) -> Step:
                 ),
                 source="model",
             )
+    elif (dropped := _tools_not_counted(run, prompt.breakdown, usage)) is not None:
+        await run.emit(WarningRaised, message=dropped, source="model")
     await _count_model_call(
         run,
         ModelCallReport(

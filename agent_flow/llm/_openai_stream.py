@@ -271,6 +271,18 @@ class StreamClock:
             "raise it (--timeout, or timeout in the LLM config)"
         )
 
+    def timeout_error(self, when: float, sentence: str, *, where: str) -> ModelTimeoutError:
+        """The error of a missed deadline: one that used up the whole request is not retried.
+
+        An attempt that ran for the whole request timeout (a model generating without end,
+        a server that ignores ``max_tokens``) would only run as long again, while the server
+        may still be busy with the abandoned attempt.
+        """
+        err = ModelTimeoutError(f"the model server at {where} {sentence}")
+        if when >= self.end:
+            err.retryable = False
+        return err
+
 
 @asynccontextmanager
 async def _deadline(clock: StreamClock | None, *, first: bool, where: str) -> AsyncIterator[None]:
@@ -283,7 +295,7 @@ async def _deadline(clock: StreamClock | None, *, first: bool, where: str) -> As
         async with asyncio.timeout_at(when):
             yield
     except TimeoutError as err:
-        raise ModelTimeoutError(f"the model server at {where} {sentence}") from err
+        raise clock.timeout_error(when, sentence, where=where) from err
 
 
 def _excerpt(err: json.JSONDecodeError | UnicodeDecodeError) -> str:

@@ -45,6 +45,7 @@ from agent_flow.errors import (
     ModelResponseError,
     ModelTimeoutError,
 )
+from agent_flow.llm._openai_body import BodyDefaults, body_fields
 from agent_flow.llm._openai_errors import translate_error
 from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
 from agent_flow.llm._openai_stream import (
@@ -59,8 +60,6 @@ from agent_flow.llm._openai_wire import (
     Assembler,
     encode_body,
     messages_to_wire,
-    tool_choice_to_wire,
-    tools_to_wire,
 )
 from agent_flow.llm.base import (
     NATIVE_FORMAT,
@@ -342,36 +341,16 @@ class OpenAIClient:
         messages, tools = self.prompt_format.render(
             request.messages, request.tools, tool_choice=request.tool_choice
         )
-        fields: JsonObject = {"model": request.model or self.model}
-        if stream:
-            fields["stream"] = True
-            if self.stream_usage and self._streaming.options_accepted:
-                fields["stream_options"] = {"include_usage": True}
-        if tools:
-            fields["tools"] = cast(list[JsonValue], tools_to_wire(tools))
-            choice = request.tool_choice or self.tool_choice
-            if choice is not None:
-                fields["tool_choice"] = tool_choice_to_wire(choice)
-            if request.parallel_tool_calls is not None:
-                fields["parallel_tool_calls"] = request.parallel_tool_calls
-        temperature = request.temperature if request.temperature is not None else self.temperature
-        if temperature is not None:
-            fields["temperature"] = temperature
-        if request.top_p is not None:
-            fields["top_p"] = request.top_p
-        max_tokens = _smaller(request.max_tokens, self.max_tokens)
-        if max_tokens is not None:
-            fields[self.max_tokens_field] = max_tokens
-        if request.stop:
-            fields["stop"] = list(request.stop)
-        if request.seed is not None:
-            fields["seed"] = request.seed
-        if request.response_format is not None:
-            fields["response_format"] = request.response_format
-        if self.extra_body:
-            fields.update(self.extra_body)
-        if request.extra_body:
-            fields.update(request.extra_body)
+        defaults = BodyDefaults(
+            model=self.model,
+            tool_choice=self.tool_choice,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            max_tokens_field=self.max_tokens_field,
+            extra_body=self.extra_body,
+        )
+        stream_usage = self.stream_usage and self._streaming.options_accepted
+        fields = body_fields(request, tools, defaults, stream=stream, stream_usage=stream_usage)
         return messages, fields
 
     def _options(self) -> RequestOptions:
@@ -459,10 +438,14 @@ class OpenAIClient:
             async with asyncio.timeout(limit):
                 return await self._post_json(messages, fields)
         except TimeoutError as err:
-            raise ModelTimeoutError(
+            # Not retried: the identical request would only run as long again (see
+            # StreamClock.timeout_error).
+            timed_out = ModelTimeoutError(
                 f"the model server at {self.base_url} did not answer within the request "
                 f"timeout of {limit:g} s; raise it (--timeout, or timeout in the LLM config)"
-            ) from err
+            )
+            timed_out.retryable = False
+            raise timed_out from err
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=False) from err
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -522,7 +505,7 @@ class OpenAIClient:
                     lambda body: self._post_stream(messages, body), fields, codes
                 )
         except TimeoutError as err:
-            raise ModelTimeoutError(f"the model server at {self.base_url} {sentence}") from err
+            raise clock.timeout_error(when, sentence, where=self.base_url) from err
         except openai.OpenAIError as err:
             raise self._translate(err, streaming=False) from err
         for code in codes:
@@ -584,13 +567,6 @@ class OpenAIClient:
             streaming=streaming,
             connect_timeout=self.timeouts.connect,
         )
-
-
-def _smaller(a: int | None, b: int | None) -> int | None:
-    """The smaller of two optional limits (``None``: no limit)."""
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 if TYPE_CHECKING:  # mypy checks that the client implements the protocol
