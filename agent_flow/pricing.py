@@ -89,9 +89,17 @@ def price_usage(
     )
 
 
+# Models the price data does not know, with the API root they were called at: looking a
+# name up searches every provider's models by pattern (about 100 µs), on every call.
+_unknown: set[tuple[str, str | None]] = set()
+_MAX_UNKNOWN = 1024
+
+
 def _price(
     model: str, base_url: str | None, input_tokens: int, cached: int, output_tokens: int
 ) -> float | None:
+    if (model, base_url) in _unknown:
+        return None
     import genai_prices
 
     price_usage = genai_prices.Usage(
@@ -108,4 +116,7 @@ def _price(
         except LookupError:
             continue
         return float(calculation.total_price)
+    if len(_unknown) >= _MAX_UNKNOWN:
+        _unknown.clear()
+    _unknown.add((model, base_url))
     return None

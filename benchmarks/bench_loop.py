@@ -136,7 +136,7 @@ async def handwritten_run(client: Any, stream: bool) -> int:
         for call in tool_calls:
             args = json.loads(call["function"]["arguments"])
             messages.append(
-                {"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
+                {"role": "tool", "tool_call_id": call["id"], "content": str(add(**args))}
             )
 
 
@@ -198,23 +198,34 @@ async def floor_run(client: Any, stream: bool) -> int:
         for call in tool_calls:
             args = json.loads(call["function"]["arguments"])
             messages.append(
-                {"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
+                {"role": "tool", "tool_call_id": call["id"], "content": str(add(**args))}
             )
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+_tools: list[Any] = []
+
+
+def add_tool() -> Any:
+    """`add` as an agent_flow tool, made once, as an application defines its tools once."""
+    if not _tools:
+        from agent_flow.tools import tool
+
+        _tools.append(tool(add))
+    return _tools[0]
 
 
 def make_agent(client: Any, stream: bool) -> Any:
     from agent_flow import AgentConfig, AgentExecutor, ContextConfig
-    from agent_flow.tools import tool
-
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first.
-            b: The second.
-        """
-        return a + b
 
     config = AgentConfig(
         system_prompt=SYSTEM + "\n{environment}",
@@ -223,7 +234,7 @@ def make_agent(client: Any, stream: bool) -> Any:
         stuck_threshold=1000,
     )
     agent = AgentExecutor(client, config=config, stream=stream)
-    agent.tools.register(add)
+    agent.tools.register(add_tool())
     return agent
 
 
