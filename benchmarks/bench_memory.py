@@ -45,7 +45,7 @@ def child(loop: str, k: int, concurrent: int) -> dict[str, Any]:
     after_import = rss_mb()
 
     import bench_loop
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, Timeout
 
     from agent_flow import OpenAIClient as Client
     from tests.openai_server import OpenAIServer
@@ -53,8 +53,9 @@ def child(loop: str, k: int, concurrent: int) -> dict[str, Any]:
     async def measure() -> dict[str, Any]:
         async with OpenAIServer(handler=bench_loop.make_handler(k, False)) as server:
             server.record = False
-            plain = AsyncOpenAI(base_url=server.base_url, api_key="k")
-            ours = Client("m", base_url=server.base_url, api_key="k")
+            # tracemalloc slows everything down: generous connect timeouts on a loaded machine.
+            plain = AsyncOpenAI(base_url=server.base_url, api_key="k", timeout=Timeout(300.0))
+            ours = Client("m", base_url=server.base_url, api_key="k", connect_timeout=300.0)
 
             async def one() -> int:
                 if loop == "handwritten":
@@ -94,7 +95,10 @@ def main() -> None:
     for loop in ("handwritten", "agent_flow"):
         command = [sys.executable, __file__, "--child", loop, "--k", str(args.k)]
         command += ["--concurrent", str(args.concurrent)]
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the {loop} child failed:\n{done.stderr}")
+        output = done.stdout
         result = results[loop] = json.loads(output.strip().splitlines()[-1])
         print(
             f"{loop:<12} {result['after_import_mb']:>13.1f} MB {result['warm_mb']:>6.1f} MB "
