@@ -25,6 +25,8 @@ test:
 bench:
 	$(VENV)/bin/python benchmarks/bench_context.py
 	$(VENV)/bin/python benchmarks/bench_loop.py
+	$(VENV)/bin/python benchmarks/bench_memory.py
+	$(VENV)/bin/python benchmarks/bench_import.py
 
 demo:
 	$(VENV)/bin/agent-flow demo

@@ -140,3 +140,6 @@ EVENTS_RECONNECT_SECONDS: Final = 1.0
 
 DURABLE_STATE_SECONDS: Final = 5.0
 """A server following a durable run asks DBOS for its state after this long without events."""
+
+#: The pruning strategies by name (`agent_flow.config.StrategyName` spells the same names).
+PRUNING_STRATEGIES: Final = ("elide_then_drop", "drop_oldest", "sliding_window", "summarize")

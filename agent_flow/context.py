@@ -288,8 +288,9 @@ class ContextManager:
     def _environment_full(self) -> tuple[str, int]:
         version = self.environment.version
         if self._env_full is None or self._env_full[0] != version:
-            text = self.environment.render(_UNBOUNDED, self.counter)
-            self._env_full = (version, text, self.counter.count(text))
+            # The report carries the text's count: no second pass of the tokenizer over it.
+            report = self.environment.render_report(_UNBOUNDED, self.counter)
+            self._env_full = (version, report.text, report.tokens)
             self._env_shrunk.clear()
         return self._env_full[1], self._env_full[2]
 

@@ -244,3 +244,12 @@ def test_an_agent_on_any_budget_above_its_fixed_costs_builds_its_prompts(
     agent = AgentExecutor(ScriptedLLM([]), config=config)
     prompt = agent.context.build_prompt(tools=agent.offered_tools())
     assert prompt.total_tokens <= max_tokens - config.context.reserve_output_tokens
+
+
+def test_the_strategy_names_are_spelled_alike_in_the_config_and_the_defaults() -> None:
+    from typing import get_args
+
+    from agent_flow._defaults import PRUNING_STRATEGIES
+    from agent_flow.config import StrategyName
+
+    assert get_args(StrategyName) == PRUNING_STRATEGIES

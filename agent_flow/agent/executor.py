@@ -40,7 +40,6 @@ from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
 from agent_flow.pricing import preload
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
-from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
 from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
 
@@ -159,9 +158,12 @@ class AgentExecutor:
                     self.tools.register(control)
         #: Saves the session at step boundaries (None without a store); the loop uses only
         #: its `StepRecorder` protocol.
-        self.recorder: StepRecorder | None = (
-            SessionRecorder(store, session_id) if store is not None else None
-        )
+        self.recorder: StepRecorder | None = None
+        if store is not None:
+            # Imported here: the recorder imports this package (a cycle at module level).
+            from agent_flow.sessions.recorder import SessionRecorder
+
+            self.recorder = SessionRecorder(store, session_id)
         self.skill: Skill | None = None
         self._run: _Run | None = None
         # Resources the agent owns: the MCP servers started on entry, with the names their
@@ -406,6 +408,8 @@ class AgentExecutor:
     @property
     def store(self) -> SessionStore | None:
         """The store the agent's `SessionRecorder` saves to (None without one)."""
+        from agent_flow.sessions.recorder import SessionRecorder
+
         return self.recorder.store if isinstance(self.recorder, SessionRecorder) else None
 
     @property

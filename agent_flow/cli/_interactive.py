@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from agent_flow.tools import ApprovalRequest, ApprovalResponse, RiskLevel
-
 if TYPE_CHECKING:
     from agent_flow.cli._prompt import _Prompter
+    from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
 _T = TypeVar("_T")
 
@@ -95,6 +94,9 @@ class _Approver:
         self.before_asking = before_asking
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
+        # Here, not at module level: the parser imports this module for ``--help``.
+        from agent_flow.tools import ApprovalResponse, RiskLevel
+
         if self.auto_high_risk:
             return ApprovalResponse(approved=True, reason="approved by --yes-all")
         high = request.risk is RiskLevel.HIGH

@@ -14,7 +14,6 @@ routed through the same handler.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
@@ -79,6 +78,8 @@ def _run(
     args: argparse.Namespace,
     streams: _Streams,
 ) -> int:
+    import asyncio  # here: ``--help`` and ``--version`` never get this far
+
     try:
         return asyncio.run(handler(args, streams))
     except KeyboardInterrupt:

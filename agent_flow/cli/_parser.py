@@ -8,29 +8,18 @@ when a command runs, so ``--help`` and ``--version`` stay quick.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import NoReturn
 
 from agent_flow._defaults import DEFAULT_REPLAY_MAX_WAIT
-from agent_flow.cli._chat import _chat_command
-from agent_flow.cli._diff import _sessions_diff
-from agent_flow.cli._exit import EXIT_USAGE
-from agent_flow.cli._lab import _lab_command, add_lab_arguments
+from agent_flow.cli._exit import EXIT_USAGE, _Streams
+from agent_flow.cli._lab_args import add_lab_arguments
 from agent_flow.cli._prompt import EDITING_HELP
-from agent_flow.cli._replay import _replay_command
-from agent_flow.cli._run import _demo_command, _run_command
-from agent_flow.cli._serve import _serve_command
-from agent_flow.cli._sessions import (
-    _sessions_delete,
-    _sessions_export,
-    _sessions_import,
-    _sessions_list,
-    _sessions_show,
-)
-from agent_flow.cli._tools import _tools_command
-from agent_flow.cli._worker import _worker_command
 from agent_flow.sessions import default_store_path
+
+_Handler = Callable[[argparse.Namespace, _Streams], Coroutine[None, None, int]]
 
 _EPILOG = """\
 exit codes:
@@ -237,6 +226,17 @@ def _db_help() -> str:
     )
 
 
+def _handler(module: str, name: str) -> _Handler:
+    """The command `name` of `module`, imported when the command runs (not for ``--help``)."""
+
+    async def handler(args: argparse.Namespace, streams: _Streams) -> int:
+        command: _Handler = getattr(importlib.import_module(module), name)
+        return await command(args, streams)
+
+    handler.__qualname__ = handler.__name__ = name
+    return handler
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``agent-flow`` argument parser."""
     from agent_flow import __version__
@@ -274,11 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the agent should do (or your reply, with --session); text piped into "
         "stdin is added after it, or is the task when none is given",
     )
-    run.set_defaults(handler=_run_command)
+    run.set_defaults(handler=_handler("agent_flow.cli._run", "_run_command"))
 
     chat = sub("chat", "talk with an agent over one session, message by message", [agent_options])
     chat.description = f"Talk with an agent over one session. At a terminal: {EDITING_HELP}."
-    chat.set_defaults(handler=_chat_command)
+    chat.set_defaults(handler=_handler("agent_flow.cli._chat", "_chat_command"))
 
     demo = sub("demo", "a complete agent run, offline, with a scripted model and no API key")
     demo.add_argument("--slow", action="store_true", help="stream at a watchable pace")
@@ -291,31 +291,31 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only create the project, and print how to run the task with a real model",
     )
-    demo.set_defaults(handler=_demo_command)
+    demo.set_defaults(handler=_handler("agent_flow.cli._run", "_demo_command"))
 
     sessions = sub("sessions", "list, show, export, import or delete stored sessions")
     actions = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="the most recent sessions", parents=[db])
     listing.add_argument("--limit", type=_positive, default=20, help="how many (default 20)")
     listing.add_argument("--json", action="store_true", help="one JSON object per session")
-    listing.set_defaults(handler=_sessions_list)
+    listing.set_defaults(handler=_handler("agent_flow.cli._sessions", "_sessions_list"))
     show = actions.add_parser(
         "show", help="a session's history, environment and runs", parents=[db]
     )
     show.add_argument("id")
     show.add_argument("--environment", action="store_true", help="print the environment as JSON")
-    show.set_defaults(handler=_sessions_show)
+    show.set_defaults(handler=_handler("agent_flow.cli._sessions", "_sessions_show"))
     export = actions.add_parser("export", help="a session as JSON lines", parents=[db])
     export.add_argument("id")
     export.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
-    export.set_defaults(handler=_sessions_export)
+    export.set_defaults(handler=_handler("agent_flow.cli._sessions", "_sessions_export"))
     imported = actions.add_parser("import", help="store a session from an export", parents=[db])
     imported.add_argument("file")
     imported.add_argument("--id", help="store it under this id (default: the exported one)")
-    imported.set_defaults(handler=_sessions_import)
+    imported.set_defaults(handler=_handler("agent_flow.cli._sessions", "_sessions_import"))
     delete = actions.add_parser("delete", help="delete a session", parents=[db])
     delete.add_argument("id")
-    delete.set_defaults(handler=_sessions_delete)
+    delete.set_defaults(handler=_handler("agent_flow.cli._sessions", "_sessions_delete"))
     diff = actions.add_parser(
         "diff",
         help="compare two sessions' environments and per-step prompt budgets",
@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("a", metavar="A", help="a session id, or a file from `sessions export`")
     diff.add_argument("b", metavar="B", help="the session to compare it with (id or file)")
     diff.add_argument("--json", action="store_true", help="the comparison as one JSON object")
-    diff.set_defaults(handler=_sessions_diff)
+    diff.set_defaults(handler=_handler("agent_flow.cli._diff", "_sessions_diff"))
 
     replay = sub("replay", "render a stored session's events again, paced as they happened", [db])
     replay.add_argument(
@@ -345,13 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the longest pause between two events (default {DEFAULT_REPLAY_MAX_WAIT:g})",
     )
     replay.add_argument("--json", action="store_true", help="every event as a JSON line")
-    replay.set_defaults(handler=_replay_command)
+    replay.set_defaults(handler=_handler("agent_flow.cli._replay", "_replay_command"))
 
     lab = sub(
         "lab", "replay recorded sessions under candidate pruning strategies and budgets", [db]
     )
     add_lab_arguments(lab)
-    lab.set_defaults(handler=_lab_command)
+    lab.set_defaults(handler=_handler("agent_flow.cli._lab", "_lab_command"))
 
     serve = sub("serve", "serve sessions over HTTP with live event streams (SSE)", [db])
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the agent command's --otel); a request's W3C traceparent makes its run part of the "
         "caller's trace",
     )
-    serve.set_defaults(handler=_serve_command)
+    serve.set_defaults(handler=_handler("agent_flow.cli._serve", "_serve_command"))
 
     worker = sub("worker", "execute durable runs from the DBOS queue (agent-flow[durable])", [db])
     worker.add_argument(
@@ -393,14 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--executor-id", help="this worker's DBOS executor id (default: a new one per start)"
     )
-    worker.set_defaults(handler=_worker_command)
+    worker.set_defaults(handler=_handler("agent_flow.cli._worker", "_worker_command"))
 
     tools = sub(
         "tools",
         "list the tools an agent would be offered, with the tokens their schemas cost",
         [_tools_options()],
     )
-    tools.set_defaults(handler=_tools_command)
+    tools.set_defaults(handler=_handler("agent_flow.cli._tools", "_tools_command"))
     return parser
 
 

@@ -15,8 +15,6 @@ import contextlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from agent_flow.cli._interactive import _LineReader
-
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -56,6 +54,9 @@ class _PlainPrompter:
     """Reads lines from a stream, printing each prompt on `console`."""
 
     def __init__(self, stream: IO[str], console: Console) -> None:
+        # Here, not at module level: the parser imports this module (for ``--help``).
+        from agent_flow.cli._interactive import _LineReader
+
         self._reader = _LineReader(stream)
         self._console = console
         self._interactive = _isatty(stream)

@@ -28,6 +28,7 @@ from agent_flow._defaults import (
     DEFAULT_ENVIRONMENT_ALLOCATION,
     DEFAULT_PRUNE_TARGET,
     DEFAULT_SYSTEM_PROMPT_TEMPLATE,
+    PRUNING_STRATEGIES,
 )
 from agent_flow.config import ContextConfig, StrategyName, _read_toml, load_config
 from agent_flow.errors import ConfigError, UserError
@@ -45,12 +46,7 @@ from agent_flow.tokens import ApproxCounter, TiktokenCounter, TokenCounter
 __all__ = ["Candidate", "LabFile", "load_candidates", "strategy_from_name"]
 
 #: The strategy names a lab file and ``agent-flow lab --strategy`` accept.
-STRATEGY_NAMES: tuple[StrategyName, ...] = (
-    "elide_then_drop",
-    "drop_oldest",
-    "sliding_window",
-    "summarize",
-)
+STRATEGY_NAMES: tuple[StrategyName, ...] = PRUNING_STRATEGIES
 
 
 def strategy_from_name(

@@ -37,32 +37,31 @@ described there) and `memory`; privately, `_backend` (the rows a backend stores)
 (what a step writes), `_usage` (a session's usage and cost totals) and `_base` (the async
 store shared by both implementations).
 
-`SQLiteSessionStore` and `SCHEMA_VERSION` are loaded on first use, so that importing
-`agent_flow` (which imports this package for the `SessionStore` protocol) does not import
-`sqlite3`.
+Every name is loaded on first use, so that importing this package (the agent package does,
+for the `StepRecorder` protocol) imports neither `sqlite3` nor what the name does not need.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
-from agent_flow.sessions.export import (
-    EXPORT_FORMAT,
-    EXPORT_LINE_ADAPTER,
-    EndLine,
-    EntryLine,
-    EnvironmentLine,
-    EventLine,
-    ExportLine,
-    SessionHeaderLine,
-)
-from agent_flow.sessions.factory import open_store, store_location
-from agent_flow.sessions.memory import InMemorySessionStore
-from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
-from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
-
 if TYPE_CHECKING:
+    from agent_flow.sessions.export import (
+        EXPORT_FORMAT,
+        EXPORT_LINE_ADAPTER,
+        EndLine,
+        EntryLine,
+        EnvironmentLine,
+        EventLine,
+        ExportLine,
+        SessionHeaderLine,
+    )
+    from agent_flow.sessions.factory import open_store, store_location
+    from agent_flow.sessions.memory import InMemorySessionStore
+    from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
     from agent_flow.sessions.postgres import PostgresSessionStore
+    from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
     from agent_flow.sessions.recorder import SessionRecorder
     from agent_flow.sessions.sqlite import SCHEMA_VERSION, SQLiteSessionStore
 
@@ -90,23 +89,39 @@ __all__ = [
     "store_location",
 ]
 
-_SQLITE_NAMES = frozenset(("SCHEMA_VERSION", "SQLiteSessionStore"))
+# Where each name lives. `agent_flow.sessions._paths` is light: ``agent-flow --help`` names
+# the default store path without loading the models or sqlite3. The rest is imported on first
+# use: sqlite3 only with the SQLite store, psycopg (an optional extra) only with PostgreSQL,
+# the recorder (which imports the agent package, which imports this one) when used.
+_LAZY = {
+    "EXPORT_FORMAT": "export",
+    "EXPORT_LINE_ADAPTER": "export",
+    "EndLine": "export",
+    "EntryLine": "export",
+    "EnvironmentLine": "export",
+    "EventLine": "export",
+    "ExportLine": "export",
+    "SessionHeaderLine": "export",
+    "open_store": "factory",
+    "store_location": "factory",
+    "InMemorySessionStore": "memory",
+    "SessionInfo": "models",
+    "SessionState": "models",
+    "SessionStatus": "models",
+    "PostgresSessionStore": "postgres",
+    "SessionStore": "protocol",
+    "StepRecorder": "protocol",
+    "default_store_path": "_paths",
+    "SessionRecorder": "recorder",
+    "SCHEMA_VERSION": "sqlite",
+    "SQLiteSessionStore": "sqlite",
+}
 
 
 def __getattr__(name: str) -> object:
-    # sqlite3 is not needed by the protocol or the in-memory store: load it when used.
-    if name in _SQLITE_NAMES:
-        from agent_flow.sessions import sqlite
-
-        return getattr(sqlite, name)
-    # psycopg is an optional extra: load it only when a PostgreSQL store is used.
-    if name == "PostgresSessionStore":
-        from agent_flow.sessions.postgres import PostgresSessionStore
-
-        return PostgresSessionStore
-    # The recorder imports the agent package, which imports this one: load it when used.
-    if name == "SessionRecorder":
-        from agent_flow.sessions.recorder import SessionRecorder
-
-        return SessionRecorder
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -8,7 +8,6 @@ boundaries. The agent loop depends on `StepRecorder` only;
 from __future__ import annotations
 
 import builtins
-import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -18,25 +17,10 @@ from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
+from agent_flow.sessions._paths import default_store_path
 from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
 
 __all__ = ["SessionStore", "StepRecorder", "default_store_path"]
-
-
-def default_store_path() -> Path:
-    """Return where `SQLiteSessionStore` keeps sessions when given no path.
-
-    ``$AGENT_FLOW_HOME/sessions.db`` if that variable is set, else
-    ``$XDG_DATA_HOME/agent_flow/sessions.db`` if that is set to an absolute path, else
-    ``~/.local/share/agent_flow/sessions.db``.
-    """
-    home = os.environ.get("AGENT_FLOW_HOME")
-    if home:
-        return Path(home).expanduser() / "sessions.db"
-    data = os.environ.get("XDG_DATA_HOME")
-    if data and Path(data).is_absolute():
-        return Path(data) / "agent_flow" / "sessions.db"
-    return Path.home() / ".local" / "share" / "agent_flow" / "sessions.db"
 
 
 class SessionStore(Protocol):
