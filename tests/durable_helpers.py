@@ -8,11 +8,18 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
+from agent_flow.llm.base import LLMClient
+from agent_flow.sessions import open_store
+from agent_flow.sessions.protocol import SessionStore
+from agent_flow.tools import ToolExecutor
+from tests.durable_app import CONFIG
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,3 +89,25 @@ def workers(pg: tuple[str, str], tmp_path: Path) -> Iterator[Workers]:
 async def wait_dead(proc: subprocess.Popen[bytes], seconds: float) -> None:
     """Wait for the process to exit (it kills itself; a process has no event to await)."""
     await asyncio.wait_for(asyncio.to_thread(proc.wait), seconds)
+
+
+@asynccontextmanager
+async def on_sqlite(
+    folder: Path, llm: LLMClient, tools: ToolExecutor
+) -> AsyncIterator[tuple[SessionStore, DurableClient]]:
+    """A worker in this process and a client, with DBOS and the sessions on SQLite in `folder`."""
+    durable = DurableConfig(
+        enabled=True, system_database_url=f"sqlite:///{folder}/dbos.sqlite", poll_seconds=0.05
+    )
+    async with (
+        open_store(f"sqlite:///{folder}/sessions.db") as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ),
+        DurableClient(durable) as client,
+    ):
+        yield store, client

@@ -13,30 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
+from agent_flow.durable import DurableClient, DurableConfig
 from agent_flow.sessions import open_store
-from tests.durable_app import CONFIG, model_and_tools
-from tests.durable_helpers import Workers, counts_of, pg, wait_dead, workers
+from tests.durable_app import model_and_tools
+from tests.durable_helpers import Workers, counts_of, on_sqlite, pg, wait_dead, workers
 
 __all__ = ["pg", "workers"]  # fixtures
 
 
 async def test_a_durable_run_completes_with_its_events_in_the_store(tmp_path: Path) -> None:
     llm, tools = model_and_tools(tmp_path, None)
-    durable = DurableConfig(
-        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.sqlite", poll_seconds=0.05
-    )
-    async with (
-        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
-        DurableWorker(
-            durable,
-            store,
-            CONFIG,
-            llm_factory=lambda _config: (llm, None),
-            tools_factory=lambda _config: tools,
-        ),
-        DurableClient(durable) as client,
-    ):
+    async with on_sqlite(tmp_path, llm, tools) as (store, client):
         info = await store.create(agent="durable")
         handle = await client.enqueue(info.id, "count 3")
         outcome = await asyncio.wait_for(handle.outcome(), 60)
@@ -115,20 +102,7 @@ async def test_a_durable_run_refuses_tools_that_need_approval(tmp_path: Path) ->
             return reply(tool_calls=[call("launch", target="prod")])
         return reply("gave up")
 
-    durable = DurableConfig(
-        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.sqlite", poll_seconds=0.05
-    )
-    async with (
-        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
-        DurableWorker(
-            durable,
-            store,
-            CONFIG,
-            llm_factory=lambda _config: (FunctionLLM(play), None),
-            tools_factory=lambda _config: ToolExecutor([launch]),
-        ),
-        DurableClient(durable) as client,
-    ):
+    async with on_sqlite(tmp_path, FunctionLLM(play), ToolExecutor([launch])) as (store, client):
         info = await store.create(agent="durable")
         outcome = await asyncio.wait_for((await client.enqueue(info.id, "go")).outcome(), 60)
     assert ran == []

@@ -23,7 +23,7 @@ from agent_flow.server import create_app
 from agent_flow.sessions import open_store
 from agent_flow.testing import ScriptedLLM
 from tests.durable_app import CONFIG
-from tests.durable_helpers import Workers, counts_of, pg, workers
+from tests.durable_helpers import Workers, counts_of, on_sqlite, pg, workers
 from tests.server_harness import EventStream, serving, stream
 
 __all__ = ["pg", "workers"]  # fixtures
@@ -163,23 +163,11 @@ def test_serve_enqueues_only_when_the_config_says_durable(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(120)
 async def test_a_durable_servers_state_and_cancel_follow_the_run(tmp_path: Path) -> None:
-    from agent_flow.durable import DurableWorker
     from tests.durable_app import model_and_tools
 
     llm, tools = model_and_tools(tmp_path, None)
-    durable = DurableConfig(
-        enabled=True, system_database_url=f"sqlite:///{tmp_path}/dbos.db", poll_seconds=0.05
-    )
     async with (
-        open_store(f"sqlite:///{tmp_path}/sessions.db") as store,
-        DurableWorker(
-            durable,
-            store,
-            CONFIG,
-            llm_factory=lambda _config: (llm, None),
-            tools_factory=lambda _config: tools,
-        ),
-        DurableClient(durable) as client,
+        on_sqlite(tmp_path, llm, tools) as (store, client),
         serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as http,
     ):
         sid = (await http.post("/sessions", json={})).json()["id"]

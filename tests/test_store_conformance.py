@@ -16,7 +16,6 @@ import asyncio
 import io
 import json
 import typing
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -37,12 +36,11 @@ from agent_flow.sessions import (
     EXPORT_LINE_ADAPTER,
     InMemorySessionStore,
     SessionStore,
-    open_store,
 )
 from agent_flow.testing.strategies import entry_lists, pruning_strategies
 from agent_flow.tokens import ApproxCounter
 from tests.helpers import unit_groups
-from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+from tests.store_helpers.backing import Backing
 from tests.store_helpers.session_writer import add_step
 from tests.store_helpers.usage import Drawn, call_steps, expected_totals, step_events
 
@@ -53,28 +51,6 @@ SHARED_KINDS = ["sqlite", "postgres"]
 
 def fresh() -> tuple[History, Environment]:
     return History(counter=COUNTER), Environment(max_changes=5)
-
-
-class Backing:
-    """Where a store's data lives; `open` makes a new store object on that same data."""
-
-    def __init__(self, kind: str, folder: Path) -> None:
-        self.kind = kind
-        self.schema = f"af_test_{uuid.uuid4().hex[:12]}"
-        if kind == "postgres":
-            require_postgres()
-            self.target = f"{URL}?schema={self.schema}"
-        elif kind == "sqlite":
-            self.target = f"sqlite://{folder / 'sessions.db'}"
-        else:
-            self.target = "memory://"
-
-    def open(self) -> SessionStore:
-        return open_store(self.target)
-
-    def drop(self) -> None:
-        if self.kind == "postgres":
-            drop_schema(self.schema)
 
 
 @pytest.fixture(params=KINDS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import typing
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,41 +22,16 @@ from agent_flow.environment import Environment
 from agent_flow.errors import SessionNotFoundError, UserError
 from agent_flow.events import AgentEvent, TextDelta
 from agent_flow.history import History
-from agent_flow.sessions import SessionStore, open_store
+from agent_flow.sessions import SessionStore
 from agent_flow.tokens import ApproxCounter
-from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+from tests.store_helpers.backing import Backing
 
 COUNTER = ApproxCounter()
 
 
-class Backing:
-    """Where a store's data lives; `open` makes a new store object on that same data."""
-
-    def __init__(self, kind: str, folder: Path) -> None:
-        self.kind = kind
-        self.schema = f"af_follow_{uuid.uuid4().hex[:12]}"
-        if kind == "postgres":
-            require_postgres()
-            self.target = f"{URL}?schema={self.schema}"
-        elif kind == "sqlite":
-            self.target = f"sqlite://{folder / 'sessions.db'}"
-        else:
-            self.target = "memory://"
-
-    def open(self, *, notified_only: bool = False) -> SessionStore:
-        store = open_store(self.target)
-        if notified_only and self.kind == "postgres":
-            store._follow_poll = 3600.0  # type: ignore[attr-defined]
-        return store
-
-    def drop(self) -> None:
-        if self.kind == "postgres":
-            drop_schema(self.schema)
-
-
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def any_backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
-    made = Backing(typing.cast(str, request.param), tmp_path)
+    made = Backing(typing.cast(str, request.param), tmp_path, prefix="af_follow")
     try:
         yield made
     finally:
@@ -66,7 +40,7 @@ def any_backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Back
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
-    made = Backing(typing.cast(str, request.param), tmp_path)
+    made = Backing(typing.cast(str, request.param), tmp_path, prefix="af_follow")
     try:
         yield made
     finally:
