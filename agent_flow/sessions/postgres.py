@@ -65,6 +65,16 @@ from agent_flow.sessions.models import SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
 
+#: The rows a step or an import appends.
+_INSERT_ENTRY = (
+    "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (%s, %s, %s, %s, %s)"
+)
+_INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (%s, %s, %s)"
+_INSERT_EVENT = (
+    "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
+    "VALUES (%s, %s, %s, %s, %s, %s)"
+)
+
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
     f"event_count, environment_version, task, {USAGE_COLUMNS}"
@@ -314,8 +324,7 @@ class _PostgresBackend:
                 async with conn.cursor() as many:
                     if write.entries:
                         await many.executemany(
-                            "INSERT INTO entries (session_id, position, entry_id, kind, data) "
-                            "VALUES (%s, %s, %s, %s, %s)",
+                            _INSERT_ENTRY,
                             [
                                 (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
                                 for i, e in enumerate(write.entries)
@@ -335,14 +344,12 @@ class _PostgresBackend:
                             )
                         if env.changes:
                             await many.executemany(
-                                "INSERT INTO environment_changes (session_id, version, data) "
-                                "VALUES (%s, %s, %s)",
+                                _INSERT_CHANGE,
                                 [(sid, version, data) for version, data in env.changes],
                             )
                     if write.events:
                         await many.executemany(
-                            "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
-                            "VALUES (%s, %s, %s, %s, %s, %s)",
+                            _INSERT_EVENT,
                             [
                                 (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
                                 for i, e in enumerate(write.events)
@@ -411,8 +418,7 @@ class _PostgresBackend:
             async with conn.cursor() as many:
                 if session.entries:
                     await many.executemany(
-                        "INSERT INTO entries (session_id, position, entry_id, kind, data) "
-                        "VALUES (%s, %s, %s, %s, %s)",
+                        _INSERT_ENTRY,
                         [
                             (sid, i, e.entry_id, e.kind, e.data)
                             for i, e in enumerate(session.entries)
@@ -420,14 +426,12 @@ class _PostgresBackend:
                     )
                 if session.changes:
                     await many.executemany(
-                        "INSERT INTO environment_changes (session_id, version, data) "
-                        "VALUES (%s, %s, %s)",
+                        _INSERT_CHANGE,
                         [(sid, version, data) for version, data in session.changes],
                     )
                 if session.events:
                     await many.executemany(
-                        "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
-                        "VALUES (%s, %s, %s, %s, %s, %s)",
+                        _INSERT_EVENT,
                         [
                             (sid, i, e.run_id, e.seq, e.kind, e.data)
                             for i, e in enumerate(session.events)

@@ -145,6 +145,15 @@ _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
 #: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).
 SCHEMA_VERSION = len(_MIGRATIONS)
 
+#: The rows a step or an import appends.
+_INSERT_ENTRY = (
+    "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)"
+_INSERT_EVENT = (
+    "INSERT INTO events (session_id, position, run_id, seq, kind, data) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
     f"event_count, environment_version, task, {USAGE_COLUMNS}"
@@ -351,8 +360,7 @@ class _SQLiteBackend:
                     (sid, write.keep_entries),
                 )
             conn.executemany(
-                "INSERT INTO entries (session_id, position, entry_id, kind, data) "
-                "VALUES (?, ?, ?, ?, ?)",
+                _INSERT_ENTRY,
                 (
                     (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
                     for i, e in enumerate(write.entries)
@@ -368,12 +376,11 @@ class _SQLiteBackend:
                         (sid, env.trim_through),
                     )
                 conn.executemany(
-                    "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)",
+                    _INSERT_CHANGE,
                     ((sid, version, data) for version, data in env.changes),
                 )
             conn.executemany(
-                "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                _INSERT_EVENT,
                 (
                     (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
                     for i, e in enumerate(write.events)
@@ -438,17 +445,15 @@ class _SQLiteBackend:
                 raise _exists(sid)
             self._insert_session(conn, session.info, session.revision, session.environment)
             conn.executemany(
-                "INSERT INTO entries (session_id, position, entry_id, kind, data) "
-                "VALUES (?, ?, ?, ?, ?)",
+                _INSERT_ENTRY,
                 ((sid, i, e.entry_id, e.kind, e.data) for i, e in enumerate(session.entries)),
             )
             conn.executemany(
-                "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)",
+                _INSERT_CHANGE,
                 ((sid, version, data) for version, data in session.changes),
             )
             conn.executemany(
-                "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                _INSERT_EVENT,
                 ((sid, i, e.run_id, e.seq, e.kind, e.data) for i, e in enumerate(session.events)),
             )
 
