@@ -16,7 +16,7 @@ its events arrive as each step is saved, with the same ids.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agent_flow.agent import AgentExecutor
@@ -145,13 +145,12 @@ class LiveSession:
             if stop is None or stop > last + 1:
                 limit = None if stop is None else stop - (last + 1)
                 stored = await self.store.events(self.id, offset=last + 1, limit=limit)
-                for first in range(0, len(stored), BATCH):
-                    chunk = stored[first : first + BATCH]
-                    yield [(last + 1 + n, event) for n, event in enumerate(chunk)]
-                    last += len(chunk)
+                for batch in _batches(list(enumerate(stored, start=last + 1))):
+                    yield batch
+                last += len(stored)
             fresh = [(event_id, event) for event_id, event in recent if event_id > last]
-            for first in range(0, len(fresh), BATCH):
-                yield fresh[first : first + BATCH]
+            for batch in _batches(fresh):
+                yield batch
             if fresh:
                 last = fresh[-1][0]
             if subscription is None:
@@ -169,16 +168,16 @@ class LiveSession:
                 events = [event]
                 while subscription.queued and len(events) < BATCH:
                     events.append(await anext(subscription))
-                batch: list[tuple[int | None, AgentEvent]] = []
+                ready: list[tuple[int | None, AgentEvent]] = []
                 for event in events:
                     live_id = self.event_id(event)
                     if live_id is None:
-                        batch.append((None, event))
+                        ready.append((None, event))
                     elif live_id > last:
                         last = live_id
-                        batch.append((live_id, event))
-                if batch:
-                    yield batch
+                        ready.append((live_id, event))
+                if ready:
+                    yield ready
         finally:
             if subscription is not None:
                 await subscription.aclose()
@@ -194,14 +193,21 @@ class LiveSession:
                 events = await self.store.wait_for_events(self.id, offset=position, wait=wait)
             else:
                 events = await self.store.events(self.id, offset=position)
-            for first in range(0, len(events), BATCH):
-                chunk = events[first : first + BATCH]
-                yield [(position + n, event) for n, event in enumerate(chunk)]
-                position += len(chunk)
+            for batch in _batches(list(enumerate(events, start=position))):
+                yield batch
+            position += len(events)
             if not events and idle is not None:
                 yield []  # the keep-alive cue
             if not follow:
                 return
+
+
+def _batches(
+    numbered: list[tuple[int, AgentEvent]],
+) -> Iterator[Sequence[tuple[int | None, AgentEvent]]]:
+    """`numbered` (events with their ids) in slices of at most `BATCH`."""
+    for first in range(0, len(numbered), BATCH):
+        yield numbered[first : first + BATCH]
 
 
 class _BufferingRecorder:
