@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import agent_flow.sessions._sqlite_schema as sqlite_schema
 import agent_flow.sessions.sqlite as sqlite_module
 from agent_flow import AgentConfig, AgentExecutor
 from agent_flow.history import UserMessage
@@ -55,7 +56,7 @@ async def test_the_task_is_stored_whole_with_the_session_and_travels_with_it(
 async def test_a_store_file_from_before_the_task_column_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     with contextlib.closing(sqlite3.connect(path)) as raw, raw:
-        sqlite_module._create_v1(raw)
+        sqlite_schema._create_v1(raw)
         raw.execute(
             "INSERT INTO sessions VALUES ('old', 'agent', 'old one', 'active', "
             "'2025-01-01T00:00:00.000000+00:00', '2025-01-01T00:00:00.000000+00:00', '{}', "

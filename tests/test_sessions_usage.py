@@ -26,7 +26,12 @@ from agent_flow.cli import main
 from agent_flow.config import AgentConfig, ContextConfig, Pricing
 from agent_flow.environment import Environment
 from agent_flow.history import History
-from agent_flow.sessions import PostgresSessionStore, SessionStore, SQLiteSessionStore
+from agent_flow.sessions import (
+    Checkpoint,
+    PostgresSessionStore,
+    SessionStore,
+    SQLiteSessionStore,
+)
 from agent_flow.sessions import postgres as postgres_module
 from agent_flow.sessions import sqlite as sqlite_module
 from agent_flow.testing import ScriptedLLM, call, reply
@@ -81,6 +86,10 @@ async def _check_upgraded(store: SessionStore) -> None:
     assert after.model_calls == 4 and after.estimated_calls == 1
     assert after.cost_usd == OLD_TOTALS["priced"]["cost_usd"] + 0.5  # type: ignore[operator]
     assert after == await store.info("priced")
+    # The checkpoints table came with the migrations too.
+    marks = [Checkpoint("run-new", 0, "model_call", "{}")]
+    await store.save_checkpoints("priced", marks)
+    assert await store.checkpoints("priced", "run-new") == marks
 
 
 async def test_a_schema_2_sqlite_file_gains_its_totals_in_place(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import asyncio
 import io
 import json
 import typing
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,40 +41,17 @@ from agent_flow.testing.strategies import entry_lists, pruning_strategies
 from agent_flow.tokens import ApproxCounter
 from tests.helpers import unit_groups
 from tests.store_helpers.backing import Backing
+from tests.store_helpers.fixtures import any_backing, backing, kind, store
 from tests.store_helpers.session_writer import add_step
 from tests.store_helpers.usage import Drawn, call_steps, expected_totals, step_events
 
+__all__ = ["any_backing", "backing", "kind", "store"]  # fixtures
+
 COUNTER = ApproxCounter()
-KINDS = ["memory", "sqlite", "postgres"]
-SHARED_KINDS = ["sqlite", "postgres"]
 
 
 def fresh() -> tuple[History, Environment]:
     return History(counter=COUNTER), Environment(max_changes=5)
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return typing.cast(str, request.param)
-
-
-@pytest.fixture
-async def store(kind: str, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    backing = Backing(kind, tmp_path)
-    try:
-        async with backing.open() as made:
-            yield made
-    finally:
-        backing.drop()
-
-
-@pytest.fixture(params=SHARED_KINDS)
-def backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
-    made = Backing(typing.cast(str, request.param), tmp_path)
-    try:
-        yield made
-    finally:
-        made.drop()
 
 
 # -- round trips ------------------------------------------------------------------------------
@@ -497,15 +474,6 @@ async def test_a_deleted_session_leaves_nothing_behind_for_a_new_one_of_that_id(
 
 
 # -- usage and cost totals --------------------------------------------------------------------
-
-
-@pytest.fixture(params=KINDS)
-def any_backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
-    made = Backing(typing.cast(str, request.param), tmp_path)
-    try:
-        yield made
-    finally:
-        made.drop()
 
 
 @settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])

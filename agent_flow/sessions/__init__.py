@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     )
     from agent_flow.sessions.factory import open_store, store_location
     from agent_flow.sessions.memory import InMemorySessionStore
-    from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
+    from agent_flow.sessions.models import Checkpoint, SessionInfo, SessionState, SessionStatus
     from agent_flow.sessions.postgres import PostgresSessionStore
     from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
     from agent_flow.sessions.recorder import SessionRecorder
@@ -69,6 +69,7 @@ __all__ = [
     "EXPORT_FORMAT",
     "EXPORT_LINE_ADAPTER",
     "SCHEMA_VERSION",
+    "Checkpoint",
     "EndLine",
     "EntryLine",
     "EnvironmentLine",
@@ -105,6 +106,7 @@ _LAZY = {
     "open_store": "factory",
     "store_location": "factory",
     "InMemorySessionStore": "memory",
+    "Checkpoint": "models",
     "SessionInfo": "models",
     "SessionState": "models",
     "SessionStatus": "models",

@@ -27,7 +27,7 @@ from agent_flow.errors import (
 from agent_flow.events import AgentEvent, event_from_json
 from agent_flow.history import HISTORY_ENTRY_ADAPTER, HistoryEntry
 from agent_flow.sessions._usage import _Totals
-from agent_flow.sessions.models import SessionInfo, SessionStatus
+from agent_flow.sessions.models import Checkpoint, SessionInfo, SessionStatus
 
 
 class _StaleError(Exception):
@@ -69,6 +69,7 @@ class _StepWrite:
     events: tuple[_EventRow, ...]
     status: SessionStatus | None
     updated_at: datetime
+    checkpoints: tuple[Checkpoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,8 @@ class _Backend(Protocol):
     def events(
         self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
     ) -> list[str]: ...
+    def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None: ...
+    def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]: ...
     def insert(self, session: _Import) -> None: ...
     def delete(self, session_id: str) -> None: ...
     def close(self) -> None: ...
@@ -140,6 +143,8 @@ class _AsyncBackend(Protocol):
     async def events(
         self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
     ) -> list[str]: ...
+    async def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None: ...
+    async def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]: ...
     async def insert(self, session: _Import) -> None: ...
     async def delete(self, session_id: str) -> None: ...
     async def close(self) -> None: ...
@@ -154,6 +159,15 @@ def _not_found(session_id: str) -> SessionNotFoundError:
 def _exists(session_id: str) -> StoreError:
     return StoreError(
         f"a session {session_id!r} is already stored; choose another id or delete that session"
+    )
+
+
+def _checkpoint_taken(session_id: str, rows: tuple[Checkpoint, ...]) -> StoreError:
+    runs = sorted({row.run_id for row in rows})
+    return StoreError(
+        f"session {session_id!r} already holds a checkpoint at one of positions "
+        f"{sorted(row.position for row in rows)} of run(s) {runs}: two executions of one run "
+        "wrote it; this one stops so that the other's record stands"
     )
 
 

@@ -44,6 +44,7 @@ from agent_flow.sessions._planner import _environment_write, _kept_entries, _Tra
 from agent_flow.sessions.export import _export_lines, _parse_export, _read_lines, _write_lines
 from agent_flow.sessions.models import (
     _STATUSES,
+    Checkpoint,
     SessionInfo,
     SessionState,
     SessionStatus,
@@ -98,6 +99,12 @@ class _OnWorker:
         return await self._go(
             lambda: self._backend.events(session_id, offset, run_id, after_seq, limit)
         )
+
+    async def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+        await self._go(lambda: self._backend.write_checkpoints(session_id, rows))
+
+    async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
+        return await self._go(lambda: self._backend.checkpoints(session_id, run_id))
 
     async def insert(self, session: _Import) -> None:
         await self._go(lambda: self._backend.insert(session))
@@ -197,6 +204,7 @@ class _StoreBase:
         environment: Environment,
         events: Sequence[AgentEvent] = (),
         status: SessionStatus | None = None,
+        checkpoints: Sequence[Checkpoint] = (),
     ) -> SessionInfo:
         """Save one step in one transaction: the history and environment now, the new events.
 
@@ -211,6 +219,7 @@ class _StoreBase:
             environment: The environment as it is now.
             events: The events published since the last save (appended).
             status: The new status, or None to keep it.
+            checkpoints: A durable run's checkpoints made in the step (`Checkpoint`).
 
         Returns:
             The session's description after the step.
@@ -219,7 +228,8 @@ class _StoreBase:
             SessionNotFoundError: No session has that id.
             UserError: `status` is not a `SessionStatus`.
             SessionConflictError: Other writers changed the session under every attempt.
-            StoreError: The store failed.
+            StoreError: The store failed, or a checkpoint at one of those positions of the
+                run is stored already (another execution of the run wrote it).
         """
         if status is not None and status not in _STATUSES:
             raise UserError(
@@ -250,6 +260,7 @@ class _StoreBase:
                     events=event_rows,
                     status=status,
                     updated_at=_now(),
+                    checkpoints=tuple(checkpoints),
                 )
                 try:
                     info = await self._run(self._backend.write_step, write)
@@ -271,6 +282,27 @@ class _StoreBase:
             f"session {session_id!r} changed under every one of {_RETRIES} attempts to save a "
             "step; let one process at a time write a session"
         )
+
+    async def save_checkpoints(self, session_id: str, checkpoints: Sequence[Checkpoint]) -> None:
+        """Store a durable run's checkpoints now, in one transaction of their own.
+
+        For a checkpoint that must be stored before what it announces happens (a call to a
+        tool that is not idempotent); the others go with their step (`save_step`).
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            StoreError: A checkpoint at one of those positions of the run is stored already.
+        """
+        if checkpoints:
+            await self._run(self._backend.write_checkpoints, session_id, tuple(checkpoints))
+
+    async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
+        """Return the checkpoints stored for `run_id` in the session, by position.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+        """
+        return await self._run(self._backend.checkpoints, session_id, run_id)
 
     async def load(self, session_id: str) -> SessionState:
         """Return the session as saved at its last step.

@@ -87,9 +87,27 @@ async def _add_usage_v2(conn: _Conn) -> None:
         )
 
 
+async def _add_checkpoints_v3(conn: _Conn) -> None:
+    """Durable runs' checkpoints (`Checkpoint`), written with the steps they belong to."""
+    await conn.execute(
+        """CREATE TABLE checkpoints (
+            session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            run_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            result TEXT NOT NULL,
+            PRIMARY KEY (session_id, run_id, position)
+        )"""
+    )
+
+
 #: Migration ``i`` brings a database from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
-MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (_create_v1, _add_usage_v2)
+MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (
+    _create_v1,
+    _add_usage_v2,
+    _add_checkpoints_v3,
+)
 
 #: The schema version this agent_flow writes (the row of ``agent_flow_schema``).
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_flow.sessions._backend import (
+    _checkpoint_taken,
     _EventRow,
     _exists,
     _Import,
@@ -16,7 +17,7 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _R, _OnWorker, _StoreBase
-from agent_flow.sessions.models import SessionInfo
+from agent_flow.sessions.models import Checkpoint, SessionInfo
 
 __all__ = ["InMemorySessionStore"]
 
@@ -29,6 +30,13 @@ class _MemorySession:
     environment: str | None = None
     changes: dict[int, str] = field(default_factory=dict)
     events: list[_EventRow] = field(default_factory=list)
+    checkpoints: dict[tuple[str, int], Checkpoint] = field(default_factory=dict)
+
+
+def _check_free(session: _MemorySession, rows: tuple[Checkpoint, ...]) -> None:
+    keys = [(c.run_id, c.position) for c in rows]
+    if len(set(keys)) < len(keys) or any(key in session.checkpoints for key in keys):
+        raise _checkpoint_taken(session.info.id, rows)
 
 
 class _MemoryBackend:
@@ -69,6 +77,7 @@ class _MemoryBackend:
         session = self._get(write.session_id)
         if session.revision != write.expected_revision:
             raise _StaleError
+        _check_free(session, write.checkpoints)
         del session.entries[write.keep_entries :]
         session.entries.extend(e.data for e in write.entries)
         env = write.environment
@@ -81,6 +90,7 @@ class _MemoryBackend:
             session.changes.update(env.changes)
             session.environment = env.base
         session.events.extend(write.events)
+        session.checkpoints.update(((c.run_id, c.position), c) for c in write.checkpoints)
         session.info = _stepped(session.info, write)
         session.revision = write.revision
         return session.info
@@ -97,6 +107,15 @@ class _MemoryBackend:
         if run_id is not None:
             rows = [e for e in rows if e.run_id == run_id and e.seq > after_seq]
         return [e.data for e in rows[:limit]]
+
+    def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+        session = self._get(session_id)
+        _check_free(session, rows)
+        session.checkpoints.update(((c.run_id, c.position), c) for c in rows)
+
+    def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]:
+        stored = self._get(session_id).checkpoints.values()
+        return sorted((c for c in stored if c.run_id == run_id), key=lambda c: c.position)
 
     def insert(self, session: _Import) -> None:
         if session.info.id in self._sessions:

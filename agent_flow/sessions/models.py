@@ -1,4 +1,4 @@
-"""What a store says about a session: `SessionStatus`, `SessionInfo`, `SessionState`.
+"""What a store says about a session: `SessionStatus`, `SessionInfo`, `SessionState`, `Checkpoint`.
 
 These are what crosses the store's boundary; the session id rules (`_check_id`) live with
 them.
@@ -18,7 +18,7 @@ from agent_flow.errors import UserError
 from agent_flow.history import History, HistoryEntry
 from agent_flow.tokens import TokenCounter
 
-__all__ = ["SessionInfo", "SessionState", "SessionStatus"]
+__all__ = ["Checkpoint", "SessionInfo", "SessionState", "SessionStatus"]
 
 #: What a session is doing: ``active`` (running or resumable), ``waiting`` (for the user, e.g.
 #: an approval or a question), ``completed``, ``failed`` or ``cancelled``.
@@ -99,6 +99,29 @@ class SessionState:
             UserError: The entries break the history's unit rules (never for saved entries).
         """
         return History(self.entries, counter=counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One recorded unit of a durable run's work: what a recovery replays instead of redoing it.
+
+    A durable run (`agent_flow.durable`) records each model call and each tool call it makes;
+    the store keeps them with the session, written in the transaction of the step they belong
+    to (`SessionStore.save_step`) or, for a step that must be on disk before its effect
+    happens, at once (`SessionStore.save_checkpoints`). They are not part of an export: they
+    matter only while their run may still be recovered.
+
+    Attributes:
+        run_id: The run that made it.
+        position: Its place in the run's sequence of checkpoints, from 0.
+        name: What it records (``model_call``, ``tool:NAME``...): a replay checks it matches.
+        result: The recorded result, as the code that made it wrote it (JSON text).
+    """
+
+    run_id: str
+    position: int
+    name: str
+    result: str
 
 
 def _check_id(session_id: str) -> str:

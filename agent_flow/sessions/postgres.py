@@ -25,13 +25,15 @@ byte::
     entries(session_id FK, position, entry_id, kind, data)         PK (session_id, position)
     environment_changes(session_id FK, version, data)              PK (session_id, version)
     events(session_id FK, position, run_id, seq, kind, data)       PK (session_id, position)
+    checkpoints(session_id FK, run_id, position, name, result)  PK (session_id, run_id, position)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 from agent_flow._defaults import EVENTS_NOTIFIED_POLL_SECONDS
 from agent_flow.errors import StoreError, UserError
 from agent_flow.sessions._backend import (
+    _checkpoint_taken,
     _exists,
     _Import,
     _not_found,
@@ -61,7 +64,7 @@ from agent_flow.sessions._usage import (
     _assignments,
     _Totals,
 )
-from agent_flow.sessions.models import SessionInfo
+from agent_flow.sessions.models import Checkpoint, SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
 
@@ -73,6 +76,10 @@ _INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VA
 _INSERT_EVENT = (
     "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
     "VALUES (%s, %s, %s, %s, %s, %s)"
+)
+_INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
+    "VALUES (%s, %s, %s, %s, %s)"
 )
 
 _INFO_COLUMNS = (
@@ -302,6 +309,10 @@ class _PostgresBackend:
         )
 
     async def write_step(self, write: _StepWrite) -> SessionInfo:
+        with _checkpoints_free(write.session_id, write.checkpoints):
+            return await self._write_step(write)
+
+    async def _write_step(self, write: _StepWrite) -> SessionInfo:
         sid = write.session_id
         async with (await self._ready()).connection() as conn, conn.transaction():
             cur = await conn.execute(
@@ -353,6 +364,14 @@ class _PostgresBackend:
                             [
                                 (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
                                 for i, e in enumerate(write.events)
+                            ],
+                        )
+                    if write.checkpoints:
+                        await many.executemany(
+                            _INSERT_CHECKPOINT,
+                            [
+                                (sid, c.run_id, c.position, c.name, c.result)
+                                for c in write.checkpoints
                             ],
                         )
                 if write.events:
@@ -408,6 +427,33 @@ class _PostgresBackend:
                     raise _not_found(session_id)
         return [row["data"] for row in rows]
 
+    async def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+        with _checkpoints_free(session_id, rows):
+            async with (await self._ready()).connection() as conn, conn.transaction():
+                cur = await conn.execute("SELECT 1 FROM sessions WHERE id = %s", (session_id,))
+                if await cur.fetchone() is None:
+                    raise _not_found(session_id)
+                async with conn.cursor() as many:
+                    await many.executemany(
+                        _INSERT_CHECKPOINT,
+                        [(session_id, c.run_id, c.position, c.name, c.result) for c in rows],
+                    )
+
+    async def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]:
+        async with (await self._ready()).connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur = await conn.execute(
+                "SELECT position, name, result FROM checkpoints "
+                "WHERE session_id = %s AND run_id = %s ORDER BY position",
+                (session_id, run_id),
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                cur = await conn.execute("SELECT 1 FROM sessions WHERE id = %s", (session_id,))
+                if await cur.fetchone() is None:
+                    raise _not_found(session_id)
+        return [Checkpoint(run_id, r["position"], r["name"], r["result"]) for r in rows]
+
     async def insert(self, session: _Import) -> None:
         sid = session.info.id
         async with (await self._ready()).connection() as conn, conn.transaction():
@@ -448,6 +494,17 @@ class _PostgresBackend:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+@contextlib.contextmanager
+def _checkpoints_free(session_id: str, rows: tuple[Checkpoint, ...]) -> Iterator[None]:
+    """Turn a duplicate checkpoint (another execution of the run wrote it) into its error."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as err:
+        if rows and err.diag.table_name == "checkpoints":
+            raise _checkpoint_taken(session_id, rows) from err
+        raise
 
 
 class PostgresSessionStore(_StoreBase):

@@ -18,7 +18,7 @@ from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
 from agent_flow.sessions._paths import default_store_path
-from agent_flow.sessions.models import SessionInfo, SessionState, SessionStatus
+from agent_flow.sessions.models import Checkpoint, SessionInfo, SessionState, SessionStatus
 
 __all__ = ["SessionStore", "StepRecorder", "default_store_path"]
 
@@ -56,12 +56,31 @@ class SessionStore(Protocol):
         environment: Environment,
         events: Sequence[AgentEvent] = (),
         status: SessionStatus | None = None,
+        checkpoints: Sequence[Checkpoint] = (),
     ) -> SessionInfo:
-        """Save one step in one transaction: the history and environment now, the new events.
+        """Save one step in one transaction: history, environment, new events and checkpoints.
 
         Raises:
             SessionNotFoundError: No session has that id.
             UserError: `status` is not a `SessionStatus`.
+            StoreError: A checkpoint at one of those positions of the run is stored already.
+        """
+        ...
+
+    async def save_checkpoints(self, session_id: str, checkpoints: Sequence[Checkpoint]) -> None:
+        """Store a durable run's checkpoints now, in one transaction of their own.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            StoreError: A checkpoint at one of those positions of the run is stored already.
+        """
+        ...
+
+    async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
+        """Return the checkpoints stored for `run_id`, by position.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
         """
         ...
 

@@ -7,6 +7,8 @@ The agent loop calls it at step boundaries and nowhere else (see `StepRecorder`)
 - the save after every completed step, with status ``active``;
 - the final save of a run, with the status its `RunFinished` event implies (completed,
   waiting, cancelled, or failed for limits and errors);
+- a durable run's checkpoints (`checkpoint`), written with the next save, or at once
+  (`save_checkpoints`) when one must be stored before its effect;
 - the order and shielding of writes: one write at a time, each allowed to finish when the run
   is cancelled meanwhile (the cancellation is re-raised once it has), and recorded events are
   forgotten only once a write that holds them succeeded. So a cancelled run still saves its
@@ -25,7 +27,7 @@ from agent_flow.agent.outcome import StopReason
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
-from agent_flow.sessions.models import SessionStatus
+from agent_flow.sessions.models import Checkpoint, SessionStatus
 from agent_flow.sessions.protocol import SessionStore
 
 __all__ = ["SessionRecorder", "session_status"]
@@ -67,6 +69,7 @@ class SessionRecorder:
         self.store = store
         self._session_id = session_id
         self._pending: list[AgentEvent] = []
+        self._checkpoints: list[Checkpoint] = []
         # Writes happen one at a time and in the order the loop asked for them.
         self._lock = asyncio.Lock()
 
@@ -103,6 +106,33 @@ class SessionRecorder:
         """Keep `event` for the next save."""
         self._pending.append(event)
 
+    def checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Keep a durable run's `checkpoint` for the next save (written in its transaction)."""
+        self._checkpoints.append(checkpoint)
+
+    async def save_checkpoints(self) -> None:
+        """Write the checkpoints kept so far now, in a transaction of their own.
+
+        For a checkpoint that must be stored before what it announces happens; kept ones stay
+        kept when the write fails, like events.
+
+        Raises:
+            StoreError: The store failed, or another execution of the run wrote one of them.
+        """
+        session_id = self._session_id
+        if session_id is None or not self._checkpoints:
+            return
+        async with self._lock:
+            saved = len(self._checkpoints)
+            write = asyncio.ensure_future(
+                self.store.save_checkpoints(session_id, self._checkpoints[:saved])
+            )
+            try:
+                await _to_the_end(write)
+            finally:
+                if write.done() and not write.cancelled() and write.exception() is None:
+                    del self._checkpoints[:saved]
+
     async def step(self, history: History, environment: Environment) -> None:
         """Save a completed step with status ``active``.
 
@@ -132,7 +162,7 @@ class SessionRecorder:
             # nothing to write to; the events wait for the session the next run creates.
             return
         async with self._lock:
-            saved = len(self._pending)
+            saved, kept = len(self._pending), len(self._checkpoints)
             write = asyncio.ensure_future(
                 self.store.save_step(
                     session_id,
@@ -140,6 +170,7 @@ class SessionRecorder:
                     environment=environment,
                     events=[*self._pending, *extra],
                     status=status,
+                    checkpoints=self._checkpoints[:kept],
                 )
             )
             try:
@@ -147,6 +178,7 @@ class SessionRecorder:
             finally:
                 if write.done() and not write.cancelled() and write.exception() is None:
                     del self._pending[:saved]
+                    del self._checkpoints[:kept]
 
 
 async def _to_the_end(work: Coroutine[object, object, _T] | asyncio.Future[_T]) -> _T:

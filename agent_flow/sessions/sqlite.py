@@ -23,6 +23,7 @@ file migrates it, a newer one raises `StoreError`)::
     entries(session_id, position, entry_id, kind, data JSON)          PK (session_id, position)
     environment_changes(session_id, version, data JSON)               PK (session_id, version)
     events(session_id, position, run_id, seq, kind, data JSON)        PK (session_id, position)
+    checkpoints(session_id, run_id, position, name, result)  PK (session_id, run_id, position)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Literal
 
 from agent_flow.errors import StoreError, UserError
 from agent_flow.sessions._backend import (
+    _checkpoint_taken,
     _exists,
     _Import,
     _not_found,
@@ -49,15 +51,14 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _R, _OnWorker, _StoreBase
+from agent_flow.sessions._sqlite_schema import _MIGRATIONS, SCHEMA_VERSION
 from agent_flow.sessions._usage import (
-    CALLS_QUERY,
     USAGE_COLUMNS,
     USAGE_FIELDS,
     _assignments,
-    _backfill,
     _Totals,
 )
-from agent_flow.sessions.models import SessionInfo
+from agent_flow.sessions.models import Checkpoint, SessionInfo
 from agent_flow.sessions.protocol import default_store_path
 
 __all__ = ["SCHEMA_VERSION", "SQLiteSessionStore"]
@@ -68,83 +69,6 @@ def _timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def _create_v1(conn: sqlite3.Connection) -> None:
-    for statement in (
-        """CREATE TABLE sessions (
-            id TEXT PRIMARY KEY,
-            agent TEXT NOT NULL,
-            title TEXT NOT NULL,
-            status TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            metadata TEXT NOT NULL,
-            steps INTEGER NOT NULL,
-            entry_count INTEGER NOT NULL,
-            event_count INTEGER NOT NULL,
-            environment_version INTEGER NOT NULL,
-            environment TEXT,
-            revision TEXT NOT NULL
-        )""",
-        "CREATE INDEX sessions_by_update ON sessions (updated_at)",
-        """CREATE TABLE entries (
-            session_id TEXT NOT NULL,
-            position INTEGER NOT NULL,
-            entry_id TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            data TEXT NOT NULL,
-            PRIMARY KEY (session_id, position)
-        )""",
-        """CREATE TABLE environment_changes (
-            session_id TEXT NOT NULL,
-            version INTEGER NOT NULL,
-            data TEXT NOT NULL,
-            PRIMARY KEY (session_id, version)
-        )""",
-        """CREATE TABLE events (
-            session_id TEXT NOT NULL,
-            position INTEGER NOT NULL,
-            run_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            kind TEXT NOT NULL,
-            data TEXT NOT NULL,
-            PRIMARY KEY (session_id, position)
-        )""",
-        "CREATE INDEX events_by_run ON events (session_id, run_id, seq)",
-    ):
-        conn.execute(statement)
-
-
-def _add_task_v2(conn: sqlite3.Connection) -> None:
-    """The task a session was created for (NULL for sessions stored before)."""
-    conn.execute("ALTER TABLE sessions ADD COLUMN task TEXT")
-
-
-def _add_usage_v3(conn: sqlite3.Connection) -> None:
-    """Each session's model calls, tokens and cost, summed from the events already stored."""
-    for column in (
-        "model_calls INTEGER NOT NULL DEFAULT 0",
-        "prompt_tokens INTEGER NOT NULL DEFAULT 0",
-        "completion_tokens INTEGER NOT NULL DEFAULT 0",
-        "cost_usd REAL DEFAULT 0.0",
-        "unpriced_calls INTEGER NOT NULL DEFAULT 0",
-        "estimated_calls INTEGER NOT NULL DEFAULT 0",
-    ):
-        conn.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
-    rows = conn.execute(CALLS_QUERY).fetchall()
-    conn.executemany(f"UPDATE sessions SET {_assignments('?')} WHERE id = ?", _backfill(rows))
-
-
-#: Migration ``i`` brings a store file from schema version ``i`` to ``i + 1``. To change the
-#: schema, append a migration; never edit one that shipped.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _create_v1,
-    _add_task_v2,
-    _add_usage_v3,
-)
-
-#: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).
-SCHEMA_VERSION = len(_MIGRATIONS)
-
 #: The rows a step or an import appends.
 _INSERT_ENTRY = (
     "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (?, ?, ?, ?, ?)"
@@ -152,6 +76,10 @@ _INSERT_ENTRY = (
 _INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)"
 _INSERT_EVENT = (
     "INSERT INTO events (session_id, position, run_id, seq, kind, data) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+_INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints (session_id, run_id, position, name, result) VALUES (?, ?, ?, ?, ?)"
 )
 
 _INFO_COLUMNS = (
@@ -176,6 +104,18 @@ def _info_from_row(row: sqlite3.Row) -> SessionInfo:
         task=row["task"],
         **{name: row[name] for name in USAGE_FIELDS},
     )
+
+
+def _insert_checkpoints(
+    conn: sqlite3.Connection, session_id: str, rows: tuple[Checkpoint, ...]
+) -> None:
+    try:
+        conn.executemany(
+            _INSERT_CHECKPOINT,
+            ((session_id, c.run_id, c.position, c.name, c.result) for c in rows),
+        )
+    except sqlite3.IntegrityError as err:
+        raise _checkpoint_taken(session_id, rows) from err
 
 
 @contextmanager
@@ -386,6 +326,7 @@ class _SQLiteBackend:
                     for i, e in enumerate(write.events)
                 ),
             )
+            _insert_checkpoints(conn, sid, write.checkpoints)
             after = _stepped(info, write)
             conn.execute(
                 "UPDATE sessions SET status = ?, updated_at = ?, steps = ?, entry_count = ?, "
@@ -437,6 +378,25 @@ class _SQLiteBackend:
                 raise _not_found(session_id)
         return [row[0] for row in rows]
 
+    def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+        conn = self._connection()
+        with _transaction(conn, write=True):
+            if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+                raise _not_found(session_id)
+            _insert_checkpoints(conn, session_id, rows)
+
+    def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]:
+        conn = self._connection()
+        with _transaction(conn, write=False):
+            if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+                raise _not_found(session_id)
+            rows = conn.execute(
+                "SELECT position, name, result FROM checkpoints WHERE session_id = ? AND "
+                "run_id = ? ORDER BY position",
+                (session_id, run_id),
+            ).fetchall()
+        return [Checkpoint(run_id, row[0], row[1], row[2]) for row in rows]
+
     def insert(self, session: _Import) -> None:
         conn = self._connection()
         sid = session.info.id
@@ -462,7 +422,7 @@ class _SQLiteBackend:
         with _transaction(conn, write=True):
             if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                 raise _not_found(session_id)
-            for table in ("entries", "environment_changes", "events"):
+            for table in ("entries", "environment_changes", "events", "checkpoints"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
     def close(self) -> None:
