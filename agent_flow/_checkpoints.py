@@ -4,7 +4,8 @@ The agent loop and the tool executor ask `current_step_runner()` around each mod
 each tool invocation. Without one (the default) they call the model or the tool directly; a
 durable engine (`agent_flow.durable`, on DBOS) sets `STEP_RUNNER` for the run it executes,
 and every such call becomes a step whose recorded result (a JSON string the core writes and
-reads itself) is what a recovery gets back instead of calling again.
+reads itself) is what a recovery gets back instead of calling again. `agent_flow.durable`
+records them as session `Checkpoint`s, in the transaction of the step they belong to.
 
 The core decides what is recorded (`_model_call` records the completion and the events it
 streamed, the tool executor the `ToolResult`), so an engine only needs `step`.
@@ -16,7 +17,23 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Protocol
 
-__all__ = ["STEP_RUNNER", "StepRunner", "checkpointed", "current_step_runner"]
+__all__ = [
+    "STEP_RUNNER",
+    "StepRecordError",
+    "StepRunner",
+    "checkpointed",
+    "current_step_runner",
+]
+
+
+class StepRecordError(BaseException):
+    """A durable run could not record one of its steps, or replay one: it stops where it is.
+
+    A `BaseException`, as a crash would be and as DBOS's own cancellation is: neither the tool
+    boundary nor the loop's error handling may turn it into a result the model sees, which
+    could make the model call again a tool whose effect went unrecorded. The durable engine
+    that runs the step decides what becomes of the run (DBOS marks its workflow failed).
+    """
 
 
 class StepRunner(Protocol):
@@ -26,8 +43,16 @@ class StepRunner(Protocol):
     step at the same position returns its recorded string and `work` is not called.
     """
 
-    async def step(self, name: str, work: Callable[[], Awaitable[str]]) -> str:
-        """Run `work` once (or return what it returned before this run was recovered)."""
+    async def step(
+        self, name: str, work: Callable[[], Awaitable[str]], *, stored_now: bool = False
+    ) -> str:
+        """Run `work` once (or return what it returned before this run was recovered).
+
+        An engine may keep a step's record and store it later (with the run's next saved
+        step); with `stored_now` the record is stored before `step` returns, for a step that
+        announces an effect which must not happen twice (the start of a tool call that is
+        not idempotent).
+        """
         ...
 
     @property
@@ -46,9 +71,15 @@ def current_step_runner() -> StepRunner | None:
 
 
 async def checkpointed(
-    runner: StepRunner, name: str, work: Callable[[], Awaitable[str]]
+    runner: StepRunner,
+    name: str,
+    work: Callable[[], Awaitable[str]],
+    *,
+    stored_now: bool = False,
 ) -> tuple[str, bool]:
     """Run `work` as the step `name`; return its recorded result and whether it ran now.
+
+    `stored_now`: see `StepRunner.step`.
 
     ``False`` means the result was recorded before a crash and is replayed: whatever `work`
     did besides returning (events it published) happened in the process that crashed.
@@ -60,5 +91,5 @@ async def checkpointed(
         ran = True
         return await work()
 
-    result = await runner.step(name, tracked)
+    result = await runner.step(name, tracked, stored_now=stored_now)
     return result, ran

@@ -123,6 +123,9 @@ DURABLE_APP_NAME: Final = "agent_flow"
 DURABLE_POLL_SECONDS: Final = 0.2
 """How often a worker looks for queued runs, and for the runs of workers that died."""
 
+DURABLE_CANCEL_CHECK_SECONDS: Final = 0.5
+"""How often, at most, a running durable run reads whether it was cancelled (one status read)."""
+
 DURABLE_SQLITE_FILE: Final = "durable.sqlite"
 """DBOS's system database beside the session store when ``[durable]`` names none."""
 

@@ -65,10 +65,11 @@ def config() -> Any:
     )
 
 
-def tools() -> Any:
+def tools(idempotent: bool = True) -> Any:
+    """The ``add`` tool; `idempotent=False`: a durable run records each call's start first."""
     from agent_flow.tools import ToolExecutor, ToolPolicy, tool
 
-    @tool(policy=ToolPolicy(idempotent=True))
+    @tool(policy=ToolPolicy(idempotent=idempotent))
     def add(a: int, b: int) -> int:
         """Add two integers.
 
@@ -151,7 +152,9 @@ def durable_config(system_url: str, concurrency: int) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def durable_worker(store_url: str, system_url: str, steps: int, concurrency: int) -> Any:
+async def durable_worker(
+    store_url: str, system_url: str, steps: int, concurrency: int, idempotent: bool = True
+) -> Any:
     """A `DurableWorker` in this process, on its own instant model; yields its timed store."""
     from agent_flow import OpenAIClient
     from agent_flow.durable import DurableWorker
@@ -166,7 +169,7 @@ async def durable_worker(store_url: str, system_url: str, steps: int, concurrenc
             store,
             config(),
             llm_factory=lambda _config: (llm, None),
-            tools_factory=lambda _config: tools(),
+            tools_factory=lambda _config: tools(idempotent),
         ):
             yield store
         await llm.aclose()
@@ -195,7 +198,9 @@ async def enqueue_and_wait(
         await asyncio.sleep(poll)
 
 
-async def paired_runs(store_url: str, system_url: str, runs: int, steps: int) -> dict[str, Any]:
+async def paired_runs(
+    store_url: str, system_url: str, runs: int, steps: int, idempotent: bool = True
+) -> dict[str, Any]:
     """`runs` pairs, one at a time in this process: a plain run, then a durable run.
 
     Alternating in one process cancels most of the drift of a loaded machine: each pair sees
@@ -204,7 +209,7 @@ async def paired_runs(store_url: str, system_url: str, runs: int, steps: int) ->
     from agent_flow import AgentExecutor, OpenAIClient
     from agent_flow.durable import DurableClient
 
-    async with durable_worker(store_url, system_url, steps, 1) as store:
+    async with durable_worker(store_url, system_url, steps, 1, idempotent) as store:
         inner = store._inner
         async with (
             OpenAIServer(handler=model(steps)) as server,
@@ -216,13 +221,14 @@ async def paired_runs(store_url: str, system_url: str, runs: int, steps: int) ->
             for _ in range(runs + 1):  # the first pair warms up (imports, connections)
                 sid = (await inner.create(agent="bench")).id
                 agent = AgentExecutor(
-                    llm, config=config(), tools=tools(), store=store, session_id=sid
+                    llm, config=config(), tools=tools(idempotent), store=store, session_id=sid
                 )
                 async with agent:
                     await agent.run("Add the numbers.")
                 plain.append(sid)
                 sid = (await inner.create(agent="bench")).id
-                await (await client.enqueue(sid, "Add the numbers.")).outcome(poll_seconds=0.02)
+                # Polled slowly: the run's span is read from its stored events, not from here.
+                await (await client.enqueue(sid, "Add the numbers.")).outcome(poll_seconds=0.25)
                 durable.append(sid)
             await llm.aclose()
         return {
@@ -231,8 +237,10 @@ async def paired_runs(store_url: str, system_url: str, runs: int, steps: int) ->
         }
 
 
-def _paired(store_url: str, system_url: str, runs: int, steps: int) -> dict[str, Any]:
-    return asyncio.run(paired_runs(store_url, system_url, runs, steps))
+def _paired(
+    store_url: str, system_url: str, runs: int, steps: int, idempotent: bool
+) -> dict[str, Any]:
+    return asyncio.run(paired_runs(store_url, system_url, runs, steps, idempotent))
 
 
 async def durable_in_one_process(
@@ -445,7 +453,7 @@ COST_HEADER = f"""
 1. durability cost per step: {{seq}} pairs of runs x {{steps}} steps, one run at a time,
    DBOS off then on, alternating in one process; ms/step is a run's own duration (first
    event to run_finished) / steps, median of the runs
-{"store":<10}{"DBOS off":>10}{"DBOS on":>10}{"cost":>8}{"cost p25-p75":>16}"""
+{"store, tool":<24}{"DBOS off":>10}{"DBOS on":>10}{"cost":>8}{"cost p25-p75":>16}"""
 
 
 def bench_runs(args: Any, workers: list[int]) -> None:
@@ -468,14 +476,16 @@ def bench_runs(args: Any, workers: list[int]) -> None:
             )
             if seq > 0:
                 print(COST_HEADER.format(seq=seq, steps=steps))
-            for kind in ("sqlite", "postgres") if seq > 0 else ():
+            kinds = [(k, i) for k in ("sqlite", "postgres") for i in (True, False)]
+            for kind, idempotent in kinds if seq > 0 else ():
                 store, system = sqlite("seq") if kind == "sqlite" else (pg.store(), pg.system())
-                result = in_child(_paired, store, system, seq, steps)
+                result = in_child(_paired, store, system, seq, steps, idempotent)
+                label = f"{kind}, {'idempotent' if idempotent else 'not idempotent'}"
                 off = [x / steps * 1000 for x in result["off"]]
                 on = [x / steps * 1000 for x in result["on"]]
                 costs = [b - a for a, b in zip(off, on, strict=True)]
                 print(
-                    f"{kind:<10}{statistics.median(off):>10.2f}{statistics.median(on):>10.2f}"
+                    f"{label:<24}{statistics.median(off):>10.2f}{statistics.median(on):>10.2f}"
                     f"{statistics.median(costs):>8.2f}"
                     f"{percentile(costs, 0.25):>8.2f}..{percentile(costs, 0.75):<6.2f}",
                     flush=True,

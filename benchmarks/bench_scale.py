@@ -11,14 +11,16 @@ step-save latency p50/p99 seen by the workers. A run's ``create`` is inside the 
 Stores: ``sqlite-full`` (the default store: an fsync per step), ``sqlite-normal`` (no fsync
 per step) and ``postgres`` (a fresh schema on ``--postgres``, dropped at the end).
 
-Part ``runs`` (benchmarks/_runs.py): whole agent runs of ``--steps`` steps against a local
+Part ``runs`` (benchmarks/_bench_runs.py): whole agent runs of ``--steps`` steps against a local
 instant OpenAI-compatible model (one per process), DBOS off (plain `AgentExecutor` runs) and
 on (`DurableWorker` processes executing runs a `DurableClient` enqueued on the DBOS queue):
 
 1. durability cost per step: one process, one run at a time (``--sequential`` runs), on
    SQLite (store and DBOS system database: the one-machine deployment) and on PostgreSQL;
    ms/step is a run's own duration (first event to ``run_finished``, from the stored event
-   timestamps: the queue wait is not in it) over its steps; cost = on - off;
+   timestamps: the queue wait is not in it) over its steps; cost = on - off; with the
+   agent's tool idempotent (its records ride with the step's save) and not (each call's
+   start and result are stored in transactions of their own);
 2. throughput: ``--runs`` runs, 10 in flight per process: SQLite in one process (the
    baseline), PostgreSQL with W worker processes (the main process enqueues and waits).
 

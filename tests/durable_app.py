@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from agent_flow.config import AgentConfig
@@ -26,7 +27,10 @@ from agent_flow.tools import ToolContext, ToolExecutor, ToolPolicy, tool
 CONFIG = AgentConfig(control_tools=False, max_iterations=50)
 
 
-def model_and_tools(counts: Path, kill_at: int | None) -> tuple[FunctionLLM, ToolExecutor]:
+def model_and_tools(
+    counts: Path, kill_at: int | None, *, pause: float = 0.0
+) -> tuple[FunctionLLM, ToolExecutor]:
+    """The scripted model and the counting tool; each call sleeps `pause` seconds first."""
     calls = 0
 
     def play(request: LLMRequest) -> Reply:
@@ -44,6 +48,7 @@ def model_and_tools(counts: Path, kill_at: int | None) -> tuple[FunctionLLM, Too
     @tool(policy=ToolPolicy(idempotent=False))
     def count(n: int, context: ToolContext) -> str:
         """Count one side effect."""
+        time.sleep(pause)
         with (counts / f"{context.run_id}.txt").open("a") as file:
             file.write(f"{n}\n")
         return f"counted {n}"

@@ -165,7 +165,8 @@ def test_serve_enqueues_only_when_the_config_says_durable(tmp_path: Path) -> Non
 async def test_a_durable_servers_state_and_cancel_follow_the_run(tmp_path: Path) -> None:
     from tests.durable_app import model_and_tools
 
-    llm, tools = model_and_tools(tmp_path, None)
+    # A run slow enough (50 steps of 0.05 s at least) to be cancelled while it runs.
+    llm, tools = model_and_tools(tmp_path, None, pause=0.05)
     async with (
         on_sqlite(tmp_path, llm, tools) as (store, client),
         serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as http,

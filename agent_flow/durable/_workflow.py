@@ -1,14 +1,18 @@
-"""The durable run: one DBOS workflow per run, one DBOS step per model call and tool call.
+"""The durable run: one DBOS workflow per run, its model and tool calls checkpointed.
 
 `run_workflow` is registered with DBOS under `WORKFLOW_NAME`. It
 
-1. takes the session's state as the run found it in a first step (``session_snapshot``): a
-   recovery gets that recorded snapshot back, not the store's later state;
-2. rebuilds the agent from it in this process (`Runtime.build` makes the model client and the
-   tools) and runs it with a `_DBOSSteps` step runner set (see `agent_flow._checkpoints`):
-   every model call and tool call is a step, so a recovery replays them from their records
-   and reaches the same history, environment, usage and cost as the crashed process;
-3. records through a `_ReplayRecorder`: the events a replay publishes again that the store
+1. reads the run's checkpoints (`SessionStore.checkpoints`): none for a new run, what a
+   crashed attempt stored for a recovered one;
+2. takes the session's state as the run found it: position 0 of its checkpoints, recorded
+   from the store by the first attempt (and saved with its first step), so a recovery gets
+   that state back, not the store's later one;
+3. rebuilds the agent from it in this process (`Runtime.build` makes the model client and the
+   tools) and runs it with a `_StoreSteps` step runner set (see `agent_flow._checkpoints` and
+   `_steps`): every model call and tool call is a checkpoint saved with its step, so a
+   recovery replays them from their records and reaches the same history, environment,
+   usage and cost as the crashed process;
+4. records through a `_ReplayRecorder`: the events a replay publishes again that the store
    already has (same run id, same ``seq``) are not saved twice, nor are the step saves they
    belong to.
 
@@ -24,14 +28,18 @@ from dbos import DBOS
 from pydantic import BaseModel, ConfigDict
 
 from agent_flow._checkpoints import STEP_RUNNER
+from agent_flow._defaults import DURABLE_CANCEL_CHECK_SECONDS
 from agent_flow._types import JsonObject
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.config import AgentConfig
+from agent_flow.durable._steps import _StoreSteps
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History, HistoryEntry
 from agent_flow.llm.base import LLMClient
+from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
+from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolExecutor
 
@@ -80,12 +88,15 @@ class Runtime:
         config: The agent config of runs whose request carries none.
         llm_factory: Builds a run's model client (default: `OpenAIClient` from the config).
         tools_factory: Builds a run's tools (default: from the config).
+        cancel_check_seconds: How often, at most, a running run reads whether it was
+            cancelled.
     """
 
     store: SessionStore
     config: AgentConfig
     llm_factory: LLMFactory | None = None
     tools_factory: ToolsFactory | None = None
+    cancel_check_seconds: float = DURABLE_CANCEL_CHECK_SECONDS
 
     def llm(self, config: AgentConfig) -> tuple[LLMClient, Callable[[], Awaitable[None]] | None]:
         """The model client of a run, and how to close it."""
@@ -104,19 +115,6 @@ def install(runtime: Runtime | None) -> None:
     """Make `runtime` the one this process's workflows run with."""
     global _runtime
     _runtime = runtime
-
-
-class _DBOSSteps:
-    """The `StepRunner` of a durable run: each unit of work is a DBOS step."""
-
-    sequential_tools = True
-
-    async def step(self, name: str, work: Callable[[], Awaitable[str]]) -> str:
-        async def call() -> str:
-            return await work()
-
-        result: str = await DBOS.run_step_async({"name": name}, call)
-        return result
 
 
 class _ReplayRecorder:
@@ -157,6 +155,10 @@ async def _refuse_approval(request: ApprovalRequest) -> ApprovalResponse:
     )
 
 
+#: The name of a run's first checkpoint: the session as the run found it (`_Snapshot`).
+_SNAPSHOT = "session_snapshot"
+
+
 async def _snapshot(store: SessionStore, session_id: str) -> str:
     state = await store.load(session_id)
     environment = state.environment.to_json() if state.environment is not None else None
@@ -181,11 +183,14 @@ async def run_workflow(request_json: str) -> str:
 
 
 async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
-    store = runtime.store
-    raw: str = await DBOS.run_step_async(
-        {"name": "session_snapshot"}, _snapshot, store, request.session_id
-    )
-    snapshot = _Snapshot.model_validate_json(raw)
+    store, session_id, run_id = runtime.store, request.session_id, request.run_id
+    recorded = await store.checkpoints(session_id, run_id)
+    if recorded and recorded[0].name == _SNAPSHOT:
+        first = recorded[0]
+    else:  # a new run, or one that crashed before saving anything
+        recorded = []
+        first = Checkpoint(run_id, 0, _SNAPSHOT, await _snapshot(store, session_id))
+    snapshot = _Snapshot.model_validate_json(first.result)
     config = (
         AgentConfig.model_validate(request.config) if request.config is not None else runtime.config
     )
@@ -199,21 +204,31 @@ async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
             tools=tools,
             environment=environment,
             store=store,
-            session_id=request.session_id,
+            session_id=session_id,
             approval=_refuse_approval,
         )
         for entry in snapshot.entries:
             agent.history.add(entry)
-        assert agent.recorder is not None
-        saved = await _saved_through(store, request.session_id, request.run_id)
-        agent.recorder = _ReplayRecorder(agent.recorder, saved)
-        token = STEP_RUNNER.set(_DBOSSteps())
+        recorder = agent.recorder
+        assert isinstance(recorder, SessionRecorder)
+        if not recorded:
+            recorder.checkpoint(first)  # saved with the run's first step
+        saved = await _saved_through(store, session_id, run_id)
+        agent.recorder = _ReplayRecorder(recorder, saved)
+        steps = _StoreSteps(
+            recorder,
+            run_id,
+            recorded[1:],
+            cancel_check_seconds=runtime.cancel_check_seconds,
+            first=1,
+        )
+        token = STEP_RUNNER.set(steps)
         try:
             async with agent:
-                first = not snapshot.entries and agent.environment.task.objective == ""
-                if first:
-                    return await agent.run(request.message, run_id=request.run_id)
-                return await agent.send(request.message, run_id=request.run_id)
+                first_run = not snapshot.entries and agent.environment.task.objective == ""
+                if first_run:
+                    return await agent.run(request.message, run_id=run_id)
+                return await agent.send(request.message, run_id=run_id)
         finally:
             STEP_RUNNER.reset(token)
     finally:

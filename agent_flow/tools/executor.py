@@ -397,7 +397,9 @@ class ToolExecutor(ToolRegistry):
         if not rerun:
             # A step recorded before the call starts: replayed without its result, it
             # means the process that started the call crashed before recording one.
-            _, started_now = await checkpointed(runner, f"tool_started:{registered.name}", _started)
+            _, started_now = await checkpointed(
+                runner, f"tool_started:{registered.name}", _started, stored_now=True
+            )
             started_before = not started_now
 
         async def work() -> str:
@@ -413,7 +415,9 @@ class ToolExecutor(ToolRegistry):
                 result = await self._invoke(call, registered, arguments, context)
             return result.model_dump_json()
 
-        raw, _ = await checkpointed(runner, f"tool:{registered.name}", work)
+        # Not idempotent: its result is stored at once too, so that a crash after the call
+        # leaves its answer, not an "interrupted" (which says it may or may not have run).
+        raw, _ = await checkpointed(runner, f"tool:{registered.name}", work, stored_now=not rerun)
         return ToolResult.model_validate_json(raw)
 
     async def _invoke(

@@ -1,0 +1,122 @@
+"""`_StoreSteps`: the `StepRunner` of a durable run, recording into the session store.
+
+A durable run's model calls and tool calls are its steps (see `agent_flow._checkpoints`);
+their records are `Checkpoint`s of the run's session, numbered by position. Where a record is
+written is what makes durability cheap:
+
+- a model call's record and an idempotent tool call's record are kept and written by the run's
+  next step save, in that save's transaction (`SessionRecorder.checkpoint`): a step and its
+  records are stored together or not at all, at no extra round trip;
+- the "started" record of a call to a tool that is not idempotent is written at once, in a
+  transaction of its own, before the tool runs (`stored_now`), with the records kept before it
+  (the model call that asked for it): a recovery that finds it without a result knows the call
+  may have taken effect and does not make it again.
+
+DBOS's own steps would write each record in two transactions of the system database (a check,
+then the record) before the step returns; measured here, an empty DBOS step cost more than the
+whole 2 ms per agent step durability may add (see the README's deployment section).
+
+A record that must be stored now and cannot be (the store failed) stops the run with
+`StepRecordError`, as a crash would: it is not a result the model may react to.
+
+A recovered run reads its records once (`SessionStore.checkpoints`) and replays them by
+position: each step at a recorded position returns its record, after checking that it is the
+same kind of step (else the run's code or config changed: `DurableReplayError`). Past the
+last record the run goes on live.
+
+DBOS cancels a workflow by marking it cancelled in its system database; a DBOS step would see
+that at its next check. These steps look every `DURABLE_CANCEL_CHECK_SECONDS` at most (one
+status read), and
+raise `DBOSWorkflowCancelledError` as a DBOS step would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from dbos import DBOS
+from dbos import error as dbos_error
+
+from agent_flow._checkpoints import StepRecordError
+from agent_flow.errors import StoreError
+from agent_flow.sessions.models import Checkpoint
+from agent_flow.sessions.recorder import SessionRecorder
+
+__all__ = ["DurableReplayError"]
+
+
+class DurableReplayError(StepRecordError):
+    """A recovered run asked for another step than the one recorded at the same position.
+
+    Replay matches steps by position, so the code or the config that recovers a run must be
+    the one that started it: deploy the workers of one version together.
+    """
+
+
+class _StoreSteps:
+    """Records a durable run's steps as session checkpoints (see the module doc).
+
+    Args:
+        recorder: The run's recorder: records go with its saves.
+        run_id: The run (its checkpoints' ``run_id`` and its DBOS workflow id).
+        recorded: The run's checkpoints stored before (a recovery's), by position.
+        cancel_check_seconds: How often, at most, a step reads whether the run was cancelled.
+        first: The position of the first step (positions before it are the workflow's own).
+    """
+
+    sequential_tools = True
+
+    def __init__(
+        self,
+        recorder: SessionRecorder,
+        run_id: str,
+        recorded: Sequence[Checkpoint],
+        *,
+        cancel_check_seconds: float,
+        first: int = 0,
+    ) -> None:
+        self._recorder = recorder
+        self._run_id = run_id
+        self._recorded = {c.position: c for c in recorded}
+        self._next = first
+        self._poll = cancel_check_seconds
+        self._looked = time.monotonic()  # DBOS just started the workflow: not cancelled then
+
+    async def step(
+        self, name: str, work: Callable[[], Awaitable[str]], *, stored_now: bool = False
+    ) -> str:
+        position = self._next
+        self._next += 1
+        recorded = self._recorded.pop(position, None)
+        if recorded is not None:
+            if recorded.name != name:
+                raise DurableReplayError(
+                    f"run {self._run_id!r} is being recovered, but its step {position} is "
+                    f"{name!r} where the crashed process recorded {recorded.name!r}: the code or "
+                    "config changed since it started; recover it with the version that started it"
+                )
+            return recorded.result
+        await self._look_for_cancellation()
+        result = await work()
+        self._recorder.checkpoint(Checkpoint(self._run_id, position, name, result))
+        if stored_now:
+            try:
+                await self._recorder.save_checkpoints()
+            except StoreError as err:
+                raise StepRecordError(
+                    f"run {self._run_id!r} stops: its step {position} ({name}) must be stored "
+                    f"before the run goes on, and the store failed ({err})"
+                ) from err
+        return result
+
+    async def _look_for_cancellation(self) -> None:
+        now = time.monotonic()
+        if now - self._looked < self._poll:
+            return
+        self._looked = now
+        status = await DBOS.get_workflow_status_async(self._run_id)
+        if status is not None and status.status == "CANCELLED":
+            raise dbos_error.DBOSWorkflowCancelledError(
+                f"Workflow {self._run_id} is cancelled. Aborting function."
+            )

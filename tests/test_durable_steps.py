@@ -1,0 +1,154 @@
+"""A durable run's checkpoints (`agent_flow.durable._steps`), and recovery from any crash point.
+
+The recovery test runs one durable run to completion once to count its writes, then, for
+every write W of it, "crashes" an attempt at W (that write and every later one fail, as when
+the process dies before committing) and lets a second attempt recover the run from what the
+store holds. Every time: the run finishes once, its events are numbered without gap or
+repeat, every tool call that completed before the crash keeps its answer and is not run
+again, and a call the crash interrupted is not run again (its tool is not idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_flow._checkpoints import StepRecordError
+from agent_flow.durable._steps import DurableReplayError, _StoreSteps
+from agent_flow.durable._workflow import RunRequest, Runtime, _execute
+from agent_flow.environment import Environment
+from agent_flow.errors import StoreError
+from agent_flow.history import History
+from agent_flow.sessions import Checkpoint, InMemorySessionStore, SessionRecorder
+from tests.durable_app import CONFIG, model_and_tools
+from tests.durable_helpers import counts_of
+
+
+def work(result: str, calls: list[str]) -> Callable[[], Awaitable[str]]:
+    async def run() -> str:
+        calls.append(result)
+        return result
+
+    return run
+
+
+async def test_records_go_with_the_next_save_unless_they_must_be_stored_now() -> None:
+    store = InMemorySessionStore()
+    info = await store.create()
+    recorder = SessionRecorder(store, info.id)
+    steps = _StoreSteps(recorder, "r", [], cancel_check_seconds=3600)
+    calls: list[str] = []
+    assert await steps.step("model_call", work("m0", calls)) == "m0"
+    assert await store.checkpoints(info.id, "r") == []  # kept for the step's save
+    assert await steps.step("tool_started:x", work("s", calls), stored_now=True) == "s"
+    assert [c.result for c in await store.checkpoints(info.id, "r")] == ["m0", "s"]
+    await steps.step("tool:x", work("t", calls))
+    await recorder.step(History(), Environment())
+    stored = await store.checkpoints(info.id, "r")
+    assert [(c.position, c.name) for c in stored] == [
+        (0, "model_call"),
+        (1, "tool_started:x"),
+        (2, "tool:x"),
+    ]
+    assert calls == ["m0", "s", "t"]
+
+
+async def test_a_recovery_replays_records_by_position_then_goes_on_live() -> None:
+    store = InMemorySessionStore()
+    info = await store.create()
+    recorded = [Checkpoint("r", 1, "model_call", "m1"), Checkpoint("r", 2, "tool:x", "t2")]
+    steps = _StoreSteps(
+        SessionRecorder(store, info.id), "r", recorded, cancel_check_seconds=3600, first=1
+    )
+    calls: list[str] = []
+    assert await steps.step("model_call", work("new", calls)) == "m1"
+    assert await steps.step("tool:x", work("new", calls)) == "t2"
+    assert calls == []
+    assert await steps.step("model_call", work("m3", calls)) == "m3"
+    assert calls == ["m3"]
+
+
+async def test_a_recovery_that_meets_another_step_than_recorded_refuses_to_go_on() -> None:
+    store = InMemorySessionStore()
+    info = await store.create()
+    recorded = [Checkpoint("r", 0, "tool:launch", "{}")]
+    steps = _StoreSteps(SessionRecorder(store, info.id), "r", recorded, cancel_check_seconds=3600)
+    with pytest.raises(DurableReplayError, match=r"step 0 is 'model_call'.*'tool:launch'"):
+        await steps.step("model_call", work("m", []))
+
+
+class CrashingStore(InMemorySessionStore):
+    """An in-memory store whose writes fail from the `crash_at`-th on (None: never)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.crash_at: int | None = None
+        self.writes = 0
+
+    def _write(self) -> None:
+        self.writes += 1
+        if self.crash_at is not None and self.writes >= self.crash_at:
+            raise StoreError("the process died before this write committed")
+
+    async def save_step(self, session_id: str, **kwargs: Any) -> Any:
+        self._write()
+        return await super().save_step(session_id, **kwargs)
+
+    async def save_checkpoints(self, session_id: str, checkpoints: Any) -> None:
+        self._write()
+        await super().save_checkpoints(session_id, checkpoints)
+
+
+async def attempt(store: CrashingStore, folder: Path, request: RunRequest) -> Any:
+    llm, tools = model_and_tools(folder, None)
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (llm, None),
+        tools_factory=lambda _config: tools,
+        cancel_check_seconds=3600,
+    )
+    try:
+        return await _execute(runtime, request)
+    except StepRecordError as err:
+        if not isinstance(err.__cause__, StoreError):
+            raise
+        return None  # a crashed attempt: only what it left in the store counts
+
+
+async def test_a_run_recovers_from_a_crash_at_any_write(tmp_path: Path) -> None:
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    request = RunRequest(session_id=info.id, message="count 3", run_id="run-full")
+    outcome = await attempt(store, tmp_path, request)
+    assert outcome is not None and outcome.final_text == "done"
+    total = store.writes
+    assert total >= 7  # three steps, each: a started record, a result, a save; and the end
+    for crash_at in range(1, total + 1):
+        store = CrashingStore()
+        info = await store.create(agent="durable")
+        request = RunRequest(session_id=info.id, message="count 3", run_id=f"run-{crash_at}")
+        store.crash_at = crash_at
+        await attempt(store, tmp_path, request)  # writes nothing from `crash_at` on
+        store.crash_at = None
+        outcome = await attempt(store, tmp_path, request)
+        assert outcome is not None and outcome.final_text == "done", crash_at
+        executed = counts_of(tmp_path, request.run_id)
+        assert len(outcome.tool_uses) == 3
+        for n, use in enumerate(outcome.tool_uses, start=1):
+            assert json.loads(use.arguments) == {"n": n}
+            if use.error_kind == "interrupted":
+                assert executed.count(n) <= 1, (crash_at, executed)
+            else:
+                assert use.content == f"counted {n}"
+                assert executed.count(n) == 1, (crash_at, executed)
+        events = await store.events(info.id, run_id=request.run_id)
+        assert [e.seq for e in events] == list(range(len(events))), crash_at
+        assert [e.kind for e in events].count("run_finished") == 1, crash_at
+        state = await store.load(info.id)
+        assert state.info.status == "completed"
+        assert [e.kind for e in state.entries].count("tool_result") == 3
