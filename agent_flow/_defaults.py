@@ -126,6 +126,12 @@ DURABLE_POLL_SECONDS: Final = 0.2
 DURABLE_CANCEL_CHECK_SECONDS: Final = 0.5
 """How often, at most, a running durable run reads whether it was cancelled (one status read)."""
 
+DURABLE_RECORD_ATTEMPTS: Final = 3
+"""Times a durable run is executed (recovered in place) when its store fails to record a step."""
+
+DURABLE_RECORD_RETRY_SECONDS: Final = 1.0
+"""The pause before such a recovery, times the attempt number."""
+
 DURABLE_SQLITE_FILE: Final = "durable.sqlite"
 """DBOS's system database beside the session store when ``[durable]`` names none."""
 

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from agent_flow._checkpoints import StepRecordError
+from agent_flow.durable import _workflow as workflow_module
 from agent_flow.durable._steps import DurableReplayError, _StoreSteps
-from agent_flow.durable._workflow import RunRequest, Runtime, _execute
+from agent_flow.durable._workflow import RunRequest, Runtime, _execute, _execute_recovering
 from agent_flow.environment import Environment
-from agent_flow.errors import StoreError
+from agent_flow.errors import AgentFlowError, StoreError
 from agent_flow.history import History
 from agent_flow.sessions import Checkpoint, InMemorySessionStore, SessionRecorder
 from tests.durable_app import CONFIG, model_and_tools
@@ -152,3 +153,62 @@ async def test_a_run_recovers_from_a_crash_at_any_write(tmp_path: Path) -> None:
         state = await store.load(info.id)
         assert state.info.status == "completed"
         assert [e.kind for e in state.entries].count("tool_result") == 3
+
+
+class FlakyStore(CrashingStore):
+    """Fails its `crash_at`-th write only (a store that comes back)."""
+
+    def _write(self) -> None:
+        self.writes += 1
+        if self.writes == self.crash_at:
+            raise StoreError("the connection to the store dropped")
+
+
+# Write 1 is the first call's "started" record (the tool has not run: it runs once, after the
+# recovery), write 2 its result (the tool ran: the recovery may not run it again).
+@pytest.mark.parametrize(
+    ("failing", "first"),
+    [(1, "counted 1"), (2, "the call to 'count' was interrupted by a crash")],
+)
+async def test_a_run_whose_store_fails_once_is_recovered_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int, first: str
+) -> None:
+    monkeypatch.setattr(workflow_module, "DURABLE_RECORD_RETRY_SECONDS", 0.0)
+    llm, tools = model_and_tools(tmp_path, None)
+    store = FlakyStore()
+    store.crash_at = failing
+    info = await store.create(agent="durable")
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (llm, None),
+        tools_factory=lambda _config: tools,
+    )
+    request = RunRequest(session_id=info.id, message="count 2", run_id="flaky")
+    outcome = await _execute_recovering(runtime, request)
+    assert outcome.final_text == "done"
+    assert outcome.tool_uses[0].content.startswith(first)
+    assert outcome.tool_uses[1].content == "counted 2"
+    assert counts_of(tmp_path, "flaky") == [1, 2]
+    events = await store.events(info.id, run_id="flaky")
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+async def test_a_store_that_stays_down_fails_the_workflow_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workflow_module, "DURABLE_RECORD_RETRY_SECONDS", 0.0)
+    llm, tools = model_and_tools(tmp_path, None)
+    store = CrashingStore()
+    store.crash_at = 1
+    info = await store.create(agent="durable")
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (llm, None),
+        tools_factory=lambda _config: tools,
+    )
+    request = RunRequest(session_id=info.id, message="count 2", run_id="down")
+    with pytest.raises(AgentFlowError, match=r"must be stored.*gave up after 3 attempts"):
+        await _execute_recovering(runtime, request)
+    assert counts_of(tmp_path, "down") == []  # never started without its record

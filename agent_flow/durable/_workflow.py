@@ -21,19 +21,26 @@ The run's outcome (`ExecutionOutcome` as JSON) is the workflow's result.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from dbos import DBOS
 from pydantic import BaseModel, ConfigDict
 
-from agent_flow._checkpoints import STEP_RUNNER
-from agent_flow._defaults import DURABLE_CANCEL_CHECK_SECONDS
+from agent_flow._checkpoints import STEP_RUNNER, StepRecordError
+from agent_flow._defaults import (
+    DURABLE_CANCEL_CHECK_SECONDS,
+    DURABLE_RECORD_ATTEMPTS,
+    DURABLE_RECORD_RETRY_SECONDS,
+)
 from agent_flow._types import JsonObject
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.config import AgentConfig
-from agent_flow.durable._steps import _StoreSteps
+from agent_flow.durable._steps import DurableReplayError, _StoreSteps
 from agent_flow.environment import Environment
+from agent_flow.errors import AgentFlowError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History, HistoryEntry
 from agent_flow.llm.base import LLMClient
@@ -44,6 +51,8 @@ from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolExecutor
 
 __all__ = ["WORKFLOW_NAME", "RunRequest", "Runtime", "run_workflow"]
+
+logger = logging.getLogger(__name__)
 
 #: The name runs are enqueued under (the same in every process of a deployment).
 WORKFLOW_NAME = "agent_flow.run"
@@ -178,8 +187,32 @@ async def run_workflow(request_json: str) -> str:
         raise RuntimeError("no agent_flow durable runtime in this process; start a Worker")
     request = RunRequest.model_validate_json(request_json)
     with attached_context(request.trace_context):
-        outcome = await _execute(runtime, request)
+        outcome = await _execute_recovering(runtime, request)
     return outcome.model_dump_json()
+
+
+async def _execute_recovering(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
+    """`_execute`, executed again from its records when a step could not be recorded.
+
+    A store that failed to record a step (`StepRecordError`) stopped the run where it was, as a
+    crash would; after a pause the run is recovered in this process from what the store holds,
+    up to `DURABLE_RECORD_ATTEMPTS` times. Then, or when a recovery meets steps that differ
+    from the records (`DurableReplayError`), the workflow fails with the reason (an
+    `AgentFlowError`: DBOS records the workflow as failed, `RunHandle.outcome` raises it).
+    """
+    for attempt in range(1, DURABLE_RECORD_ATTEMPTS + 1):
+        try:
+            return await _execute(runtime, request)
+        except DurableReplayError as err:
+            raise AgentFlowError(str(err)) from err
+        except StepRecordError as err:
+            if attempt == DURABLE_RECORD_ATTEMPTS:
+                raise AgentFlowError(
+                    f"{err} (gave up after {attempt} attempts to record the run's steps)"
+                ) from err
+            logger.warning("%s; recovering the run from its records in this process", err)
+            await asyncio.sleep(DURABLE_RECORD_RETRY_SECONDS * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
