@@ -104,15 +104,20 @@ class CrashingStore(InMemorySessionStore):
         await super().save_checkpoints(session_id, checkpoints)
 
 
-async def attempt(store: CrashingStore, folder: Path, request: RunRequest) -> Any:
+def runtime_for(store: CrashingStore, folder: Path) -> Runtime:
+    """A worker's runtime on `store`, its counting tool writing into `folder`."""
     llm, tools = model_and_tools(folder, None)
-    runtime = Runtime(
+    return Runtime(
         store=store,
         config=CONFIG,
         llm_factory=lambda _config: (llm, None),
         tools_factory=lambda _config: tools,
         cancel_check_seconds=3600,
     )
+
+
+async def attempt(store: CrashingStore, folder: Path, request: RunRequest) -> Any:
+    runtime = runtime_for(store, folder)
     try:
         return await _execute(runtime, request)
     except StepRecordError as err:
@@ -174,16 +179,10 @@ async def test_a_run_whose_store_fails_once_is_recovered_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int, first: str
 ) -> None:
     monkeypatch.setattr(workflow_module, "DURABLE_RECORD_RETRY_SECONDS", 0.0)
-    llm, tools = model_and_tools(tmp_path, None)
     store = FlakyStore()
     store.crash_at = failing
     info = await store.create(agent="durable")
-    runtime = Runtime(
-        store=store,
-        config=CONFIG,
-        llm_factory=lambda _config: (llm, None),
-        tools_factory=lambda _config: tools,
-    )
+    runtime = runtime_for(store, tmp_path)
     request = RunRequest(session_id=info.id, message="count 2", run_id="flaky")
     outcome = await _execute_recovering(runtime, request)
     assert outcome.final_text == "done"
@@ -198,16 +197,10 @@ async def test_a_store_that_stays_down_fails_the_workflow_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(workflow_module, "DURABLE_RECORD_RETRY_SECONDS", 0.0)
-    llm, tools = model_and_tools(tmp_path, None)
     store = CrashingStore()
     store.crash_at = 1
     info = await store.create(agent="durable")
-    runtime = Runtime(
-        store=store,
-        config=CONFIG,
-        llm_factory=lambda _config: (llm, None),
-        tools_factory=lambda _config: tools,
-    )
+    runtime = runtime_for(store, tmp_path)
     request = RunRequest(session_id=info.id, message="count 2", run_id="down")
     with pytest.raises(AgentFlowError, match=r"must be stored.*gave up after 3 attempts"):
         await _execute_recovering(runtime, request)

@@ -36,8 +36,7 @@ async def store(kind: str, tmp_path: Path) -> AsyncIterator[SessionStore]:
         backing.drop()
 
 
-@pytest.fixture(params=SHARED_KINDS)
-def backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
+def _backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
     made = Backing(typing.cast(str, request.param), tmp_path)
     try:
         yield made
@@ -45,10 +44,5 @@ def backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]
         made.drop()
 
 
-@pytest.fixture(params=KINDS)
-def any_backing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backing]:
-    made = Backing(typing.cast(str, request.param), tmp_path)
-    try:
-        yield made
-    finally:
-        made.drop()
+backing = pytest.fixture(params=SHARED_KINDS, name="backing")(_backing)
+any_backing = pytest.fixture(params=KINDS, name="any_backing")(_backing)
