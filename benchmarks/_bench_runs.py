@@ -6,7 +6,7 @@ answers ``Done.``. Each step is saved to the store (`save_step`, timed by `Timed
 
 - plain: `AgentExecutor` with the store, runs started by the process itself;
 - durable: `DurableWorker` processes executing runs a `DurableClient` enqueued (DBOS on: the
-  run is a workflow, each model call and tool call a DBOS step in the system database).
+  run is a workflow, each model call and tool call a checkpoint in the session store).
 """
 
 from __future__ import annotations

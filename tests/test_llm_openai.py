@@ -33,9 +33,9 @@ from tests.openai_server import (
     tool_call_chunks,
 )
 
-# -- streaming -------------------------------------------------------------------------------
-
 __all__ = ["client"]  # fixtures
+
+# -- streaming -------------------------------------------------------------------------------
 
 
 async def test_a_text_stream_in_many_small_chunks_arrives_as_text_chunks_and_one_completion(
