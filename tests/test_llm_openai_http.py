@@ -40,9 +40,9 @@ from tests.openai_server import (
     tool_call_chunks,
 )
 
-# -- HTTP errors and retries ----------------------------------------------------------------
-
 __all__ = ["client"]  # fixtures
+
+# -- HTTP errors and retries ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("streaming", [True, False])
