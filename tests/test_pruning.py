@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +17,6 @@ from agent_flow.history import (
     ExtractiveSummarizer,
     History,
     HistoryEntry,
-    PruneResult,
     PruningStrategy,
     SlidingWindow,
     SummarizeOldest,
@@ -26,7 +24,6 @@ from agent_flow.history import (
     Summary,
     ToolCallEntry,
     ToolResultEntry,
-    Unit,
     UserMessage,
     build_units,
 )
@@ -36,44 +33,19 @@ from agent_flow.testing.strategies import (
     budgets_around,
     entry_lists,
     history_entries,
-    pruning_strategies,
-    summarize_steps,
 )
-from agent_flow.tokens import REPLY_PRIMING_TOKENS, ApproxCounter, TiktokenCounter
+from agent_flow.tokens import REPLY_PRIMING_TOKENS, TiktokenCounter
+from tests.pruning_helpers import (
+    COUNTER,
+    FixedSummarizer,
+    conversation,
+    ends_with_drop_oldest,
+    ids,
+    prune,
+    pruners,
+    total,
+)
 from tests.test_history import turn
-
-COUNTER = ApproxCounter()
-
-
-def prune(
-    strategy: PruningStrategy | SummarizeOldest, units: Sequence[Unit], budget: int
-) -> PruneResult:
-    """Apply a sync strategy directly, or run a summarizing step to completion."""
-    if isinstance(strategy, SummarizeOldest):
-        return asyncio.run(strategy.fold(tuple(units), budget, COUNTER))
-    return strategy.prune(tuple(units), budget, COUNTER)
-
-
-def pruners() -> st.SearchStrategy[PruningStrategy | SummarizeOldest]:
-    """Any sync strategy, or a summarizing step (alone or with strategies around it)."""
-    return st.one_of(pruning_strategies(), summarize_steps())
-
-
-def total(units: Sequence[Unit]) -> int:
-    return sum(u.tokens for u in units)
-
-
-def ids(units: Sequence[Unit]) -> list[str]:
-    return [e.id for u in units for e in u.entries]
-
-
-def ends_with_drop_oldest(strategy: PruningStrategy | SummarizeOldest | None) -> bool:
-    if isinstance(strategy, Chain):
-        return isinstance(strategy.strategies[-1], DropOldest)
-    if isinstance(strategy, SummarizeOldest):
-        return ends_with_drop_oldest(strategy.after)
-    return isinstance(strategy, DropOldest)
-
 
 # -- invariants of every strategy ----------------------------------------------------------
 
@@ -272,15 +244,6 @@ def test_extractive_summaries_never_exceed_max_tokens_and_are_deterministic(
 # -- examples ------------------------------------------------------------------------------
 
 
-def conversation(turns: int, body: str = "line of output " * 40) -> History:
-    history = History(counter=COUNTER)
-    for i in range(turns):
-        history.add(UserMessage(content=f"Request {i}."))
-        turn(history, f"c{i}", body)
-        history.add(AgentMessage(content=f"Answer {i}."))
-    return history
-
-
 def test_sliding_window_keeps_the_last_n_turns_and_the_task() -> None:
     history = conversation(6)
     budget = history.token_count() - 1
@@ -413,16 +376,6 @@ def test_pinned_units_too_big_for_the_budget_are_kept_and_reported() -> None:
     assert len(result.report.dropped) == 3
 
 
-class FixedSummarizer:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.calls: list[tuple[list[str], int]] = []
-
-    async def summarize(self, entries: Sequence[HistoryEntry], *, max_tokens: int) -> str:
-        self.calls.append(([e.id for e in entries], max_tokens))
-        return self.text
-
-
 async def test_a_summarizer_that_ignores_max_tokens_is_cut_to_fit() -> None:
     history = conversation(5)
     summarizer = FixedSummarizer("far too long " * 500)
@@ -530,100 +483,3 @@ def test_built_in_strategies_satisfy_the_protocols() -> None:
         assert strategy.name
     # Summarizing awaits its summarizer: it is a step of its own, not a sync strategy.
     assert not isinstance(SummarizeOldest(summarizer), PruningStrategy)
-
-
-# -- summarizing as its own async step ------------------------------------------------------
-
-
-class AsyncStrategy:
-    """A strategy written for the old async protocol."""
-
-    name = "async_drop"
-
-    async def prune(self, units, max_tokens, counter):  # type: ignore[no-untyped-def]
-        return DropOldest().prune(units, max_tokens, counter)
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: Chain(ElideToolResults(), SummarizeOldest(FixedSummarizer("x")), DropOldest()),
-        lambda: SummarizeOldest(FixedSummarizer("x"), after=SummarizeOldest(FixedSummarizer("y"))),
-        lambda: Chain(AsyncStrategy()),
-        lambda: SummarizeOldest(FixedSummarizer("x"), before=AsyncStrategy()),
-    ],
-)
-def test_no_await_can_hide_inside_a_chain_or_around_a_summary(make: object) -> None:
-    with pytest.raises(UserError, match="PruningStrategy"):
-        make()  # type: ignore[operator]
-
-
-def test_history_prune_refuses_a_summarizing_step_or_an_async_strategy() -> None:
-    history = conversation(3)
-    before = list(history.entries)
-    with pytest.raises(UserError, match="SummarizeOldest"):
-        history.prune(SummarizeOldest(FixedSummarizer("x")), 10)  # type: ignore[arg-type]
-    with pytest.raises(UserError, match="synchronous"):
-        history.prune(AsyncStrategy(), 10)
-    assert list(history.entries) == before
-
-
-async def test_history_fold_refuses_a_sync_strategy() -> None:
-    with pytest.raises(UserError, match="prune"):
-        await conversation(3).fold(DropOldest(), 10)  # type: ignore[arg-type]
-
-
-def summarize_configuration(summarizer: Summarizer) -> SummarizeOldest:
-    """What ``ContextConfig(strategy="summarize")`` builds, with another summarizer."""
-    return SummarizeOldest(summarizer, before=ElideToolResults(), after=DropOldest())
-
-
-async def test_the_summarize_configuration_elides_then_summarizes_then_drops() -> None:
-    step = summarize_configuration(FixedSummarizer("- Read the files."))
-    assert step.name == "chain(elide_tool_results, summarize_oldest, drop_oldest)"
-    assert repr(step).endswith("before=ElideToolResults(keep_last=2), after=DropOldest())")
-    elided_only = conversation(6)
-    # Eliding the older bodies is enough: the summarizer is never asked.
-    report = await elided_only.fold(step, elided_only.token_count() - 100)
-    assert [s.strategy for s in report.steps] == ["elide_tool_results"]
-    assert report.fits and report.elided and report.summary_id is None
-    assert step.summarizer.calls == []  # type: ignore[attr-defined]
-    # Eliding is not enough: the oldest units are folded into the summary after eliding.
-    summarized = conversation(6)
-    report = await summarized.fold(step, summarized.token_count() // 3)
-    assert [s.strategy for s in report.steps] == ["elide_tool_results", "summarize_oldest"]
-    assert report.fits and report.elided and report.summary_id is not None
-    assert report.strategy == step.name
-    (summary,) = [e for e in summarized.entries if isinstance(e, Summary)]
-    assert summary.id == report.summary_id and summary.content == "- Read the files."
-    assert set(report.elided) & set(summary.replaced_ids), "the summary folds elided results"
-    # Not even a summary is enough: the oldest units are dropped last.
-    dropped = conversation(6)
-    report = await dropped.fold(step, dropped.units()[0].tokens + 40)
-    assert [s.strategy for s in report.steps] == [
-        "elide_tool_results",
-        "summarize_oldest",
-        "drop_oldest",
-    ]
-    assert report.fits and report.dropped
-    assert dropped.token_count() == report.tokens_after
-
-
-@settings(max_examples=80)
-@given(data=st.data(), entries=entry_lists(max_units=18))
-def test_a_summarizing_step_asks_its_summarizer_only_when_its_before_strategy_is_not_enough(
-    data: st.DataObject, entries: list[HistoryEntry]
-) -> None:
-    units = build_units(entries, COUNTER)
-    budget = data.draw(budgets_around(units))
-    summarizer = FixedSummarizer("- Earlier work.")
-    result = prune(summarize_configuration(summarizer), units, budget)
-    elided = ElideToolResults().prune(units, budget, COUNTER)
-    if elided.report.fits:
-        assert summarizer.calls == []
-        assert [u.ids for u in result.units] == [u.ids for u in elided.units]
-        assert result.report.steps == (elided.report,) or not elided.report.changed
-    else:
-        assert result.report.steps[0] == elided.report
-        if total([u for u in units if u.pinned]) <= budget:
-            assert result.report.fits
