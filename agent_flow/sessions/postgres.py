@@ -428,16 +428,20 @@ class _PostgresBackend:
         return [row["data"] for row in rows]
 
     async def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+        # One statement, so one round trip and its own transaction (the connection is in
+        # autocommit); the foreign key finds a missing session.
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+        parameters = [v for c in rows for v in (session_id, c.run_id, c.position, c.name, c.result)]
         with _checkpoints_free(session_id, rows):
-            async with (await self._ready()).connection() as conn, conn.transaction():
-                cur = await conn.execute("SELECT 1 FROM sessions WHERE id = %s", (session_id,))
-                if await cur.fetchone() is None:
-                    raise _not_found(session_id)
-                async with conn.cursor() as many:
-                    await many.executemany(
-                        _INSERT_CHECKPOINT,
-                        [(session_id, c.run_id, c.position, c.name, c.result) for c in rows],
+            async with (await self._ready()).connection() as conn:
+                try:
+                    await conn.execute(
+                        "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
+                        f"VALUES {values}",
+                        parameters,
                     )
+                except psycopg.errors.ForeignKeyViolation as err:
+                    raise _not_found(session_id) from err
 
     async def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]:
         async with (await self._ready()).connection() as conn, conn.transaction():
