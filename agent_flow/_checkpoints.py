@@ -44,14 +44,21 @@ class StepRunner(Protocol):
     """
 
     async def step(
-        self, name: str, work: Callable[[], Awaitable[str]], *, stored_now: bool = False
+        self,
+        name: str,
+        work: Callable[[], Awaitable[str]],
+        *,
+        stored_now: bool = False,
+        synced: bool = True,
     ) -> str:
         """Run `work` once (or return what it returned before this run was recovered).
 
         An engine may keep a step's record and store it later (with the run's next saved
         step); with `stored_now` the record is stored before `step` returns, for a step that
         announces an effect which must not happen twice (the start of a tool call that is
-        not idempotent).
+        not idempotent). ``synced=False`` lets that store skip waiting for the disk: the
+        record then survives a crash of this process, not of the database (for a record
+        whose loss costs information, never a repeated effect).
         """
         ...
 
@@ -76,10 +83,11 @@ async def checkpointed(
     work: Callable[[], Awaitable[str]],
     *,
     stored_now: bool = False,
+    synced: bool = True,
 ) -> tuple[str, bool]:
     """Run `work` as the step `name`; return its recorded result and whether it ran now.
 
-    `stored_now`: see `StepRunner.step`.
+    `stored_now`, `synced`: see `StepRunner.step`.
 
     ``False`` means the result was recorded before a crash and is replayed: whatever `work`
     did besides returning (events it published) happened in the process that crashed.
@@ -91,5 +99,5 @@ async def checkpointed(
         ran = True
         return await work()
 
-    result = await runner.step(name, tracked, stored_now=stored_now)
+    result = await runner.step(name, tracked, stored_now=stored_now, synced=synced)
     return result, ran

@@ -99,9 +99,9 @@ class CrashingStore(InMemorySessionStore):
         self._write()
         return await super().save_step(session_id, **kwargs)
 
-    async def save_checkpoints(self, session_id: str, checkpoints: Any) -> None:
+    async def save_checkpoints(self, session_id: str, checkpoints: Any, **kwargs: Any) -> None:
         self._write()
-        await super().save_checkpoints(session_id, checkpoints)
+        await super().save_checkpoints(session_id, checkpoints, **kwargs)
 
 
 def runtime_for(store: CrashingStore, folder: Path) -> Runtime:

@@ -49,7 +49,7 @@ async def test_checkpoints_saved_with_steps_or_alone_read_back_by_position(
     await store.save_step(
         info.id, history=history, environment=environment, checkpoints=marks("r1", 0, 2)
     )
-    await store.save_checkpoints(info.id, marks("r1", 2, 1))
+    await store.save_checkpoints(info.id, marks("r1", 2, 1), synced=False)
     await store.save_checkpoints(info.id, marks("r2", 0, 1))  # another run of the session
     add_step(history, environment, 1)
     await store.save_step(
@@ -131,6 +131,13 @@ async def test_two_store_objects_see_each_others_checkpoints(backing: Backing) -
         )
         assert sorted(type(o).__name__ for o in outcomes) == ["NoneType", "StoreError"]
         assert await first.checkpoints(info.id, "r") == marks("r", 0, 5)
+        # Unsynced writes (no wait for the disk) are as visible, and as exclusive.
+        await second.save_checkpoints(info.id, marks("r", 5, 1), synced=False)
+        with pytest.raises(StoreError, match="already holds"):
+            await first.save_checkpoints(info.id, marks("r", 5, 1), synced=False)
+        assert await first.checkpoints(info.id, "r") == marks("r", 0, 6)
+        with pytest.raises(SessionNotFoundError):
+            await first.save_checkpoints("nowhere", marks("r", 0, 1), synced=False)
 
 
 # Each write: (with a step?, how many checkpoints).

@@ -84,7 +84,12 @@ class _StoreSteps:
         self._looked = time.monotonic()  # DBOS just started the workflow: not cancelled then
 
     async def step(
-        self, name: str, work: Callable[[], Awaitable[str]], *, stored_now: bool = False
+        self,
+        name: str,
+        work: Callable[[], Awaitable[str]],
+        *,
+        stored_now: bool = False,
+        synced: bool = True,
     ) -> str:
         position = self._next
         self._next += 1
@@ -102,7 +107,7 @@ class _StoreSteps:
         self._recorder.checkpoint(Checkpoint(self._run_id, position, name, result))
         if stored_now:
             try:
-                await self._recorder.save_checkpoints()
+                await self._recorder.save_checkpoints(synced=synced)
             except StoreError as err:
                 raise StepRecordError(
                     f"run {self._run_id!r} stops: its step {position} ({name}) must be stored "

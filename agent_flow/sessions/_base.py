@@ -100,8 +100,10 @@ class _OnWorker:
             lambda: self._backend.events(session_id, offset, run_id, after_seq, limit)
         )
 
-    async def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
-        await self._go(lambda: self._backend.write_checkpoints(session_id, rows))
+    async def write_checkpoints(
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+    ) -> None:
+        await self._go(lambda: self._backend.write_checkpoints(session_id, rows, synced))
 
     async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
         return await self._go(lambda: self._backend.checkpoints(session_id, run_id))
@@ -283,18 +285,24 @@ class _StoreBase:
             "step; let one process at a time write a session"
         )
 
-    async def save_checkpoints(self, session_id: str, checkpoints: Sequence[Checkpoint]) -> None:
+    async def save_checkpoints(
+        self, session_id: str, checkpoints: Sequence[Checkpoint], *, synced: bool = True
+    ) -> None:
         """Store a durable run's checkpoints now, in one transaction of their own.
 
         For a checkpoint that must be stored before what it announces happens (a call to a
         tool that is not idempotent); the others go with their step (`save_step`).
+
+        With ``synced=False`` the commit does not wait for the database to sync it to disk
+        (PostgreSQL: ``synchronous_commit`` off; SQLite: ``synchronous`` NORMAL for it): no
+        crash of this process can lose it, a crash of the database server or the machine can.
 
         Raises:
             SessionNotFoundError: No session has that id.
             StoreError: A checkpoint at one of those positions of the run is stored already.
         """
         if checkpoints:
-            await self._run(self._backend.write_checkpoints, session_id, tuple(checkpoints))
+            await self._run(self._backend.write_checkpoints, session_id, tuple(checkpoints), synced)
 
     async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
         """Return the checkpoints stored for `run_id` in the session, by position.

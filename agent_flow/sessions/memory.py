@@ -108,7 +108,9 @@ class _MemoryBackend:
             rows = [e for e in rows if e.run_id == run_id and e.seq > after_seq]
         return [e.data for e in rows[:limit]]
 
-    def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+    def write_checkpoints(
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+    ) -> None:
         session = self._get(session_id)
         _check_free(session, rows)
         session.checkpoints.update(((c.run_id, c.position), c) for c in rows)

@@ -427,19 +427,26 @@ class _PostgresBackend:
                     raise _not_found(session_id)
         return [row["data"] for row in rows]
 
-    async def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
-        # One statement, so one round trip and its own transaction (the connection is in
-        # autocommit); the foreign key finds a missing session.
+    async def write_checkpoints(
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+    ) -> None:
+        # One statement (and so one round trip, in its own transaction: the connection is in
+        # autocommit), or, unsynced, a transaction whose commit does not wait for the WAL
+        # flush: sent as one pipeline. The foreign key finds a missing session.
         values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
         parameters = [v for c in rows for v in (session_id, c.run_id, c.position, c.name, c.result)]
+        insert = (
+            f"INSERT INTO checkpoints (session_id, run_id, position, name, result) VALUES {values}"
+        )
         with _checkpoints_free(session_id, rows):
             async with (await self._ready()).connection() as conn:
                 try:
-                    await conn.execute(
-                        "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
-                        f"VALUES {values}",
-                        parameters,
-                    )
+                    if synced:
+                        await conn.execute(insert, parameters)
+                        return
+                    async with conn.transaction(), conn.pipeline():
+                        await conn.execute("SET LOCAL synchronous_commit TO OFF")
+                        await conn.execute(insert, parameters)
                 except psycopg.errors.ForeignKeyViolation as err:
                     raise _not_found(session_id) from err
 

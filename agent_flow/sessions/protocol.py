@@ -67,8 +67,12 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def save_checkpoints(self, session_id: str, checkpoints: Sequence[Checkpoint]) -> None:
+    async def save_checkpoints(
+        self, session_id: str, checkpoints: Sequence[Checkpoint], *, synced: bool = True
+    ) -> None:
         """Store a durable run's checkpoints now, in one transaction of their own.
+
+        ``synced=False``: the commit does not wait for the disk (a database crash may lose it).
 
         Raises:
             SessionNotFoundError: No session has that id.

@@ -110,11 +110,11 @@ class SessionRecorder:
         """Keep a durable run's `checkpoint` for the next save (written in its transaction)."""
         self._checkpoints.append(checkpoint)
 
-    async def save_checkpoints(self) -> None:
+    async def save_checkpoints(self, *, synced: bool = True) -> None:
         """Write the checkpoints kept so far now, in a transaction of their own.
 
         For a checkpoint that must be stored before what it announces happens; kept ones stay
-        kept when the write fails, like events.
+        kept when the write fails, like events. `synced`: see `SessionStore.save_checkpoints`.
 
         Raises:
             StoreError: The store failed, or another execution of the run wrote one of them.
@@ -125,7 +125,7 @@ class SessionRecorder:
         async with self._lock:
             saved = len(self._checkpoints)
             write = asyncio.ensure_future(
-                self.store.save_checkpoints(session_id, self._checkpoints[:saved])
+                self.store.save_checkpoints(session_id, self._checkpoints[:saved], synced=synced)
             )
             try:
                 await _to_the_end(write)

@@ -378,12 +378,24 @@ class _SQLiteBackend:
                 raise _not_found(session_id)
         return [row[0] for row in rows]
 
-    def write_checkpoints(self, session_id: str, rows: tuple[Checkpoint, ...]) -> None:
+    def write_checkpoints(
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+    ) -> None:
         conn = self._connection()
-        with _transaction(conn, write=True):
-            if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
-                raise _not_found(session_id)
-            _insert_checkpoints(conn, session_id, rows)
+        # Outside a transaction only: NORMAL in WAL mode commits without syncing the log.
+        unsynced = not synced and self._synchronous == "full"
+        if unsynced:
+            conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with _transaction(conn, write=True):
+                if not conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = ?", (session_id,)
+                ).fetchone():
+                    raise _not_found(session_id)
+                _insert_checkpoints(conn, session_id, rows)
+        finally:
+            if unsynced:
+                conn.execute("PRAGMA synchronous = FULL")
 
     def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]:
         conn = self._connection()

@@ -415,9 +415,12 @@ class ToolExecutor(ToolRegistry):
                 result = await self._invoke(call, registered, arguments, context)
             return result.model_dump_json()
 
-        # Not idempotent: its result is stored at once too, so that a crash after the call
-        # leaves its answer, not an "interrupted" (which says it may or may not have run).
-        raw, _ = await checkpointed(runner, f"tool:{registered.name}", work, stored_now=not rerun)
+        # Not idempotent: its result is stored at once too, so that a crash of this process
+        # after the call leaves its answer, not an "interrupted" (it may or may not have run).
+        # Unsynced: losing it in a database crash costs that answer, never a second call.
+        raw, _ = await checkpointed(
+            runner, f"tool:{registered.name}", work, stored_now=not rerun, synced=False
+        )
         return ToolResult.model_validate_json(raw)
 
     async def _invoke(
