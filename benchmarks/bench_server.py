@@ -217,11 +217,16 @@ async def in_process(n: int, model_url: str) -> dict[str, Any]:
 
 
 class _Diagnosis:
-    """The server loop's lag and ready-queue length at each publish (``--diagnose``)."""
+    """The server loop's lag, and at each publish the ready queue's length and how long ago
+    the event was created (``--diagnose``)."""
 
     def __init__(self) -> None:
         self.lags: list[float] = []
         self.ready: list[int] = []
+        self.unpublished: list[float] = []
+        self.unpublished_by_kind: dict[str, list[float]] = {}
+        self.written: list[float] = []
+        self.batched: list[float] = []
 
     def install(self) -> None:
         from agent_flow.events import EventBus
@@ -231,9 +236,13 @@ class _Diagnosis:
 
         async def counted(bus: Any, event: Any) -> None:
             self.ready.append(len(loop._ready))  # type: ignore[attr-defined]
+            delay = (time.time() - event.timestamp.timestamp()) * 1000
+            self.unpublished.append(delay)
+            self.unpublished_by_kind.setdefault(event.kind, []).append(delay)
             await publish(bus, event)
 
         EventBus.publish = counted  # type: ignore[method-assign]
+        self._watch_writes()
         period = 0.005
 
         def tick(due: float) -> None:
@@ -243,12 +252,34 @@ class _Diagnosis:
 
         loop.call_at(loop.time() + period, tick, loop.time() + period)
 
+    def _watch_writes(self) -> None:
+        """Each event's age when its frame is made (just before it is written), by way."""
+        from agent_flow.server import _sse
+
+        if not hasattr(_sse, "_frame"):
+            return  # a server without these seams (an older tree, measured side by side)
+        frame, chunk = _sse._frame, _sse._chunk
+
+        def timed_frame(event_id: Any, event: Any) -> bytes:
+            self.written.append((time.time() - event.timestamp.timestamp()) * 1000)
+            return frame(event_id, event)
+
+        def timed_chunk(batch: Any) -> bytes:
+            now = time.time()
+            self.batched.extend((now - event.timestamp.timestamp()) * 1000 for _, event in batch)
+            return chunk(batch)
+
+        _sse._frame = timed_frame
+        _sse._chunk = timed_chunk
+
     def report(self) -> dict[str, Any]:
         def pct(values: list[float], q: float) -> float:
             ordered = sorted(values)
             return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
 
         busy = [lag for lag in self.lags if lag > 0.5]
+        late = {kind: pct(values, 0.99) for kind, values in self.unpublished_by_kind.items()}
+        slowest = sorted(late, key=late.__getitem__, reverse=True)[:2]
         ready = [float(count) for count in self.ready]
         return {
             "lag_p50_ms": pct(busy, 0.5),
@@ -256,6 +287,13 @@ class _Diagnosis:
             "lag_max_ms": max(self.lags, default=0.0),
             "ready_at_publish_p50": pct(ready, 0.5),
             "ready_at_publish_p99": pct(ready, 0.99),
+            "created_to_publish_p50_ms": pct(self.unpublished, 0.5),
+            "created_to_publish_p99_ms": pct(self.unpublished, 0.99),
+            "created_to_write_p50_ms": pct(self.written, 0.5),
+            "created_to_write_p99_ms": pct(self.written, 0.99),
+            "batched_share": len(self.batched) / max(1, len(self.written)),
+            "batched_p99_ms": pct(self.batched, 0.99),
+            "created_to_publish_slowest": ", ".join(f"{kind} {late[kind]:.0f}" for kind in slowest),
         }
 
 
@@ -282,7 +320,8 @@ async def serve(port_file: str, model_url: str, diagnose: str | None, profile: s
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", backlog=4096, timeout_keep_alive=60)
     )
-    profiler = cProfile.Profile() if profile else None
+    # CPU time, not wall time: on a loaded machine other processes' turns are not ours.
+    profiler = cProfile.Profile(time.process_time) if profile else None
     if profiler is not None:
         profiler.enable()
     try:
@@ -300,46 +339,108 @@ def _frames(buffer: bytes) -> tuple[list[bytes], bytes]:
     return frames, rest
 
 
-async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
+class _Reader:
+    """SSE clients: one stream per session, each read to its ``run_finished``."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.by_kind: dict[str, list[float]] = {}
+        self.complete = True
+
+    async def read(self, response: Any) -> None:
+        ids: list[int] = []
+        finished = False
+        rest = b""
+        async for chunk in response.aiter_raw():
+            received = time.time()
+            frames, rest = _frames(rest + chunk)
+            for frame in frames:
+                for line in frame.split(b"\n"):
+                    if line.startswith(b"data: "):
+                        event = json.loads(line[6:])
+                        latency = _latency_ms(event["timestamp"], received)
+                        self.latencies.append(latency)
+                        self.by_kind.setdefault(event["kind"], []).append(latency)
+                        finished = finished or event["kind"] == "run_finished"
+                    elif line.startswith(b"id: "):
+                        ids.append(int(line[4:]))
+            if finished:
+                break
+        self.complete = self.complete and finished and ids == list(range(len(ids)))
+
+
+def _client(base: str, n: int) -> Any:
     import httpx2
 
-    limits = httpx2.Limits(max_connections=2 * n + 20, max_keepalive_connections=2 * n + 20)
-    latencies: list[float] = []
-    complete = True
-    async with httpx2.AsyncClient(base_url=base, timeout=None, limits=limits) as client:
+    limits = httpx2.Limits(max_connections=n + 20, max_keepalive_connections=n + 20)
+    return httpx2.AsyncClient(base_url=base, timeout=None, limits=limits)
 
-        async def one(session: str) -> None:
-            nonlocal complete
-            ids: list[int] = []
-            finished = False
-            async with client.stream("GET", f"/sessions/{session}/events") as response:
-                await client.post(f"/sessions/{session}/messages", json={"message": "Add."})
-                rest = b""
-                async for chunk in response.aiter_raw():
-                    received = time.time()
-                    frames, rest = _frames(rest + chunk)
-                    for frame in frames:
-                        for line in frame.split(b"\n"):
-                            if line.startswith(b"data: "):
-                                event = json.loads(line[6:])
-                                latencies.append(_latency_ms(event["timestamp"], received))
-                                finished = finished or event["kind"] == "run_finished"
-                            elif line.startswith(b"id: "):
-                                ids.append(int(line[4:]))
-                    if finished:
-                        break
-            complete = complete and finished and ids == list(range(len(ids)))
 
+async def read_streams(base: str) -> None:
+    """The SSE clients' process: open every session's stream, say so, read them all."""
+    sessions = json.loads(sys.stdin.readline())
+    reader = _Reader()
+    async with _client(base, len(sessions)) as client, contextlib.AsyncExitStack() as streams:
+        responses = await asyncio.gather(
+            *(
+                streams.enter_async_context(client.stream("GET", f"/sessions/{sid}/events"))
+                for sid in sessions
+            )
+        )
+        print("open", flush=True)
+        await asyncio.gather(*(reader.read(response) for response in responses))
+    p99s = {kind: sorted(v)[int(len(v) * 0.99)] for kind, v in reader.by_kind.items()}
+    slowest = sorted(p99s, key=p99s.__getitem__, reverse=True)[:3]
+    print(
+        json.dumps(
+            {
+                "latencies": reader.latencies,
+                "complete": reader.complete,
+                "slowest_kinds": ", ".join(f"{kind} {p99s[kind]:.0f}" for kind in slowest),
+            }
+        ),
+        flush=True,
+    )
+
+
+async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
+    """Create the sessions, have the clients' process open their streams, send the messages."""
+    async with _client(base, n) as client:
         warm = (await client.post("/sessions", json={})).json()["id"]
-        await one(warm)
-        latencies.clear()
+        async with client.stream("GET", f"/sessions/{warm}/events") as response:
+            await client.post(f"/sessions/{warm}/messages", json={"message": "Add."})
+            await _Reader().read(response)
         sessions = [(await client.post("/sessions", json={})).json()["id"] for _ in range(n)]
+        clients = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--read-streams",
+            base,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            limit=2**30,
+        )
+        assert clients.stdin is not None
+        assert clients.stdout is not None
+        clients.stdin.write(json.dumps(sessions).encode() + b"\n")
+        await clients.stdin.drain()
+        assert (await clients.stdout.readline()).strip() == b"open"
         rss0, cpu0 = _rss_mb(pid), _cpu_seconds(pid)
         start = time.perf_counter()
-        await asyncio.gather(*(one(session) for session in sessions))
+        # All at once, as the baseline starts its runs.
+        await asyncio.gather(
+            *(
+                client.post(f"/sessions/{sid}/messages", json={"message": "Add."})
+                for sid in sessions
+            )
+        )
+        read = json.loads(await clients.stdout.readline())
         elapsed = time.perf_counter() - start
         cpu, rss = _cpu_seconds(pid) - cpu0, _rss_mb(pid) - rss0
-    return _summary(n, elapsed, cpu, rss, latencies, complete)
+        await clients.wait()
+    result = _summary(n, elapsed, cpu, rss, read["latencies"], read["complete"])
+    result["slowest_kinds"] = read["slowest_kinds"]
+    return result
 
 
 def over_http(n: int, model_url: str, *, profile: str | None, diagnose: bool) -> dict[str, Any]:
@@ -377,7 +478,12 @@ def _summary(
 
 
 def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    row = {key: statistics.median(r[key] for r in rows) for key in rows[0] if key != "complete"}
+    numeric = [
+        key
+        for key, value in rows[0].items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+    row: dict[str, Any] = {key: statistics.median(r[key] for r in rows) for key in numeric}
     row["complete"] = all(r["complete"] for r in rows)
     row["p99_spread"] = (min(r["p99_ms"] for r in rows), max(r["p99_ms"] for r in rows))
     return row
@@ -396,6 +502,7 @@ def main() -> None:
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--diagnose-file", help=argparse.SUPPRESS)
     parser.add_argument("--profile-file", help=argparse.SUPPRESS)
+    parser.add_argument("--read-streams", metavar="BASE_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model:
         asyncio.run(model_server(args.port_file))
@@ -406,6 +513,9 @@ def main() -> None:
             asyncio.run(
                 serve(args.port_file, args.model_url, args.diagnose_file, args.profile_file)
             )
+        return
+    if args.read_streams:
+        asyncio.run(read_streams(args.read_streams))
         return
     if args.in_process:
         print(json.dumps(asyncio.run(in_process(args.in_process, args.model_url))))
@@ -447,7 +557,17 @@ def main() -> None:
             overhead = http["cpu_ms_per_turn"] / baseline["cpu_ms_per_turn"] - 1
             print(f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead:+.0%}")
             if args.diagnose:
-                keys = [key for key in http if key.startswith(("lag_", "ready_"))]
+                keys = [
+                    key
+                    for key in http
+                    if key.startswith(("lag_", "ready_", "created_", "batched_"))
+                ]
+                last = rows["http"][-1]
+                print(f"{'':>4} {'':>10}   p99 by kind (ms), last run: {last['slowest_kinds']}")
+                print(
+                    f"{'':>4} {'':>10}   created to published, p99 by kind (ms), last run: "
+                    + last["created_to_publish_slowest"]
+                )
                 print(
                     f"{'':>4} {'':>10}   server loop: "
                     + ", ".join(f"{key} {http[key]:.1f}" for key in keys)
