@@ -25,6 +25,10 @@ no duplicate, ending with ``run_finished``).
 ready callback waits behind the others) and the ready queue's length when each event is
 published.
 
+The sessions share one model client unless ``--client-per-session`` gives each its own, as
+`agent-flow serve` does without an ``llm_factory`` (a shared client's connection pool is
+scanned on every request: with hundreds of connections that scan is a large part of a turn).
+
 Usage: python benchmarks/bench_server.py [--sessions 10,100,500] [--repeat 3]
 """
 
@@ -173,19 +177,32 @@ async def model_server(port_file: str) -> None:
 # -- in-process baseline ---------------------------------------------------------------
 
 
-async def in_process(n: int, model_url: str) -> dict[str, Any]:
-    from agent_flow import AgentExecutor, OpenAIClient
+def _model_clients(model_url: str, *, per_session: bool) -> Any:
+    """The sessions' model clients: one shared, or one per session as `agent-flow serve` makes
+    them without an ``llm_factory`` (a shared one's connection pool is scanned per request)."""
+    from agent_flow import OpenAIClient
+
+    shared = OpenAIClient("m", base_url=model_url, api_key="k")
+
+    def client(_: Any = None) -> Any:
+        return OpenAIClient("m", base_url=model_url, api_key="k") if per_session else shared
+
+    return client
+
+
+async def in_process(n: int, model_url: str, *, per_session: bool) -> dict[str, Any]:
+    from agent_flow import AgentExecutor
     from agent_flow.sessions import InMemorySessionStore
 
     config, tools = config_and_tools()
-    client = OpenAIClient("m", base_url=model_url, api_key="k")
+    clients = _model_clients(model_url, per_session=per_session)
     store = InMemorySessionStore()
     latencies: list[float] = []
     complete = True
 
     async def one() -> None:
         nonlocal complete
-        agent = AgentExecutor(client, config=config, tools=tools(None), store=store)
+        agent = AgentExecutor(clients(), config=config, tools=tools(None), store=store)
         subscription = agent.subscribe()
 
         async def drain() -> list[int]:
@@ -209,7 +226,6 @@ async def in_process(n: int, model_url: str) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0
     rss = _rss_mb(os.getpid()) - rss0
-    await client.aclose()
     return _summary(n, elapsed, cpu, rss, latencies, complete)
 
 
@@ -297,19 +313,24 @@ class _Diagnosis:
         }
 
 
-async def serve(port_file: str, model_url: str, diagnose: str | None, profile: str | None) -> None:
+async def serve(
+    port_file: str,
+    model_url: str,
+    diagnose: str | None,
+    profile: str | None,
+    *,
+    per_session: bool,
+) -> None:
     import uvicorn
 
-    from agent_flow import OpenAIClient
     from agent_flow.server import create_app
     from agent_flow.sessions import InMemorySessionStore
 
     config, tools = config_and_tools()
-    client = OpenAIClient("m", base_url=model_url, api_key="k")
     app = create_app(
         config,
         store=InMemorySessionStore(),
-        llm_factory=lambda _: client,
+        llm_factory=_model_clients(model_url, per_session=per_session),
         tools_factory=tools,
     )
     diagnosis = _Diagnosis() if diagnose else None
@@ -443,8 +464,12 @@ async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
     return result
 
 
-def over_http(n: int, model_url: str, *, profile: str | None, diagnose: bool) -> dict[str, Any]:
+def over_http(
+    n: int, model_url: str, *, profile: str | None, diagnose: bool, per_session: bool
+) -> dict[str, Any]:
     args = ["--serve", "--model-url", model_url]
+    if per_session:
+        args.append("--client-per-session")
     report = Path(f"/tmp/bench_server_{os.getpid()}_{n}.diagnosis")
     if diagnose:
         args += ["--diagnose-file", str(report)]
@@ -495,6 +520,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each mode (ABAB)")
     parser.add_argument("--profile", metavar="DIR", help="run the server under cProfile")
     parser.add_argument("--diagnose", action="store_true", help="server loop lag and queue")
+    parser.add_argument(
+        "--client-per-session",
+        action="store_true",
+        help="a model client per session (as agent-flow serve makes them), not one shared",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--in-process", type=int, help=argparse.SUPPRESS)
@@ -511,14 +541,21 @@ def main() -> None:
         # uvicorn stops on SIGINT, then raises it again once it has shut down.
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(
-                serve(args.port_file, args.model_url, args.diagnose_file, args.profile_file)
+                serve(
+                    args.port_file,
+                    args.model_url,
+                    args.diagnose_file,
+                    args.profile_file,
+                    per_session=args.client_per_session,
+                )
             )
         return
     if args.read_streams:
         asyncio.run(read_streams(args.read_streams))
         return
     if args.in_process:
-        print(json.dumps(asyncio.run(in_process(args.in_process, args.model_url))))
+        result = in_process(args.in_process, args.model_url, per_session=args.client_per_session)
+        print(json.dumps(asyncio.run(result)))
         return
     model, model_port = _spawn("--model")
     model_url = f"http://127.0.0.1:{model_port}/v1"
@@ -533,14 +570,28 @@ def main() -> None:
             rows: dict[str, list[dict[str, Any]]] = {"in-process": [], "http": []}
             for _ in range(args.repeat):
                 out = subprocess.run(
-                    [sys.executable, __file__, "--in-process", str(n), "--model-url", model_url],
+                    [
+                        sys.executable,
+                        __file__,
+                        "--in-process",
+                        str(n),
+                        "--model-url",
+                        model_url,
+                        *(["--client-per-session"] if args.client_per_session else []),
+                    ],
                     check=True,
                     capture_output=True,
                     text=True,
                 ).stdout
                 rows["in-process"].append(json.loads(out.strip().splitlines()[-1]))
                 rows["http"].append(
-                    over_http(n, model_url, profile=args.profile, diagnose=args.diagnose)
+                    over_http(
+                        n,
+                        model_url,
+                        profile=args.profile,
+                        diagnose=args.diagnose,
+                        per_session=args.client_per_session,
+                    )
                 )
             medians = {mode: _median_row(runs) for mode, runs in rows.items()}
             for mode, row in medians.items():
