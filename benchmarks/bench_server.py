@@ -27,7 +27,8 @@ published.
 
 The sessions share one model client unless ``--client-per-session`` gives each its own, as
 `agent-flow serve` does without an ``llm_factory`` (a shared client's connection pool is
-scanned on every request: with hundreds of connections that scan is a large part of a turn).
+scanned on every request; measured here, one client per session costs no less CPU per turn
+and about four times the memory per session).
 
 Usage: python benchmarks/bench_server.py [--sessions 10,100,500] [--repeat 3]
 """
@@ -103,9 +104,11 @@ def config_and_tools() -> tuple[Any, Any]:
     return config, tools
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _rss_mb(pid: int) -> float:
@@ -220,13 +223,15 @@ async def in_process(n: int, model_url: str, *, per_session: bool) -> dict[str, 
     await one()  # warm-up
     latencies.clear()
     rss0 = _rss_mb(os.getpid())
-    cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(n)))
     elapsed = time.perf_counter() - start
-    cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    kernel = usage.ru_stime - usage0.ru_stime
+    cpu = usage.ru_utime - usage0.ru_utime + kernel
     rss = _rss_mb(os.getpid()) - rss0
-    return _summary(n, elapsed, cpu, rss, latencies, complete)
+    return _summary(n, elapsed, cpu, rss, latencies, complete, kernel)
 
 
 # -- over HTTP -------------------------------------------------------------------------
@@ -446,7 +451,7 @@ async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
         clients.stdin.write(json.dumps(sessions).encode() + b"\n")
         await clients.stdin.drain()
         assert (await clients.stdout.readline()).strip() == b"open"
-        rss0, cpu0 = _rss_mb(pid), _cpu_seconds(pid)
+        rss0, (user0, sys0) = _rss_mb(pid), _cpu_seconds(pid)
         start = time.perf_counter()
         # All at once, as the baseline starts its runs.
         await asyncio.gather(
@@ -457,9 +462,10 @@ async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
         )
         read = json.loads(await clients.stdout.readline())
         elapsed = time.perf_counter() - start
-        cpu, rss = _cpu_seconds(pid) - cpu0, _rss_mb(pid) - rss0
+        user, system = _cpu_seconds(pid)
+        cpu, kernel, rss = user - user0 + system - sys0, system - sys0, _rss_mb(pid) - rss0
         await clients.wait()
-    result = _summary(n, elapsed, cpu, rss, read["latencies"], read["complete"])
+    result = _summary(n, elapsed, cpu, rss, read["latencies"], read["complete"], kernel)
     result["slowest_kinds"] = read["slowest_kinds"]
     return result
 
@@ -488,12 +494,19 @@ def over_http(
 
 
 def _summary(
-    n: int, elapsed: float, cpu: float, rss: float, latencies: list[float], complete: bool
+    n: int,
+    elapsed: float,
+    cpu: float,
+    rss: float,
+    latencies: list[float],
+    complete: bool,
+    kernel: float,
 ) -> dict[str, Any]:
     ordered = sorted(latencies)
     return {
         "runs_per_s": n / elapsed,
         "cpu_ms_per_turn": cpu * 1000 / (n * TURNS),
+        "sys_ms_per_turn": kernel * 1000 / (n * TURNS),
         "p50_ms": statistics.median(ordered),
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
         "rss_kb_per_session": rss * 1024 / n,
@@ -606,7 +619,11 @@ def main() -> None:
                 )
             http, baseline = medians["http"], medians["in-process"]
             overhead = http["cpu_ms_per_turn"] / baseline["cpu_ms_per_turn"] - 1
-            print(f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead:+.0%}")
+            print(
+                f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead:+.0%}"
+                f" (in the kernel: {baseline['sys_ms_per_turn']:.2f} ms in-process,"
+                f" {http['sys_ms_per_turn']:.2f} ms http)"
+            )
             if args.diagnose:
                 keys = [
                     key
