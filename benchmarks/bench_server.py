@@ -1,29 +1,48 @@
 """`agent-flow serve` under load: N sessions at once, each a 10-step tool loop, all streamed.
 
-A local OpenAI-compatible server (tests/openai_server.py) answers instantly: the model calls
-``add`` ten times, then answers. Two ways to drive N concurrent sessions, each in its own
-child process:
+Three kinds of process, as in a deployment: a local OpenAI-compatible model server
+(tests/openai_server.py, its own process; it answers instantly: the model calls ``add`` ten
+times, then answers), the process that runs the agents, and the clients. Two ways to drive N
+concurrent sessions against the same model server, each measured in a fresh child process:
 
-- in-process (the baseline): N `AgentExecutor`s with a session store, one subscriber each;
-- http: the app of `agent-flow serve` on uvicorn (with the model server in the same process,
-  as in the baseline); a separate driver process creates N sessions over HTTP, opens N SSE
-  streams, sends N messages and reads every stream to its ``run_finished``.
+- in-process (the baseline): N `AgentExecutor`s with a session store, one subscriber each,
+  in the agents' process (a subscriber there is what an SSE client is over HTTP);
+- http: the app of `agent-flow serve` on uvicorn; the clients' process (this one) creates N
+  sessions over HTTP, opens N SSE streams, sends N messages and reads every stream to its
+  ``run_finished``.
 
-Reported: runs/s; CPU per model turn of the process that runs the agents (the server's, read
-from /proc; the driver's own parsing is not counted); event delivery latency p50/p99 (the
-event's timestamp to the moment the client parsed it); RSS growth per session; and whether
-every stream was complete and in order (ids 0..n-1, no gap, no duplicate).
+Both modes alternate ``--repeat`` times (ABAB: the machine's load falls on both alike); the
+table shows medians, and ``[min-max]`` of p99 over the repetitions.
 
-Usage: python benchmarks/bench_server.py [--sessions 10,100,500]
+Reported: runs/s; CPU per model turn of the process that runs the agents (read from /proc;
+neither the model server's nor the clients' CPU is counted); event delivery latency p50/p99
+(the event's timestamp to the moment the chunk that carries it was read by the client); RSS
+growth per session; and whether every stream was complete and in order (ids 0..n-1, no gap,
+no duplicate, ending with ``run_finished``).
+
+``--profile DIR`` runs the HTTP server under cProfile and writes ``DIR/server_N.prof``;
+``--diagnose`` adds the server's event-loop lag (how late a 5 ms timer fires: the time a
+ready callback waits behind the others) and the ready queue's length when each event is
+published.
+
+The sessions share one model client unless ``--client-per-session`` gives each its own, as
+`agent-flow serve` does without an ``llm_factory`` (a shared client's connection pool is
+scanned on every request; measured here, one client per session costs no less CPU per turn
+and about four times the memory per session).
+
+Usage: python benchmarks/bench_server.py [--sessions 10,100,500] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
 import json
 import os
 import resource
+import signal
 import socket
 import statistics
 import subprocess
@@ -85,9 +104,11 @@ def config_and_tools() -> tuple[Any, Any]:
     return config, tools
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _rss_mb(pid: int) -> float:
@@ -102,141 +123,390 @@ def _latency_ms(timestamp: str, received: float) -> float:
     return (received - created) * 1000
 
 
+def _listening_socket() -> socket.socket:
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto
+    # says TCP, and without it Nagle's algorithm meets the client's delayed ACK (~40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)
+    return sock
+
+
+def _spawn(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start this script as a child with `args` plus a port file; wait for its port."""
+    port_file = Path(f"/tmp/bench_server_{os.getpid()}_{time.monotonic_ns()}.port")
+    child = subprocess.Popen([sys.executable, __file__, *args, "--port-file", str(port_file)])
+    try:
+        while not port_file.exists() or not port_file.read_text():
+            if child.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited with {child.returncode}")
+            time.sleep(0.05)
+        return child, port_file.read_text()
+    finally:
+        port_file.unlink(missing_ok=True)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+async def _until_interrupted() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+
+
+# -- the model server --------------------------------------------------------------------
+
+
+async def model_server(port_file: str) -> None:
+    server = OpenAIServer(handler=make_handler())
+    server.record = False
+    sock = _listening_socket()
+    # The test server binds its own socket; a listening one of ours gives the big backlog.
+    server._server = await asyncio.start_server(server._serve, sock=sock)
+    Path(port_file).write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240 (once, tiny)
+    await _until_interrupted()
+    await server.stop()
+
+
 # -- in-process baseline ---------------------------------------------------------------
 
 
-async def in_process(n: int) -> dict[str, Any]:
-    from agent_flow import AgentExecutor, OpenAIClient
+def _model_clients(model_url: str, *, per_session: bool) -> Any:
+    """The sessions' model clients: one shared, or one per session as `agent-flow serve` makes
+    them without an ``llm_factory`` (a shared one's connection pool is scanned per request)."""
+    from agent_flow import OpenAIClient
+
+    shared = OpenAIClient("m", base_url=model_url, api_key="k")
+
+    def client(_: Any = None) -> Any:
+        return OpenAIClient("m", base_url=model_url, api_key="k") if per_session else shared
+
+    return client
+
+
+async def in_process(n: int, model_url: str, *, per_session: bool) -> dict[str, Any]:
+    from agent_flow import AgentExecutor
     from agent_flow.sessions import InMemorySessionStore
 
     config, tools = config_and_tools()
-    async with OpenAIServer(handler=make_handler()) as server:
-        server.record = False
-        client = OpenAIClient("m", base_url=server.base_url, api_key="k")
-        store = InMemorySessionStore()
-        latencies: list[float] = []
-        complete = True
+    clients = _model_clients(model_url, per_session=per_session)
+    store = InMemorySessionStore()
+    latencies: list[float] = []
+    complete = True
 
-        async def one() -> None:
-            nonlocal complete
-            agent = AgentExecutor(client, config=config, tools=tools(None), store=store)
-            subscription = agent.subscribe()
+    async def one() -> None:
+        nonlocal complete
+        agent = AgentExecutor(clients(), config=config, tools=tools(None), store=store)
+        subscription = agent.subscribe()
 
-            async def drain() -> list[int]:
-                seqs = []
-                async for event in subscription:
-                    latencies.append((time.time() - event.timestamp.timestamp()) * 1000)
-                    seqs.append(event.seq)
-                return seqs
+        async def drain() -> list[int]:
+            seqs = []
+            async for event in subscription:
+                latencies.append((time.time() - event.timestamp.timestamp()) * 1000)
+                seqs.append(event.seq)
+            return seqs
 
-            reader = asyncio.create_task(drain())
-            outcome = await agent.run("Add the numbers.")
-            seqs = await reader
-            complete = complete and outcome.iterations == TURNS and seqs == list(range(len(seqs)))
+        reader = asyncio.create_task(drain())
+        outcome = await agent.run("Add the numbers.")
+        seqs = await reader
+        complete = complete and outcome.iterations == TURNS and seqs == list(range(len(seqs)))
 
-        await one()  # warm-up
-        latencies.clear()
-        rss0 = _rss_mb(os.getpid())
-        cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-        start = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
-        elapsed = time.perf_counter() - start
-        cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0
-        rss = _rss_mb(os.getpid()) - rss0
-    return _summary(n, elapsed, cpu, rss, latencies, complete)
+    await one()  # warm-up
+    latencies.clear()
+    rss0 = _rss_mb(os.getpid())
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    elapsed = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    kernel = usage.ru_stime - usage0.ru_stime
+    cpu = usage.ru_utime - usage0.ru_utime + kernel
+    rss = _rss_mb(os.getpid()) - rss0
+    return _summary(n, elapsed, cpu, rss, latencies, complete, kernel)
 
 
 # -- over HTTP -------------------------------------------------------------------------
 
 
-async def serve(port_file: str) -> None:
+class _Diagnosis:
+    """The server loop's lag, and at each publish the ready queue's length and how long ago
+    the event was created (``--diagnose``)."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.ready: list[int] = []
+        self.unpublished: list[float] = []
+        self.unpublished_by_kind: dict[str, list[float]] = {}
+        self.written: list[float] = []
+        self.batched: list[float] = []
+
+    def install(self) -> None:
+        from agent_flow.events import EventBus
+
+        loop = asyncio.get_running_loop()
+        publish = EventBus.publish
+
+        async def counted(bus: Any, event: Any) -> None:
+            self.ready.append(len(loop._ready))  # type: ignore[attr-defined]
+            delay = (time.time() - event.timestamp.timestamp()) * 1000
+            self.unpublished.append(delay)
+            self.unpublished_by_kind.setdefault(event.kind, []).append(delay)
+            await publish(bus, event)
+
+        EventBus.publish = counted  # type: ignore[method-assign]
+        self._watch_writes()
+        period = 0.005
+
+        def tick(due: float) -> None:
+            now = loop.time()
+            self.lags.append((now - due) * 1000)
+            loop.call_at(now + period, tick, now + period)
+
+        loop.call_at(loop.time() + period, tick, loop.time() + period)
+
+    def _watch_writes(self) -> None:
+        """Each event's age when its frame is made (just before it is written), by way."""
+        from agent_flow.server import _sse
+
+        if not hasattr(_sse, "_frame"):
+            return  # a server without these seams (an older tree, measured side by side)
+        frame, chunk = _sse._frame, _sse._chunk
+
+        def timed_frame(event_id: Any, event: Any) -> bytes:
+            self.written.append((time.time() - event.timestamp.timestamp()) * 1000)
+            return frame(event_id, event)
+
+        def timed_chunk(batch: Any) -> bytes:
+            now = time.time()
+            self.batched.extend((now - event.timestamp.timestamp()) * 1000 for _, event in batch)
+            return chunk(batch)
+
+        _sse._frame = timed_frame
+        _sse._chunk = timed_chunk
+
+    def report(self) -> dict[str, Any]:
+        def pct(values: list[float], q: float) -> float:
+            ordered = sorted(values)
+            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
+
+        busy = [lag for lag in self.lags if lag > 0.5]
+        late = {kind: pct(values, 0.99) for kind, values in self.unpublished_by_kind.items()}
+        slowest = sorted(late, key=late.__getitem__, reverse=True)[:2]
+        ready = [float(count) for count in self.ready]
+        return {
+            "lag_p50_ms": pct(busy, 0.5),
+            "lag_p99_ms": pct(busy, 0.99),
+            "lag_max_ms": max(self.lags, default=0.0),
+            "ready_at_publish_p50": pct(ready, 0.5),
+            "ready_at_publish_p99": pct(ready, 0.99),
+            "created_to_publish_p50_ms": pct(self.unpublished, 0.5),
+            "created_to_publish_p99_ms": pct(self.unpublished, 0.99),
+            "created_to_write_p50_ms": pct(self.written, 0.5),
+            "created_to_write_p99_ms": pct(self.written, 0.99),
+            "batched_share": len(self.batched) / max(1, len(self.written)),
+            "batched_p99_ms": pct(self.batched, 0.99),
+            "created_to_publish_slowest": ", ".join(f"{kind} {late[kind]:.0f}" for kind in slowest),
+        }
+
+
+async def serve(
+    port_file: str,
+    model_url: str,
+    diagnose: str | None,
+    profile: str | None,
+    *,
+    per_session: bool,
+) -> None:
     import uvicorn
 
-    from agent_flow import OpenAIClient
     from agent_flow.server import create_app
     from agent_flow.sessions import InMemorySessionStore
 
     config, tools = config_and_tools()
-    async with OpenAIServer(handler=make_handler()) as server:
-        server.record = False
-        client = OpenAIClient("m", base_url=server.base_url, api_key="k")
-        app = create_app(
-            config,
-            store=InMemorySessionStore(),
-            llm_factory=lambda _: client,
-            tools_factory=tools,
+    app = create_app(
+        config,
+        store=InMemorySessionStore(),
+        llm_factory=_model_clients(model_url, per_session=per_session),
+        tools_factory=tools,
+    )
+    diagnosis = _Diagnosis() if diagnose else None
+    if diagnosis is not None:
+        diagnosis.install()
+    sock = _listening_socket()
+    Path(port_file).write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240 (once, tiny)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", backlog=4096, timeout_keep_alive=60)
+    )
+    # CPU time, not wall time: on a loaded machine other processes' turns are not ours.
+    profiler = cProfile.Profile(time.process_time) if profile else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if profiler is not None and profile:
+            profiler.disable()
+            profiler.dump_stats(profile)
+        if diagnosis is not None and diagnose:
+            Path(diagnose).write_text(json.dumps(diagnosis.report()))  # noqa: ASYNC240
+
+
+def _frames(buffer: bytes) -> tuple[list[bytes], bytes]:
+    *frames, rest = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+    return frames, rest
+
+
+class _Reader:
+    """SSE clients: one stream per session, each read to its ``run_finished``."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.by_kind: dict[str, list[float]] = {}
+        self.complete = True
+
+    async def read(self, response: Any) -> None:
+        ids: list[int] = []
+        finished = False
+        rest = b""
+        async for chunk in response.aiter_raw():
+            received = time.time()
+            frames, rest = _frames(rest + chunk)
+            for frame in frames:
+                for line in frame.split(b"\n"):
+                    if line.startswith(b"data: "):
+                        event = json.loads(line[6:])
+                        latency = _latency_ms(event["timestamp"], received)
+                        self.latencies.append(latency)
+                        self.by_kind.setdefault(event["kind"], []).append(latency)
+                        finished = finished or event["kind"] == "run_finished"
+                    elif line.startswith(b"id: "):
+                        ids.append(int(line[4:]))
+            if finished:
+                break
+        self.complete = self.complete and finished and ids == list(range(len(ids)))
+
+
+def _client(base: str, n: int) -> Any:
+    import httpx2
+
+    limits = httpx2.Limits(max_connections=n + 20, max_keepalive_connections=n + 20)
+    return httpx2.AsyncClient(base_url=base, timeout=None, limits=limits)
+
+
+async def read_streams(base: str) -> None:
+    """The SSE clients' process: open every session's stream, say so, read them all."""
+    sessions = json.loads(sys.stdin.readline())
+    reader = _Reader()
+    async with _client(base, len(sessions)) as client, contextlib.AsyncExitStack() as streams:
+        responses = await asyncio.gather(
+            *(
+                streams.enter_async_context(client.stream("GET", f"/sessions/{sid}/events"))
+                for sid in sessions
+            )
         )
-        # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto
-        # says TCP, and without it Nagle's algorithm meets the client's delayed ACK (~40 ms).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(4096)
-        Path(port_file).write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240 (once, tiny)
-        await uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", backlog=4096, timeout_keep_alive=60)
-        ).serve(sockets=[sock])
+        print("open", flush=True)
+        await asyncio.gather(*(reader.read(response) for response in responses))
+    p99s = {kind: sorted(v)[int(len(v) * 0.99)] for kind, v in reader.by_kind.items()}
+    slowest = sorted(p99s, key=p99s.__getitem__, reverse=True)[:3]
+    print(
+        json.dumps(
+            {
+                "latencies": reader.latencies,
+                "complete": reader.complete,
+                "slowest_kinds": ", ".join(f"{kind} {p99s[kind]:.0f}" for kind in slowest),
+            }
+        ),
+        flush=True,
+    )
 
 
 async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
-    import httpx2
-
-    limits = httpx2.Limits(max_connections=2 * n + 20, max_keepalive_connections=2 * n + 20)
-    latencies: list[float] = []
-    complete = True
-    async with httpx2.AsyncClient(base_url=base, timeout=None, limits=limits) as client:
-
-        async def one(session: str) -> None:
-            nonlocal complete
-            ids: list[int] = []
-            async with client.stream("GET", f"/sessions/{session}/events") as response:
-                await client.post(f"/sessions/{session}/messages", json={"message": "Add."})
-                finished = False
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        event = json.loads(line[6:])
-                        latencies.append(_latency_ms(event["timestamp"], time.time()))
-                    elif line.startswith("id: "):
-                        ids.append(int(line[4:]))
-                        if finished:  # the id line follows the last event's data
-                            break
-                    elif line == "event: run_finished":
-                        finished = True
-            complete = complete and ids == list(range(len(ids))) and len(ids) > TURNS
-
+    """Create the sessions, have the clients' process open their streams, send the messages."""
+    async with _client(base, n) as client:
         warm = (await client.post("/sessions", json={})).json()["id"]
-        await one(warm)
-        latencies.clear()
+        async with client.stream("GET", f"/sessions/{warm}/events") as response:
+            await client.post(f"/sessions/{warm}/messages", json={"message": "Add."})
+            await _Reader().read(response)
         sessions = [(await client.post("/sessions", json={})).json()["id"] for _ in range(n)]
-        rss0, cpu0 = _rss_mb(pid), _cpu_seconds(pid)
+        clients = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--read-streams",
+            base,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            limit=2**30,
+        )
+        assert clients.stdin is not None
+        assert clients.stdout is not None
+        clients.stdin.write(json.dumps(sessions).encode() + b"\n")
+        await clients.stdin.drain()
+        assert (await clients.stdout.readline()).strip() == b"open"
+        rss0, (user0, sys0) = _rss_mb(pid), _cpu_seconds(pid)
         start = time.perf_counter()
-        await asyncio.gather(*(one(session) for session in sessions))
+        # All at once, as the baseline starts its runs.
+        await asyncio.gather(
+            *(
+                client.post(f"/sessions/{sid}/messages", json={"message": "Add."})
+                for sid in sessions
+            )
+        )
+        read = json.loads(await clients.stdout.readline())
         elapsed = time.perf_counter() - start
-        cpu, rss = _cpu_seconds(pid) - cpu0, _rss_mb(pid) - rss0
-    return _summary(n, elapsed, cpu, rss, latencies, complete)
+        user, system = _cpu_seconds(pid)
+        cpu, kernel, rss = user - user0 + system - sys0, system - sys0, _rss_mb(pid) - rss0
+        await clients.wait()
+    result = _summary(n, elapsed, cpu, rss, read["latencies"], read["complete"], kernel)
+    result["slowest_kinds"] = read["slowest_kinds"]
+    return result
 
 
-def over_http(n: int) -> dict[str, Any]:
-    port_file = Path(f"/tmp/bench_server_{os.getpid()}.port")
-    port_file.unlink(missing_ok=True)
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+def over_http(
+    n: int, model_url: str, *, profile: str | None, diagnose: bool, per_session: bool
+) -> dict[str, Any]:
+    args = ["--serve", "--model-url", model_url]
+    if per_session:
+        args.append("--client-per-session")
+    report = Path(f"/tmp/bench_server_{os.getpid()}_{n}.diagnosis")
+    if diagnose:
+        args += ["--diagnose-file", str(report)]
+    if profile:
+        Path(profile).mkdir(parents=True, exist_ok=True)
+        args += ["--profile-file", f"{profile}/server_{n}.prof"]
+    server, port = _spawn(*args)
     try:
-        while not port_file.exists() or not port_file.read_text():
-            time.sleep(0.05)
-        base = f"http://127.0.0.1:{port_file.read_text()}"
-        return asyncio.run(drive(base, server.pid, n))
+        result = asyncio.run(drive(f"http://127.0.0.1:{port}", server.pid, n))
     finally:
-        server.terminate()
-        server.wait()
-        port_file.unlink(missing_ok=True)
+        _stop(server)
+    if diagnose and report.exists():
+        result.update(json.loads(report.read_text()))
+        report.unlink()
+    return result
 
 
 def _summary(
-    n: int, elapsed: float, cpu: float, rss: float, latencies: list[float], complete: bool
+    n: int,
+    elapsed: float,
+    cpu: float,
+    rss: float,
+    latencies: list[float],
+    complete: bool,
+    kernel: float,
 ) -> dict[str, Any]:
     ordered = sorted(latencies)
     return {
         "runs_per_s": n / elapsed,
         "cpu_ms_per_turn": cpu * 1000 / (n * TURNS),
+        "sys_ms_per_turn": kernel * 1000 / (n * TURNS),
         "p50_ms": statistics.median(ordered),
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
         "rss_kb_per_session": rss * 1024 / n,
@@ -245,40 +515,134 @@ def _summary(
     }
 
 
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    numeric = [
+        key
+        for key, value in rows[0].items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+    row: dict[str, Any] = {key: statistics.median(r[key] for r in rows) for key in numeric}
+    row["complete"] = all(r["complete"] for r in rows)
+    row["p99_spread"] = (min(r["p99_ms"] for r in rows), max(r["p99_ms"] for r in rows))
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sessions", default="10,100,500", help="concurrent sessions")
-    parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each mode (ABAB)")
+    parser.add_argument("--profile", metavar="DIR", help="run the server under cProfile")
+    parser.add_argument("--diagnose", action="store_true", help="server loop lag and queue")
+    parser.add_argument(
+        "--client-per-session",
+        action="store_true",
+        help="a model client per session (as agent-flow serve makes them), not one shared",
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--in-process", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--model-url", help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", help=argparse.SUPPRESS)
+    parser.add_argument("--diagnose-file", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-file", help=argparse.SUPPRESS)
+    parser.add_argument("--read-streams", metavar="BASE_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.model:
+        asyncio.run(model_server(args.port_file))
+        return
     if args.serve:
-        asyncio.run(serve(args.serve))
+        # uvicorn stops on SIGINT, then raises it again once it has shut down.
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(
+                serve(
+                    args.port_file,
+                    args.model_url,
+                    args.diagnose_file,
+                    args.profile_file,
+                    per_session=args.client_per_session,
+                )
+            )
+        return
+    if args.read_streams:
+        asyncio.run(read_streams(args.read_streams))
         return
     if args.in_process:
-        print(json.dumps(asyncio.run(in_process(args.in_process))))
+        result = in_process(args.in_process, args.model_url, per_session=args.client_per_session)
+        print(json.dumps(asyncio.run(result)))
         return
-    print(f"{K}-step tool loops, N sessions at once; http = agent-flow serve + SSE clients")
+    model, model_port = _spawn("--model")
+    model_url = f"http://127.0.0.1:{model_port}/v1"
+    print(f"{K}-step tool loops, N sessions at once; http = agent-flow serve + SSE clients;")
+    print("model server, agents and clients each in their own process")
     head = f"{'N':>4} {'mode':>10} | {'runs/s':>7} | {'CPU ms/turn':>11} | {'p50 ms':>7} |"
-    print(head + f" {'p99 ms':>7} | {'RSS KB/sess':>11} | {'events':>7} | complete")
-    for n in (int(value) for value in args.sessions.split(",")):
-        baseline_out = subprocess.run(
-            [sys.executable, __file__, "--in-process", str(n)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        baseline = json.loads(baseline_out.strip().splitlines()[-1])
-        http = over_http(n)
-        for mode, row in (("in-process", baseline), ("http", http)):
+    print(
+        head + f" {'p99 ms':>7} {'[min-max]':>15} | {'RSS KB/sess':>11} | {'events':>7} | complete"
+    )
+    try:
+        for n in (int(value) for value in args.sessions.split(",")):
+            rows: dict[str, list[dict[str, Any]]] = {"in-process": [], "http": []}
+            for _ in range(args.repeat):
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--in-process",
+                        str(n),
+                        "--model-url",
+                        model_url,
+                        *(["--client-per-session"] if args.client_per_session else []),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                rows["in-process"].append(json.loads(out.strip().splitlines()[-1]))
+                rows["http"].append(
+                    over_http(
+                        n,
+                        model_url,
+                        profile=args.profile,
+                        diagnose=args.diagnose,
+                        per_session=args.client_per_session,
+                    )
+                )
+            medians = {mode: _median_row(runs) for mode, runs in rows.items()}
+            for mode, row in medians.items():
+                low, high = row["p99_spread"]
+                spread = f"[{low:.0f}-{high:.0f}]"
+                print(
+                    f"{n:>4} {mode:>10} | {row['runs_per_s']:>7.1f} |"
+                    f" {row['cpu_ms_per_turn']:>11.2f} |"
+                    f" {row['p50_ms']:>7.1f} | {row['p99_ms']:>7.1f} {spread:>15} |"
+                    f" {row['rss_kb_per_session']:>11.0f}"
+                    f" | {row['events']:>7.0f} | {row['complete']}"
+                )
+            http, baseline = medians["http"], medians["in-process"]
+            overhead = http["cpu_ms_per_turn"] / baseline["cpu_ms_per_turn"] - 1
             print(
-                f"{n:>4} {mode:>10} | {row['runs_per_s']:>7.1f} |"
-                f" {row['cpu_ms_per_turn']:>11.2f} |"
-                f" {row['p50_ms']:>7.2f} | {row['p99_ms']:>7.2f} |"
-                f" {row['rss_kb_per_session']:>11.0f}"
-                f" | {row['events']:>7} | {row['complete']}"
+                f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead:+.0%}"
+                f" (in the kernel: {baseline['sys_ms_per_turn']:.2f} ms in-process,"
+                f" {http['sys_ms_per_turn']:.2f} ms http)"
             )
-        overhead = http["cpu_ms_per_turn"] / baseline["cpu_ms_per_turn"] - 1
-        print(f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead:+.0%}")
+            if args.diagnose:
+                keys = [
+                    key
+                    for key in http
+                    if key.startswith(("lag_", "ready_", "created_", "batched_"))
+                ]
+                last = rows["http"][-1]
+                print(f"{'':>4} {'':>10}   p99 by kind (ms), last run: {last['slowest_kinds']}")
+                print(
+                    f"{'':>4} {'':>10}   created to published, p99 by kind (ms), last run: "
+                    + last["created_to_publish_slowest"]
+                )
+                print(
+                    f"{'':>4} {'':>10}   server loop: "
+                    + ", ".join(f"{key} {http[key]:.1f}" for key in keys)
+                )
+            sys.stdout.flush()
+    finally:
+        _stop(model)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,17 @@ import uvicorn
 
 
 @asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[httpx2.AsyncClient]:
-    """Run `app` on a real uvicorn on 127.0.0.1; yield a client pointed at it."""
+async def serving(app: Any, *, send_buffer: int | None = None) -> AsyncIterator[httpx2.AsyncClient]:
+    """Run `app` on a real uvicorn on 127.0.0.1; yield a client pointed at it.
+
+    `send_buffer` bounds the kernel's send buffer of every accepted connection (they inherit
+    it from the listening socket), so a client that stops reading stalls writes soon.
+    """
     # IPPROTO_TCP: asyncio sets TCP_NODELAY only where the socket's proto says TCP.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]

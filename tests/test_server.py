@@ -6,6 +6,9 @@ talking to the scripted OpenAI-compatible server.
 
 from __future__ import annotations
 
+import asyncio
+import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -372,3 +375,57 @@ def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     code = main(["serve", "--host", "0.0.0.0", "--db", str(tmp_path / "s.db")], stderr=err)
     assert code == 2
     assert "bearer token" in err.getvalue() and "0.0.0.0" in err.getvalue()
+
+
+async def _stalled_stream(
+    client: httpx2.AsyncClient, path: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open an SSE stream on a socket with a tiny receive window, and read nothing yet."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    url = client.base_url
+    await asyncio.get_running_loop().sock_connect(sock, (url.host, url.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {url.host}\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def _read_chunked_until(reader: asyncio.StreamReader, marker: bytes) -> bytes:
+    """The body of a chunked response, read until a chunk holds `marker`."""
+    await reader.readuntil(b"\r\n\r\n")
+    body = b""
+    while marker not in body:
+        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+        body += await reader.readexactly(size + 2)
+    return body
+
+
+async def test_a_client_that_stops_reading_holds_up_neither_the_run_nor_other_watchers(
+    store: InMemorySessionStore,
+) -> None:
+    # A megabyte of events against a connection whose buffers take a few KB: writes to the
+    # stalled client stop finishing at once, and under drop_oldest its 8 queued events make
+    # room by dropping.
+    words = " ".join(f"word{n}" for n in range(100_000))
+    model = ScriptedLLM([reply(words, chunk_size=4096)])
+    settings = ServerSettings(watcher_queue=8)
+    app = create_app(_config(), store=store, settings=settings, llm_factory=Models(model))
+    async with serving(app, send_buffer=4096) as client:
+        sid = await _create(client)
+        stalled, connection = await _stalled_stream(
+            client, f"/sessions/{sid}/events?policy=drop_oldest"
+        )
+        async with stream(client, f"/sessions/{sid}/events", policy="wait") as reading:
+            await client.post(f"/sessions/{sid}/messages", json={"message": "talk"})
+            frames = await reading.until("run_finished")
+        ids = [int(frame.id) for frame in frames if frame.id is not None]
+        assert ids == list(range(len(frames))) and len(frames) > 200
+        body = (await _read_chunked_until(stalled, b"event: run_finished")).decode()
+        connection.close()
+        await connection.wait_closed()
+    kinds = re.findall(r"^event: (\w+)$", body, flags=re.MULTILINE)
+    seen = [int(found) for found in re.findall(r"^id: (\d+)$", body, flags=re.MULTILINE)]
+    assert "events_dropped" in kinds and kinds[-1] == "run_finished"
+    assert seen == sorted(set(seen)) and seen[-1] == ids[-1] and len(seen) < len(ids)

@@ -37,6 +37,12 @@ class Subscription:
 
     Created by `EventBus.subscribe`. Iteration ends when the bus closes, `end` is called
     (queued events are read first), or `aclose` is called (at once).
+
+    Attributes:
+        push: A receiver tried first, in the publisher's task, whenever nothing is queued:
+            it returns True when it took the event (which is then not queued) and False to
+            have it queued as usual. It must not raise. A reader that can take an event at
+            once (an HTTP stream writing to its socket) saves the hop through the queue.
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class Subscription:
         self._dropped_first = 0
         self._dropped_last = 0
         self.dropped_total = 0
+        self.push: Callable[[AgentEvent], bool] | None = None
 
     @property
     def queued(self) -> int:
@@ -91,6 +98,9 @@ class Subscription:
         """Queue `event` if there is room (dropping the oldest under that policy)."""
         if self._closed:
             return True
+        # Only with nothing queued, so a pushed event never overtakes a queued one.
+        if self.push is not None and not self._queue and self.push(event):
+            return True
         if len(self._queue) >= self.maxsize:
             if self.policy == "wait":
                 self._writable.clear()
@@ -107,6 +117,7 @@ class Subscription:
 
     def _close(self) -> None:
         self._closed = True
+        self.push = None
         self._readable.set()
         self._writable.set()
 

@@ -16,7 +16,7 @@ its events arrive as each step is saved, with the same ids.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agent_flow.agent import AgentExecutor
@@ -34,8 +34,10 @@ from agent_flow.server.models import SessionOptions
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
-__all__ = ["BATCH", "LiveSession"]
+__all__ = ["BATCH", "LiveSession", "Push"]
 
+#: Takes one live event with its id at once (True), or declines it (False: it is queued).
+Push = Callable[[int | None, AgentEvent], bool]
 #: Most events one SSE write carries.
 BATCH = 256
 #: Seconds a tail of the store waits for new events per read when no keep-alive is asked for.
@@ -122,7 +124,8 @@ class LiveSession:
         maxsize: int,
         follow: bool = True,
         idle: float | None = None,
-    ) -> AsyncIterator[Sequence[tuple[int | None, AgentEvent]]]:
+        push: Push | None = None,
+    ) -> AsyncGenerator[Sequence[tuple[int | None, AgentEvent]], None]:
         """Yield the events after id `after` in batches: stored ones first, then live ones.
 
         Each event comes with its id; an `EventsDropped` (this watcher fell behind under
@@ -131,6 +134,12 @@ class LiveSession:
         few large writes and a quiet one event at a time. With `idle`, an empty batch comes
         after that many seconds without an event (the caller's cue for a keep-alive).
         Without `follow`, it ends after what happened so far.
+
+        With `push`, once the replay is through and nothing waits in this watcher's queue,
+        each live event is first offered to `push` in the publisher's own task (the bus's
+        `Subscription.push`), so it reaches the client without waiting for this watcher's
+        turn on the event loop; only the events `push` declines come as batches. The ids
+        stay one sequence across both ways: no gap, no duplicate, in order.
         """
         if self.runs_elsewhere:
             async for stored_batch in self._tail(after, follow=follow, idle=idle):
@@ -155,7 +164,22 @@ class LiveSession:
                 last = fresh[-1][0]
             if subscription is None:
                 return
+
+            def offer(event: AgentEvent) -> bool:
+                nonlocal last
+                live_id = self.event_id(event)
+                if live_id is not None and live_id <= last:
+                    return True  # sent with the replay
+                assert push is not None  # installed only with one
+                if not push(live_id, event):
+                    return False
+                if live_id is not None:
+                    last = live_id
+                return True
+
             while True:
+                if push is not None and subscription.push is None and not subscription.queued:
+                    subscription.push = offer
                 try:
                     # The subscription is no generator: cancelling a wait for it loses nothing.
                     async with asyncio.timeout(idle):

@@ -1,39 +1,213 @@
-"""Server-Sent Events framing of the session event stream, with FastAPI's own encoder.
+"""Server-Sent Events: the session event stream as an HTTP response, with FastAPI's encoder.
 
-`LiveSession.watch` hands over events in batches; each batch becomes ONE chunk of the
-response, so the events a busy run publishes between two writes cost one socket write instead
-of one each (the write is most of what streaming costs the server). An empty batch becomes a
-keep-alive comment. FastAPI's generator-based SSE responses send every event on its own
-through two memory streams and a timer; this keeps its encoder and framing and drops that.
+A live event is written to the client's socket in the task that publishes it: the response
+is the watcher's `push` (see `LiveSession.watch`), and its write is started right there
+(`start_eagerly`). Handing the event to the response's own task instead would make it wait
+for that task's turn on the event loop, behind every other ready callback: with a hundred busy
+sessions in one process that wait is tens to hundreds of milliseconds, while the write itself
+takes microseconds. Only when a write cannot finish at once (the client reads slowly and the
+transport pauses) do later events queue, under the watcher's back-pressure policy, and the
+response's task sends them in batches (one write per batch) once that write is through; the
+stored events of a resumed stream come the same way. An empty batch becomes a keep-alive
+comment. Every watcher of a session writes the same bytes for an event: it is encoded once.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Generator, Sequence
+from typing import Any
 
 from fastapi.sse import KEEPALIVE_COMMENT, format_sse_event
+from starlette.responses import StreamingResponse
+from starlette.types import Send
 
-from agent_flow.events import AgentEvent
+from agent_flow.events import AgentEvent, BackpressurePolicy
+from agent_flow.server._live import LiveSession
 
-__all__ = ["SSE_HEADERS", "sse_frames"]
+__all__ = ["SSE_HEADERS", "EventStreamResponse", "start_eagerly"]
 
 #: Headers of every event stream: no caching, and no buffering by an nginx in front.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def sse_frames(
-    batches: AsyncIterator[Sequence[tuple[int | None, AgentEvent]]],
-) -> AsyncIterator[bytes]:
-    """One response chunk per batch: its events as SSE frames (``id:`` = the event's id)."""
-    async for batch in batches:
-        if not batch:
-            yield KEEPALIVE_COMMENT
-            continue
-        yield b"".join(
-            format_sse_event(
-                data_str=event.model_dump_json(),
-                event=event.kind,
-                id=None if event_id is None else str(event_id),
-            )
-            for event_id, event in batch
+class EventStreamResponse(StreamingResponse):
+    """One client's stream of a session's events (see the module doc).
+
+    Starlette's `StreamingResponse` runs it and ends it when the client disconnects.
+    """
+
+    def __init__(
+        self,
+        live: LiveSession,
+        after: int,
+        *,
+        policy: BackpressurePolicy,
+        maxsize: int,
+        follow: bool,
+        idle: float | None,
+    ) -> None:
+        super().__init__(_no_content(), media_type="text/event-stream", headers=SSE_HEADERS)
+        self._live = live
+        self._after = after
+        self._policy: BackpressurePolicy = policy
+        self._maxsize = maxsize
+        self._follow = follow
+        self._idle = idle
+
+    async def stream_response(self, send: Send) -> None:
+        """Send the head, then the events as the watcher hands them over or pushes them."""
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        writer = _Writer(send)
+        batches = self._live.watch(
+            self._after,
+            policy=self._policy,
+            maxsize=self._maxsize,
+            follow=self._follow,
+            idle=self._idle,
+            push=writer.push if self._follow else None,
+        )
+        try:
+            # Closed here, not whenever it is collected: its subscription leaves the bus now.
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    await writer.write(_chunk(batch) if batch else KEEPALIVE_COMMENT)
+            await writer.write(b"", more=False)
+        finally:
+            writer.abandon()
+
+
+class _Writer:
+    """Writes one response's chunks in order, from its own task or a publisher's."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        #: The response's task is writing: a pushed event must queue behind its chunk.
+        self._busy = False
+        #: A pushed write that could not finish at once (it goes on in a task).
+        self._pending: asyncio.Future[None] | None = None
+        self._failure: Exception | None = None
+
+    def push(self, event_id: int | None, event: AgentEvent) -> bool:
+        """Write `event` now if nothing is being written (True), else decline it (False)."""
+        if self._busy or (self._pending is not None and not self._pending.done()):
+            return False
+        if self._failure is not None:
+            return True  # the stream is broken; its task ends it at its next write
+        try:
+            self._pending = start_eagerly(self._send(_body(_frame(event_id, event))))
+        # Whatever a client's broken connection raises must not fail the run that publishes.
+        except Exception as err:
+            self._failure = err
+            return True
+        if self._pending is not None:
+            self._pending.add_done_callback(self._finished)
+        return True
+
+    def _finished(self, pending: asyncio.Future[None]) -> None:
+        if not pending.cancelled() and pending.exception() is not None:
+            error = pending.exception()
+            self._failure = error if isinstance(error, Exception) else RuntimeError(str(error))
+
+    async def write(self, chunk: bytes, *, more: bool = True) -> None:
+        """Send `chunk` after any pushed write still under way."""
+        self._busy = True
+        try:
+            pending, self._pending = self._pending, None
+            if pending is not None and not pending.done():
+                with contextlib.suppress(Exception):  # `_finished` keeps its failure
+                    await pending
+            if self._failure is not None:
+                raise self._failure
+            await self._send(_body(chunk, more=more))
+        finally:
+            self._busy = False
+
+    def abandon(self) -> None:
+        """Stop a pushed write still under way (the stream is over)."""
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+
+
+def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
+    """Run `awaitable` in the caller's task up to its first wait; the rest in a new task.
+
+    None when it finished without waiting (a write to a socket that takes it at once),
+    else the task that finishes it. Python 3.12's eager tasks do the same.
+    """
+    steps = awaitable.__await__()
+    try:
+        waiting = steps.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_rest(_Resumed(steps, waiting)))
+
+
+async def _rest(resumed: _Resumed) -> None:
+    await resumed
+
+
+class _Resumed:
+    """Awaiting it goes on with started `steps` from the wait they stopped at."""
+
+    def __init__(self, steps: Generator[Any, None, None], waiting: object) -> None:
+        self._steps = steps
+        self._waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, None]:
+        waiting = self._waiting
+        while True:
+            try:
+                yield waiting
+            except BaseException as err:  # cancellation included: the steps handle it
+                try:
+                    waiting = self._steps.throw(err)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = self._steps.send(None)
+                except StopIteration:
+                    return
+
+
+class _FrameCache:
+    """The frame of the event encoded last: every watcher of a session writes the same bytes.
+
+    The bus hands one event to its watchers one after the other, so one entry is enough.
+    """
+
+    def __init__(self) -> None:
+        # One tuple, replaced whole: a reader never sees one event's id with another's frame.
+        self._entry: tuple[AgentEvent | None, int | None, bytes] = (None, None, b"")
+
+    def frame(self, event_id: int | None, event: AgentEvent) -> bytes:
+        entry = self._entry
+        if entry[0] is event and entry[1] == event_id:
+            return entry[2]
+        encoded = format_sse_event(
+            data_str=event.model_dump_json(),
+            event=event.kind,
+            id=None if event_id is None else str(event_id),
+        )
+        self._entry = (event, event_id, encoded)
+        return encoded
+
+
+_frame = _FrameCache().frame
+
+
+def _chunk(batch: Sequence[tuple[int | None, AgentEvent]]) -> bytes:
+    return b"".join(_frame(event_id, event) for event_id, event in batch)
+
+
+def _body(chunk: bytes, *, more: bool = True) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": chunk, "more_body": more}
+
+
+async def _no_content() -> AsyncIterator[bytes]:
+    return
+    yield  # an async generator that yields nothing (the response writes its own body)

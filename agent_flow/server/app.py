@@ -46,7 +46,7 @@ from agent_flow.server._agui import AgUiRun, user_text
 from agent_flow.server._live import LiveSession
 from agent_flow.server._manager import ApiError, LLMFactory, SessionManager, ToolsFactory
 from agent_flow.server._middleware import BearerTokenMiddleware, BodyLimitMiddleware
-from agent_flow.server._sse import SSE_HEADERS, sse_frames
+from agent_flow.server._sse import EventStreamResponse
 from agent_flow.server.models import (
     SESSION_ID_PATTERN,
     ApprovalDecision,
@@ -249,15 +249,13 @@ def create_app(
         (no id) tells a client that fell behind under ``drop_oldest`` what it missed. An idle
         stream gets a ``: ping`` comment every `ServerSettings.keepalive_seconds`.
         """
-        batches = live.watch(
+        return EventStreamResponse(
+            live,
             start,
             policy=policy,
             maxsize=settings.watcher_queue,
             follow=follow,
             idle=settings.keepalive_seconds,
-        )
-        return StreamingResponse(
-            sse_frames(batches), media_type="text/event-stream", headers=SSE_HEADERS
         )
 
     @app.get("/", include_in_schema=False)
