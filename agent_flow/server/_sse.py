@@ -1,32 +1,33 @@
 """Server-Sent Events: the session event stream as an HTTP response, with FastAPI's encoder.
 
-A live event is written to the client's socket in the task that publishes it: the response
-is the watcher's `push` (see `LiveSession.watch`), and its write is started right there
-(`start_eagerly`). Handing the event to the response's own task instead would make it wait
-for that task's turn on the event loop, behind every other ready callback: with a hundred busy
-sessions in one process that wait is tens to hundreds of milliseconds, while the write itself
-takes microseconds. Only when a write cannot finish at once (the client reads slowly and the
-transport pauses) do later events queue, under the watcher's back-pressure policy, and the
-response's task sends them in batches (one write per batch) once that write is through; the
-stored events of a resumed stream come the same way. An empty batch becomes a keep-alive
-comment. Every watcher of a session writes the same bytes for an event: it is encoded once.
-"""
+A live event is written to the client's socket in the task that publishes it: the response is
+the watcher's `push` (see `LiveSession.watch`), and its write is started right there
+(`agent_flow._eager.start_eagerly`). Handing the event to the response's own task instead would
+make it wait for that task's turn on the event loop, behind every other ready callback: with a
+hundred busy sessions in one process that wait is tens to hundreds of milliseconds, while the
+write itself takes microseconds. Only when a write cannot finish at once (the client reads
+slowly and the transport pauses) do later events queue, under the watcher's back-pressure
+policy, and the response's task sends them in batches (one write per batch) once that write is
+through; the stored events of a resumed stream come the same way. An empty batch becomes a keep-
+alive comment. Every watcher of a session writes the same bytes for an event: it is encoded
+once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Generator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi.sse import KEEPALIVE_COMMENT, format_sse_event
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
+from agent_flow._eager import start_eagerly
 from agent_flow.events import AgentEvent, BackpressurePolicy
 from agent_flow.server._live import LiveSession
 
-__all__ = ["SSE_HEADERS", "EventStreamResponse", "start_eagerly"]
+__all__ = ["SSE_HEADERS", "EventStreamResponse"]
 
 #: Headers of every event stream: no caching, and no buffering by an nginx in front.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -97,14 +98,14 @@ class _Writer:
             return False
         if self._failure is not None:
             return True  # the stream is broken; its task ends it at its next write
-        try:
-            self._pending = start_eagerly(self._send(_body(_frame(event_id, event))))
-        # Whatever a client's broken connection raises must not fail the run that publishes.
-        except Exception as err:
-            self._failure = err
-            return True
-        if self._pending is not None:
-            self._pending.add_done_callback(self._finished)
+        # Whatever a client's broken connection raises is kept (`_finished`), never raised
+        # into the run that publishes.
+        pending = start_eagerly(self._send(_body(_frame(event_id, event))))
+        if pending.done():
+            self._finished(pending)
+        else:
+            self._pending = pending
+            pending.add_done_callback(self._finished)
         return True
 
     def _finished(self, pending: asyncio.Future[None]) -> None:
@@ -130,48 +131,6 @@ class _Writer:
         """Stop a pushed write still under way (the stream is over)."""
         if self._pending is not None and not self._pending.done():
             self._pending.cancel()
-
-
-def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
-    """Run `awaitable` in the caller's task up to its first wait; the rest in a new task.
-
-    None when it finished without waiting (a write to a socket that takes it at once),
-    else the task that finishes it. Python 3.12's eager tasks do the same.
-    """
-    steps = awaitable.__await__()
-    try:
-        waiting = steps.send(None)
-    except StopIteration:
-        return None
-    return asyncio.ensure_future(_rest(_Resumed(steps, waiting)))
-
-
-async def _rest(resumed: _Resumed) -> None:
-    await resumed
-
-
-class _Resumed:
-    """Awaiting it goes on with started `steps` from the wait they stopped at."""
-
-    def __init__(self, steps: Generator[Any, None, None], waiting: object) -> None:
-        self._steps = steps
-        self._waiting = waiting
-
-    def __await__(self) -> Generator[Any, None, None]:
-        waiting = self._waiting
-        while True:
-            try:
-                yield waiting
-            except BaseException as err:  # cancellation included: the steps handle it
-                try:
-                    waiting = self._steps.throw(err)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    waiting = self._steps.send(None)
-                except StopIteration:
-                    return
 
 
 class _FrameCache:

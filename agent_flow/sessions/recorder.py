@@ -23,6 +23,7 @@ import textwrap
 from collections.abc import Coroutine, Sequence
 from typing import TypeVar
 
+from agent_flow._eager import start_eagerly
 from agent_flow.agent.outcome import StopReason
 from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, RunFinished
@@ -124,7 +125,8 @@ class SessionRecorder:
             return
         async with self._lock:
             saved = len(self._checkpoints)
-            write = asyncio.ensure_future(
+            # Started in this task: a new task would wait for the loop's next turn.
+            write = start_eagerly(
                 self.store.save_checkpoints(session_id, self._checkpoints[:saved], synced=synced)
             )
             try:
@@ -163,7 +165,8 @@ class SessionRecorder:
             return
         async with self._lock:
             saved, kept = len(self._pending), len(self._checkpoints)
-            write = asyncio.ensure_future(
+            # Started in this task: a new task would wait for the loop's next turn.
+            write = start_eagerly(
                 self.store.save_step(
                     session_id,
                     history=history,
@@ -187,7 +190,7 @@ async def _to_the_end(work: Coroutine[object, object, _T] | asyncio.Future[_T]) 
     A cancellation that arrives while `work` runs is held until `work` is done, then
     re-raised (its result or failure then goes unseen: the caller is being cancelled).
     """
-    future = asyncio.ensure_future(work)
+    future = start_eagerly(work) if asyncio.iscoroutine(work) else asyncio.ensure_future(work)
     interrupted: asyncio.CancelledError | None = None
     while not future.done():
         try:

@@ -1,0 +1,70 @@
+"""`start_eagerly`: start a coroutine in the caller's task, as Python 3.12's eager tasks do.
+
+A new task runs at the loop's next turn, behind every callback already ready: on a busy loop
+that is tens or hundreds of milliseconds. Work that can start at once (a write to a socket
+that takes it, a store's save planned in memory before its first I/O) need not wait for that
+turn. `start_eagerly` runs the awaitable in the caller's task up to its first wait; only
+the rest, if any, goes on in a task. Python 3.11 has no ``eager_start``: this is that, for
+one awaitable.
+
+The first part runs in the caller's task, so it must not depend on which task runs it (an
+``asyncio.timeout`` entered there would belong to the caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Generator
+from typing import Any, TypeVar
+
+__all__ = ["start_eagerly"]
+
+_T = TypeVar("_T")
+
+
+def start_eagerly(awaitable: Awaitable[_T]) -> asyncio.Future[_T]:
+    """Run `awaitable` in the caller's task up to its first wait; the rest in a new task.
+
+    Returns a future of its result: done already when it finished without waiting (with its
+    result, or the exception it raised), else the task that finishes it.
+    """
+    steps = awaitable.__await__()
+    try:
+        waiting = steps.send(None)
+    except StopIteration as done:
+        future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        future.set_result(done.value)
+        return future
+    except Exception as err:
+        failed: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        failed.set_exception(err)
+        return failed
+    return asyncio.ensure_future(_rest(_Resumed(steps, waiting)))
+
+
+async def _rest(resumed: _Resumed[_T]) -> _T:
+    return await resumed
+
+
+class _Resumed(Awaitable[_T]):
+    """Awaiting it goes on with started `steps` from the wait they stopped at."""
+
+    def __init__(self, steps: Generator[Any, None, _T], waiting: object) -> None:
+        self._steps = steps
+        self._waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        waiting = self._waiting
+        while True:
+            try:
+                yield waiting
+            except BaseException as err:  # cancellation included: the steps handle it
+                try:
+                    waiting = self._steps.throw(err)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+            else:
+                try:
+                    waiting = self._steps.send(None)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
