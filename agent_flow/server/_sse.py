@@ -10,7 +10,8 @@ slowly and the transport pauses) do later events queue, under the watcher's back
 policy, and the response's task sends them in batches (one write per batch) once that write is
 through; the stored events of a resumed stream come the same way. An empty batch becomes a keep-
 alive comment. Every watcher of a session writes the same bytes for an event: it is encoded
-once."""
+once.
+"""
 
 from __future__ import annotations
 
