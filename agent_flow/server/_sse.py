@@ -8,9 +8,9 @@ hundred busy sessions in one process that wait is tens to hundreds of millisecon
 write itself takes microseconds. Only when a write cannot finish at once (the client reads
 slowly and the transport pauses) do later events queue, under the watcher's back-pressure
 policy, and the response's task sends them in batches (one write per batch) once that write is
-through; the stored events of a resumed stream come the same way. An empty batch becomes a keep-
-alive comment. Every watcher of a session writes the same bytes for an event: it is encoded
-once.
+through; the stored events of a resumed stream come the same way. An empty batch becomes a
+keep-alive comment. Every watcher of a session writes the same bytes for an event: it is
+encoded once.
 """
 
 from __future__ import annotations
