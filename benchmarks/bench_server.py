@@ -48,11 +48,13 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _bench_diagnosis import Diagnosis
+from _bench_sse_reader import Reader, client_for, read_streams
 
 from tests.openai_server import OpenAIServer, Reply, sse_reply, text_chunks, tool_call_chunks
 
@@ -116,11 +118,6 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def _latency_ms(timestamp: str, received: float) -> float:
-    created = datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    return (received - created) * 1000
 
 
 def _listening_socket() -> socket.socket:
@@ -237,87 +234,6 @@ async def in_process(n: int, model_url: str, *, per_session: bool) -> dict[str, 
 # -- over HTTP -------------------------------------------------------------------------
 
 
-class _Diagnosis:
-    """The server loop's lag, and at each publish the ready queue's length and how long ago
-    the event was created (``--diagnose``)."""
-
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-        self.ready: list[int] = []
-        self.unpublished: list[float] = []
-        self.unpublished_by_kind: dict[str, list[float]] = {}
-        self.written: list[float] = []
-        self.batched: list[float] = []
-
-    def install(self) -> None:
-        from agent_flow.events import EventBus
-
-        loop = asyncio.get_running_loop()
-        publish = EventBus.publish
-
-        async def counted(bus: Any, event: Any) -> None:
-            self.ready.append(len(loop._ready))  # type: ignore[attr-defined]
-            delay = (time.time() - event.timestamp.timestamp()) * 1000
-            self.unpublished.append(delay)
-            self.unpublished_by_kind.setdefault(event.kind, []).append(delay)
-            await publish(bus, event)
-
-        EventBus.publish = counted  # type: ignore[method-assign]
-        self._watch_writes()
-        period = 0.005
-
-        def tick(due: float) -> None:
-            now = loop.time()
-            self.lags.append((now - due) * 1000)
-            loop.call_at(now + period, tick, now + period)
-
-        loop.call_at(loop.time() + period, tick, loop.time() + period)
-
-    def _watch_writes(self) -> None:
-        """Each event's age when its frame is made (just before it is written), by way."""
-        from agent_flow.server import _sse
-
-        if not hasattr(_sse, "_frame"):
-            return  # a server without these seams (an older tree, measured side by side)
-        frame, chunk = _sse._frame, _sse._chunk
-
-        def timed_frame(event_id: Any, event: Any) -> bytes:
-            self.written.append((time.time() - event.timestamp.timestamp()) * 1000)
-            return frame(event_id, event)
-
-        def timed_chunk(batch: Any) -> bytes:
-            now = time.time()
-            self.batched.extend((now - event.timestamp.timestamp()) * 1000 for _, event in batch)
-            return chunk(batch)
-
-        _sse._frame = timed_frame
-        _sse._chunk = timed_chunk
-
-    def report(self) -> dict[str, Any]:
-        def pct(values: list[float], q: float) -> float:
-            ordered = sorted(values)
-            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
-
-        busy = [lag for lag in self.lags if lag > 0.5]
-        late = {kind: pct(values, 0.99) for kind, values in self.unpublished_by_kind.items()}
-        slowest = sorted(late, key=late.__getitem__, reverse=True)[:2]
-        ready = [float(count) for count in self.ready]
-        return {
-            "lag_p50_ms": pct(busy, 0.5),
-            "lag_p99_ms": pct(busy, 0.99),
-            "lag_max_ms": max(self.lags, default=0.0),
-            "ready_at_publish_p50": pct(ready, 0.5),
-            "ready_at_publish_p99": pct(ready, 0.99),
-            "created_to_publish_p50_ms": pct(self.unpublished, 0.5),
-            "created_to_publish_p99_ms": pct(self.unpublished, 0.99),
-            "created_to_write_p50_ms": pct(self.written, 0.5),
-            "created_to_write_p99_ms": pct(self.written, 0.99),
-            "batched_share": len(self.batched) / max(1, len(self.written)),
-            "batched_p99_ms": pct(self.batched, 0.99),
-            "created_to_publish_slowest": ", ".join(f"{kind} {late[kind]:.0f}" for kind in slowest),
-        }
-
-
 async def serve(
     port_file: str,
     model_url: str,
@@ -338,7 +254,7 @@ async def serve(
         llm_factory=_model_clients(model_url, per_session=per_session),
         tools_factory=tools,
     )
-    diagnosis = _Diagnosis() if diagnose else None
+    diagnosis = Diagnosis() if diagnose else None
     if diagnosis is not None:
         diagnosis.install()
     sock = _listening_socket()
@@ -360,82 +276,13 @@ async def serve(
             Path(diagnose).write_text(json.dumps(diagnosis.report()))  # noqa: ASYNC240
 
 
-def _frames(buffer: bytes) -> tuple[list[bytes], bytes]:
-    *frames, rest = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
-    return frames, rest
-
-
-class _Reader:
-    """SSE clients: one stream per session, each read to its ``run_finished``."""
-
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.by_kind: dict[str, list[float]] = {}
-        self.complete = True
-
-    async def read(self, response: Any) -> None:
-        ids: list[int] = []
-        finished = False
-        rest = b""
-        async for chunk in response.aiter_raw():
-            received = time.time()
-            frames, rest = _frames(rest + chunk)
-            for frame in frames:
-                for line in frame.split(b"\n"):
-                    if line.startswith(b"data: "):
-                        event = json.loads(line[6:])
-                        latency = _latency_ms(event["timestamp"], received)
-                        self.latencies.append(latency)
-                        self.by_kind.setdefault(event["kind"], []).append(latency)
-                        finished = finished or event["kind"] == "run_finished"
-                    elif line.startswith(b"id: "):
-                        ids.append(int(line[4:]))
-            if finished:
-                break
-        self.complete = self.complete and finished and ids == list(range(len(ids)))
-
-
-def _client(base: str, n: int) -> Any:
-    import httpx2
-
-    limits = httpx2.Limits(max_connections=n + 20, max_keepalive_connections=n + 20)
-    return httpx2.AsyncClient(base_url=base, timeout=None, limits=limits)
-
-
-async def read_streams(base: str) -> None:
-    """The SSE clients' process: open every session's stream, say so, read them all."""
-    sessions = json.loads(sys.stdin.readline())
-    reader = _Reader()
-    async with _client(base, len(sessions)) as client, contextlib.AsyncExitStack() as streams:
-        responses = await asyncio.gather(
-            *(
-                streams.enter_async_context(client.stream("GET", f"/sessions/{sid}/events"))
-                for sid in sessions
-            )
-        )
-        print("open", flush=True)
-        await asyncio.gather(*(reader.read(response) for response in responses))
-    p99s = {kind: sorted(v)[int(len(v) * 0.99)] for kind, v in reader.by_kind.items()}
-    slowest = sorted(p99s, key=p99s.__getitem__, reverse=True)[:3]
-    print(
-        json.dumps(
-            {
-                "latencies": reader.latencies,
-                "complete": reader.complete,
-                "slowest_kinds": ", ".join(f"{kind} {p99s[kind]:.0f}" for kind in slowest),
-            }
-        ),
-        flush=True,
-    )
-
-
 async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
     """Create the sessions, have the clients' process open their streams, send the messages."""
-    async with _client(base, n) as client:
+    async with client_for(base, n) as client:
         warm = (await client.post("/sessions", json={})).json()["id"]
         async with client.stream("GET", f"/sessions/{warm}/events") as response:
             await client.post(f"/sessions/{warm}/messages", json={"message": "Add."})
-            await _Reader().read(response)
+            await Reader().read(response)
         sessions = [(await client.post("/sessions", json={})).json()["id"] for _ in range(n)]
         clients = await asyncio.create_subprocess_exec(
             sys.executable,
