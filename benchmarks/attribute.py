@@ -58,9 +58,7 @@ def _short(path: str, roots: list[str]) -> str:
     return path
 
 
-def record(
-    out: str, *, stream: bool, concurrent: bool, runs: int, k: int
-) -> tuple[int, float]:
+def record(out: str, *, stream: bool, concurrent: bool, runs: int, k: int) -> tuple[int, float]:
     """Run `bench_loop`'s agent_flow loop under a CPU-time sampler; return its model turns."""
     here = Path(__file__).resolve().parent
     sys.path.insert(0, str(here))
