@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import jsonschema.protocols
 
+from agent_flow._types import JsonObject
 from agent_flow._utils import conforms
 from agent_flow.errors import DuplicateToolError, ToolDefinitionError, UserError
 from agent_flow.messages import ToolDefinition
 from agent_flow.tools._truncation import _check_limit
-from agent_flow.tools._validation import ArgumentsCheck, _validator
+from agent_flow.tools._validation import ArgumentsCheck, _validator, schema_key
 from agent_flow.tools.base import Tool
 from agent_flow.tools.base import tool as make_tool
 from agent_flow.tools.policy import ToolPolicy
@@ -71,6 +72,22 @@ def _as_tool(item: Tool | Callable[..., object]) -> Tool:
     if callable(item):
         return make_tool(item)
     raise ToolDefinitionError(f"{item!r} is not a tool; pass a Tool or a typed function")
+
+
+# Agents built per run register the same tools each time: one definition (a validated copy of
+# the schema) serves them all. Keyed by content, so a changed schema gets its own.
+_definitions: dict[tuple[str, str, str], ToolDefinition] = {}
+_MAX_CACHED_DEFINITIONS = 1024
+
+
+def _definition(name: str, description: str, parameters: JsonObject, key: str) -> ToolDefinition:
+    cached = _definitions.get((name, description, key))
+    if cached is None:
+        if len(_definitions) >= _MAX_CACHED_DEFINITIONS:
+            _definitions.clear()
+        cached = ToolDefinition(name=name, description=description, parameters=parameters)
+        _definitions[name, description, key] = cached
+    return cached
 
 
 @dataclass(frozen=True)
@@ -171,16 +188,15 @@ class ToolRegistry:
                 "register the new one with another name or a namespace"
             )
         parameters = tool.parameters
-        validator, quick_check = _validator(exposed, parameters)
+        key = schema_key(parameters)
+        validator, quick_check = _validator(exposed, parameters, key)
         self._tools[exposed] = RegisteredTool(
             name=exposed,
             tool=tool,
             policy=policy or tool.policy,
             timeout=timeout if timeout is not None else tool.timeout,
             max_output_tokens=max_output_tokens,
-            definition=ToolDefinition(
-                name=exposed, description=tool.description, parameters=parameters
-            ),
+            definition=_definition(exposed, tool.description, parameters, key),
             validator=validator,
             source_name=source,
             quick_check=quick_check,

@@ -45,14 +45,19 @@ _validators: dict[str, tuple[jsonschema.protocols.Validator, ArgumentsCheck | No
 _MAX_CACHED_VALIDATORS = 1024
 
 
+def schema_key(parameters: JsonObject) -> str:
+    """The key of a parameter schema in the caches of what is derived from it (its content)."""
+    return json.dumps(parameters, sort_keys=True, default=str)
+
+
 def _validator(
-    exposed: str, parameters: JsonObject
+    exposed: str, parameters: JsonObject, key: str | None = None
 ) -> tuple[jsonschema.protocols.Validator, ArgumentsCheck | None]:
     """Return a validator for `parameters` and its fast check (`_flat_check`), cached.
 
-    The schema itself is checked first.
+    The schema itself is checked first. `key` is its `schema_key`, when the caller has it.
     """
-    key = json.dumps(parameters, sort_keys=True, default=str)
+    key = schema_key(parameters) if key is None else key
     cached = _validators.get(key)
     if cached is not None:
         return cached
