@@ -3,8 +3,35 @@
 from __future__ import annotations
 
 import json
+from typing import TypeGuard, TypeVar
 
-__all__ = ["loads_json"]
+__all__ = ["conforms", "loads_json"]
+
+T = TypeVar("T")
+
+# (type, protocol) pairs known to conform; bounded, for programs that make classes at runtime.
+_CONFORMING: set[tuple[type, type]] = set()
+_MAX_CONFORMING = 4096
+
+
+def conforms(value: object, protocol: type[T]) -> TypeGuard[T]:
+    """``isinstance(value, protocol)`` for a runtime-checkable protocol, remembered per type.
+
+    A protocol's isinstance looks up each of its members on every call (tens of µs); the loop
+    asks the same question of the same types several times per turn. A type one of whose
+    instances had every member is taken to conform from then on (members that only some
+    instances set themselves are not told apart). mypy refuses a protocol where ``type[T]``
+    is expected (python/mypy#4717): callers silence that one check.
+    """
+    key = (type(value), protocol)
+    if key in _CONFORMING:
+        return True
+    if not isinstance(value, protocol):
+        return False
+    if len(_CONFORMING) >= _MAX_CONFORMING:
+        _CONFORMING.clear()
+    _CONFORMING.add(key)
+    return True
 
 
 def _reject_constant(name: str) -> None:

@@ -341,6 +341,27 @@ class TiktokenCounter(BaseTokenCounter):
             return 0
         return len(self._encoding.encode_ordinary(text))
 
+    def count_tools(self, tools: Sequence[ToolDefinition]) -> int:
+        """Return the tokens the tool schemas cost (see `BaseTokenCounter.count_tools`).
+
+        Counted once per process for the same definitions and encoding: agents built per run
+        offer the same (shared, frozen) definitions, each with a counter of its own.
+        """
+        key = (type(self), self.name, tuple(map(id, tools)))
+        cached = _tools_counts.get(key)
+        if cached is not None:
+            return cached[1]
+        count = super().count_tools(tools)
+        if len(_tools_counts) >= _MAX_TOOLS_COUNTS:
+            _tools_counts.clear()
+        # The definitions are kept with their count, so the ids in the key stay theirs.
+        _tools_counts[key] = (tuple(tools), count)
+        return count
+
+
+# Tool schema counts by (counter type, encoding, definition ids), with the definitions.
+_tools_counts: dict[tuple[type, str, tuple[int, ...]], tuple[tuple[ToolDefinition, ...], int]] = {}
+_MAX_TOOLS_COUNTS = 256
 
 _default: TiktokenCounter | None = None
 

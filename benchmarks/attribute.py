@@ -1,7 +1,13 @@
-"""Attribute a py-spy profile of bench_loop to packages: where a model turn's CPU goes.
+"""Attribute a profile of bench_loop to packages: where a model turn's CPU goes.
 
-Record a child run of `bench_loop` with py-spy (a sampling profiler: it samples only while
-the process runs on a CPU, and barely slows it down), then read its raw output here::
+Record a child run of `bench_loop` with this script's own sampler, which samples the main
+thread every millisecond of the process's CPU time (``ITIMER_PROF``: idle waits are never
+sampled, however loaded the machine), and print the tables::
+
+    python benchmarks/attribute.py --record /tmp/af.txt [--stream] [--concurrent] [--runs 100]
+
+or record with py-spy and read its raw output here (py-spy may sample idle threads, such as
+the worker threads of ``asyncio.to_thread``, as busy on a loaded machine)::
 
     py-spy record -r 2000 -f raw -o /tmp/af.txt -- \\
         python benchmarks/bench_loop.py --child --loop agent_flow --k-one 10 --runs 100
@@ -16,8 +22,14 @@ whatever library does the work), else the package on top.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
+import signal
+import sys
+import time
 from collections import Counter
+from pathlib import Path
+from types import FrameType
 
 _FRAME = re.compile(r"\(([^:()]+):\d+\)$")
 _WARM_UP = ("_find_and_load", "load_tiktoken_bpe", "_load_encoding")
@@ -35,12 +47,67 @@ def package(path: str) -> str:
     return parts[0]
 
 
+_INTERVAL = 0.001  # seconds of process CPU time between samples
+
+
+def _short(path: str, roots: list[str]) -> str:
+    """`path` relative to the longest import root holding it (as py-spy shortens it)."""
+    for root in roots:
+        if path.startswith(root):
+            return path[len(root) :]
+    return path
+
+
+def record(out: str, *, stream: bool, concurrent: bool, runs: int, k: int) -> tuple[int, float]:
+    """Run `bench_loop`'s agent_flow loop under a CPU-time sampler; return its model turns."""
+    here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
+    import bench_loop
+
+    roots = sorted({p.rstrip("/") + "/" for p in sys.path if p}, key=len, reverse=True)
+    stacks: Counter[str] = Counter()
+
+    def sample(signum: int, frame: FrameType | None) -> None:
+        frames = []
+        while frame is not None:
+            code = frame.f_code
+            frames.append(f"{code.co_name} ({_short(code.co_filename, roots)}:{frame.f_lineno})")
+            frame = frame.f_back
+        stacks[";".join(reversed(frames))] += 1
+
+    signal.signal(signal.SIGPROF, sample)
+    signal.setitimer(signal.ITIMER_PROF, _INTERVAL, _INTERVAL)
+    cpu = time.process_time()
+    try:
+        result = asyncio.run(bench_loop.measure("agent_flow", stream, k, runs, concurrent))
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+    cpu = time.process_time() - cpu
+    with open(out, "w") as lines:
+        for stack, count in stacks.items():
+            lines.write(f"{stack} {count}\n")
+    turns = int(result["turns"])
+    # The kernel's timer ticks coarser than asked: the real rate is samples per CPU second.
+    rate = sum(stacks.values()) / cpu
+    print(f"{turns} turns, {result['ms_per_turn']:.3f} CPU ms per turn; {rate:.0f} samples/s")
+    return turns, rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("raw", help="py-spy raw (collapsed stacks) output")
+    parser.add_argument("raw", help="collapsed stacks (py-spy's raw output, or --record's)")
     parser.add_argument("--turns", type=int, help="model turns in the run: print samples/turn")
-    parser.add_argument("--rate", type=int, default=2000, help="py-spy's samples per second")
+    parser.add_argument("--rate", type=float, default=2000, help="py-spy's samples per second")
+    parser.add_argument("--record", action="store_true", help="record `raw` with the sampler")
+    parser.add_argument("--stream", action="store_true", help="record streamed runs")
+    parser.add_argument("--concurrent", action="store_true", help="record all runs at once")
+    parser.add_argument("--runs", type=int, default=100, help="runs to record")
+    parser.add_argument("--k", type=int, default=10, help="tool steps per run")
     args = parser.parse_args()
+    if args.record:
+        args.turns, args.rate = record(
+            args.raw, stream=args.stream, concurrent=args.concurrent, runs=args.runs, k=args.k
+        )
 
     own: Counter[str] = Counter()
     cause: Counter[str] = Counter()

@@ -243,7 +243,12 @@ async def agent_flow_run(client: Any, stream: bool) -> int:
     subscription = agent.subscribe()
 
     async def drain() -> int:
-        return len([event async for event in subscription])
+        # A subscriber handles each event and lets it go (keeping every event of every run in
+        # flight would be the subscriber's memory, not the loop's).
+        count = 0
+        async for _ in subscription:
+            count += 1
+        return count
 
     reader = asyncio.create_task(drain())
     outcome = await agent.run("Add the numbers.")

@@ -375,3 +375,16 @@ def test_the_package_exports_exactly_its_public_names() -> None:
     }
     # The MCP client names load on first use (the MCP SDK is slow to import).
     assert public == exported - tools_package._LAZY_MCP
+
+
+async def test_sync_tools_run_in_a_worker_thread_unless_declared_non_blocking() -> None:
+    import threading
+
+    def where() -> int:
+        """Say which thread runs the call."""
+        return threading.get_ident()
+
+    loop_thread = threading.get_ident()
+    assert await tool(where).run({}, ToolContext()) != loop_thread
+    assert await tool(blocking=False)(where).run({}, ToolContext()) == loop_thread
+    assert tool(where).blocking and not tool(blocking=False)(where).blocking

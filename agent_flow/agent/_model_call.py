@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from agent_flow._checkpoints import checkpointed, current_step_runner
+from agent_flow._utils import conforms
 from agent_flow.agent.outcome import (
     Finish,
     StopReason,
@@ -357,7 +358,9 @@ class _NothingToClose:
 
 def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
     """`stream` itself when it can be closed (an async generator can), else a stand-in."""
-    return stream if isinstance(stream, _Closable) else _NothingToClose()
+    if conforms(stream, _Closable):  # type: ignore[type-abstract]  # see conforms
+        return stream
+    return _NothingToClose()
 
 
 async def _relay(run: _Run, delta: StreamEvent, call: _CallState) -> Completion | None:

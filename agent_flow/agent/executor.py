@@ -29,6 +29,7 @@ from agent_flow.agent._build import (
 from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent._mcp import AgentMCP
+from agent_flow.agent._offer import _ToolOffer
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.context import ContextManager
@@ -41,7 +42,7 @@ from agent_flow.messages import ToolDefinition
 from agent_flow.pricing import preload
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
-from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
+from agent_flow.tools.filters import ToolFilter
 
 if TYPE_CHECKING:
     from agent_flow.tools.mcp import MCPServers
@@ -165,6 +166,7 @@ class AgentExecutor:
 
             self.recorder = SessionRecorder(store, session_id)
         self.skill: Skill | None = None
+        self._offer = _ToolOffer()
         self._run: _Run | None = None
         # Resources the agent owns: the MCP servers started on entry, with the names their
         # tools were registered under, and the close method of a model `from_config` built.
@@ -463,15 +465,10 @@ class AgentExecutor:
 
     def offered_tools(self) -> list[ToolDefinition]:
         """The tools the model is offered now (config allow/deny lists and the active skill)."""
-        return self._tool_filter().select(self.tools.definitions())
+        return self._offer.offered(self)
 
     def _tool_filter(self) -> ToolFilter:
-        return ToolFilter(
-            allow=self.config.allow_tools,
-            deny=(*self.config.deny_tools, *self.tools.policy.denied_tools),
-            always=LOOP_TOOL_NAMES if self.config.control_tools else frozenset(),
-            skill=self.skill.allowed_tools if self.skill is not None else None,
-        )
+        return self._offer.gate(self)
 
     def run(
         self, task: str, *, run_id: str | None = None

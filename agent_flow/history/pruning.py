@@ -30,6 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_flow._utils import conforms
 from agent_flow.errors import UserError
 from agent_flow.history.entries import HistoryEntry, ToolResultEntry
 from agent_flow.history.units import Unit, _replace_results, _tool_message
@@ -379,7 +380,7 @@ class Chain:
 
 def _check_strategy(strategy: object) -> None:
     """Raise `UserError` unless `strategy` is a synchronous `PruningStrategy`."""
-    if not isinstance(strategy, PruningStrategy):
+    if not conforms(strategy, PruningStrategy):  # type: ignore[type-abstract]  # see conforms
         raise UserError(
             f"{strategy!r} is not a PruningStrategy (it needs a `name` and a synchronous "
             "`prune(units, max_tokens, counter)`); a SummarizeOldest step is not one either: "

@@ -31,6 +31,7 @@ from typing import Annotated, Literal, Protocol, TypeAlias, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from agent_flow._types import JsonObject
+from agent_flow._utils import conforms
 from agent_flow.errors import ModelResponseError
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
@@ -415,7 +416,9 @@ NATIVE_FORMAT = NativeFormat()
 def prompt_format_of(client: object) -> PromptFormat:
     """Return how `client` sends prompts: its ``prompt_format``, else `NATIVE_FORMAT`."""
     found = getattr(client, "prompt_format", None)
-    return found if isinstance(found, PromptFormat) else NATIVE_FORMAT
+    if conforms(found, PromptFormat):  # type: ignore[type-abstract]  # see conforms
+        return found
+    return NATIVE_FORMAT
 
 
 async def final_completion(events: AsyncIterator[StreamEvent]) -> Completion:

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import jsonschema.protocols
 
+from agent_flow._types import JsonObject
+from agent_flow._utils import conforms
 from agent_flow.errors import DuplicateToolError, ToolDefinitionError, UserError
 from agent_flow.messages import ToolDefinition
 from agent_flow.tools._truncation import _check_limit
-from agent_flow.tools._validation import _validator
+from agent_flow.tools._validation import ArgumentsCheck, _validator, schema_key
 from agent_flow.tools.base import Tool
 from agent_flow.tools.base import tool as make_tool
 from agent_flow.tools.policy import ToolPolicy
@@ -65,11 +67,27 @@ def _needs_change(name: str, namespace: str | None) -> bool:
 
 
 def _as_tool(item: Tool | Callable[..., object]) -> Tool:
-    if isinstance(item, Tool):
+    if conforms(item, Tool):  # type: ignore[type-abstract]  # see conforms
         return item
     if callable(item):
         return make_tool(item)
     raise ToolDefinitionError(f"{item!r} is not a tool; pass a Tool or a typed function")
+
+
+# Agents built per run register the same tools each time: one definition (a validated copy of
+# the schema) serves them all. Keyed by content, so a changed schema gets its own.
+_definitions: dict[tuple[str, str, str], ToolDefinition] = {}
+_MAX_CACHED_DEFINITIONS = 1024
+
+
+def _definition(name: str, description: str, parameters: JsonObject, key: str) -> ToolDefinition:
+    cached = _definitions.get((name, description, key))
+    if cached is None:
+        if len(_definitions) >= _MAX_CACHED_DEFINITIONS:
+            _definitions.clear()
+        cached = ToolDefinition(name=name, description=description, parameters=parameters)
+        _definitions[name, description, key] = cached
+    return cached
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,8 @@ class RegisteredTool:
     definition: ToolDefinition
     validator: jsonschema.protocols.Validator
     source_name: str = ""
+    # An exact fast check for flat schemas (see `_flat_check`); None: jsonschema only.
+    quick_check: ArgumentsCheck | None = None
 
     @property
     def renamed(self) -> bool:
@@ -114,6 +134,16 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, RegisteredTool] = {}
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever a tool is registered, renamed or unregistered.
+
+        What is derived from the registered tools (the offered definitions, their token
+        count) can be kept while it stays the same.
+        """
+        return self._version
 
     def register(
         self,
@@ -158,19 +188,20 @@ class ToolRegistry:
                 "register the new one with another name or a namespace"
             )
         parameters = tool.parameters
-        validator = _validator(exposed, parameters)
+        key = schema_key(parameters)
+        validator, quick_check = _validator(exposed, parameters, key)
         self._tools[exposed] = RegisteredTool(
             name=exposed,
             tool=tool,
             policy=policy or tool.policy,
             timeout=timeout if timeout is not None else tool.timeout,
             max_output_tokens=max_output_tokens,
-            definition=ToolDefinition(
-                name=exposed, description=tool.description, parameters=parameters
-            ),
+            definition=_definition(exposed, tool.description, parameters, key),
             validator=validator,
             source_name=source,
+            quick_check=quick_check,
         )
+        self._version += 1
         return exposed
 
     def _move(self, registered: RegisteredTool, name: str) -> None:
@@ -186,6 +217,7 @@ class ToolRegistry:
             )
             for key, value in self._tools.items()
         }
+        self._version += 1
 
     def register_all(
         self, tools: Iterable[Tool | Callable[..., object]], *, namespace: str | None = None
@@ -209,6 +241,7 @@ class ToolRegistry:
                 names[index] = self.register(resolved[index], namespace=namespace)
         except BaseException:
             self._tools = snapshot
+            self._version += 1
             raise
         return [names[index] for index in range(len(resolved))]
 
@@ -220,6 +253,7 @@ class ToolRegistry:
         """
         if self._tools.pop(name, None) is None:
             raise UserError(f"no tool named {name!r} is registered")
+        self._version += 1
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools

@@ -278,7 +278,8 @@ class FunctionTool(Generic[P, R]):
     Calling the object calls the function unchanged, so decorated functions stay testable.
     Sync functions run in a worker thread so they cannot block the event loop; a timeout then
     abandons the thread (it cannot be interrupted), so long-running work belongs in async
-    tools.
+    tools. A sync function declared ``blocking=False`` (quick, pure computation: no I/O, no
+    sleeping, no locks) is called in the event loop instead, sparing the thread hand-off.
 
     Attributes:
         function: The wrapped function.
@@ -287,6 +288,8 @@ class FunctionTool(Generic[P, R]):
         parameters: The JSON schema of its arguments.
         policy: Its policy.
         timeout: Its timeout in seconds (``None``: the executor's default).
+        blocking: Whether a sync function may block, and so runs in a worker thread (async
+            functions never do).
         arguments_model: The pydantic model arguments are validated with.
     """
 
@@ -295,6 +298,7 @@ class FunctionTool(Generic[P, R]):
     parameters: JsonObject
     policy: ToolPolicy
     timeout: float | None
+    blocking: bool
     arguments_model: type[BaseModel]
 
     def __init__(
@@ -305,6 +309,7 @@ class FunctionTool(Generic[P, R]):
         description: str | None = None,
         policy: ToolPolicy | None = None,
         timeout: float | None = None,
+        blocking: bool = True,
         namespace: dict[str, Any] | None = None,
     ) -> None:
         if not callable(function):
@@ -320,6 +325,7 @@ class FunctionTool(Generic[P, R]):
         self.policy = policy or ToolPolicy()
         self.timeout = timeout
         self._is_async = inspect.iscoroutinefunction(function)
+        self.blocking = blocking
         self._context_param: str | None = None
         self._params: list[_Param] = []
         self.arguments_model = self._build_model(function, param_docs, namespace)
@@ -410,6 +416,8 @@ class FunctionTool(Generic[P, R]):
         function: Callable[..., object] = self.function
         if self._is_async:
             result = await typing.cast(Awaitable[object], function(*args, **kwargs))
+        elif not self.blocking:
+            result = function(*args, **kwargs)
         else:
             result = await asyncio.to_thread(function, *args, **kwargs)
         return typing.cast(ToolOutput, result)
@@ -435,6 +443,7 @@ def tool(
     description: str | None = None,
     policy: ToolPolicy | None = None,
     timeout: float | None = None,
+    blocking: bool = True,
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
@@ -446,6 +455,7 @@ def tool(
     description: str | None = None,
     policy: ToolPolicy | None = None,
     timeout: float | None = None,
+    blocking: bool = True,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
     """Turn a typed function (sync or async) into a `FunctionTool`.
 
@@ -457,6 +467,8 @@ def tool(
         description: The description; defaults to the docstring without its sections.
         policy: The tool's policy; defaults to a low-risk tool that needs no approval.
         timeout: Seconds a call may run; defaults to the executor's timeout.
+        blocking: ``False`` declares a sync function quick and non-blocking: it is called in
+            the event loop rather than in a worker thread (a timeout cannot stop it there).
 
     Raises:
         ToolDefinitionError: The function has untyped or variadic parameters, or types
@@ -473,6 +485,7 @@ def tool(
             description=description,
             policy=policy,
             timeout=timeout,
+            blocking=blocking,
             namespace=namespace,
         )
 

@@ -45,7 +45,7 @@ __all__ = [
 _CONTROL = ToolPolicy(read_only=True)
 
 
-@tool(policy=_CONTROL)
+@tool(policy=_CONTROL, blocking=False)
 def task_completion(summary: str, result: JsonValue = None) -> ToolResult:
     """Finish the task and present the outcome to the user. Call this only when done.
 
@@ -60,7 +60,7 @@ def task_completion(summary: str, result: JsonValue = None) -> ToolResult:
     )
 
 
-@tool(policy=_CONTROL)
+@tool(policy=_CONTROL, blocking=False)
 def ask_question(question: str, options: list[str] | None = None) -> ToolResult:
     """Stop and ask the user a question whose answer you need to go on.
 
@@ -76,7 +76,7 @@ def ask_question(question: str, options: list[str] | None = None) -> ToolResult:
     )
 
 
-@tool(policy=_CONTROL)
+@tool(policy=_CONTROL, blocking=False)
 def converse(message: str) -> ToolResult:
     """Reply to the user conversationally when no task work is needed.
 

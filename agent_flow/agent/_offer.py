@@ -1,0 +1,54 @@
+"""The tools an agent offers now: its `ToolFilter` and the definitions it selects.
+
+The loop asks several times per turn (the prompt, the tool gate, pruning), and the answer only
+changes when the config, the active skill, the policy's deny list or the registered tools do:
+both are kept until one of those changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent_flow.messages import ToolDefinition
+from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
+
+if TYPE_CHECKING:
+    from agent_flow.agent.executor import AgentExecutor
+
+
+class _ToolOffer:
+    """One agent's current `ToolFilter` and offered definitions, rebuilt when they change."""
+
+    __slots__ = ("_filter", "_key", "_offered")
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._filter = ToolFilter()
+        self._offered: tuple[ToolDefinition, ...] = ()
+
+    def _refresh(self, agent: AgentExecutor) -> None:
+        tools = agent.tools
+        policy = tools.policy
+        # Compared by identity first (tuple equality), so an unchanged agent costs a few checks.
+        key = (agent.config, agent.skill, tools, policy, policy.denied_tools, tools.version)
+        if key == self._key:
+            return
+        config = agent.config
+        self._filter = ToolFilter(
+            allow=config.allow_tools,
+            deny=(*config.deny_tools, *policy.denied_tools),
+            always=LOOP_TOOL_NAMES if config.control_tools else frozenset(),
+            skill=agent.skill.allowed_tools if agent.skill is not None else None,
+        )
+        self._offered = tuple(self._filter.select(tools.definitions()))
+        self._key = key
+
+    def gate(self, agent: AgentExecutor) -> ToolFilter:
+        """The filter that decides which registered tools `agent` may call now."""
+        self._refresh(agent)
+        return self._filter
+
+    def offered(self, agent: AgentExecutor) -> list[ToolDefinition]:
+        """The definitions of the tools `agent` offers its model now, in registration order."""
+        self._refresh(agent)
+        return list(self._offered)
