@@ -15,12 +15,13 @@ from pydantic import BaseModel
 import agent_flow.sessions.export as export_module
 import agent_flow.sessions.sqlite as sqlite_module
 from agent_flow.environment import Environment
-from agent_flow.errors import SessionNotFoundError, StoreError
+from agent_flow.errors import StoreError
 from agent_flow.history import (
     History,
 )
 from agent_flow.sessions import (
     SCHEMA_VERSION,
+    Checkpoint,
     ExportLine,
     SQLiteSessionStore,
     default_store_path,
@@ -118,24 +119,25 @@ def test_every_export_line_class_is_in_the_union_with_a_distinct_kind() -> None:
 
 
 async def test_delete_removes_a_session_and_everything_stored_with_it(tmp_path: Path) -> None:
+    """What a delete leaves in the file (the behaviour is in tests/test_store_conformance.py)."""
     path = tmp_path / "sessions.db"
     history, environment = fresh()
     async with SQLiteSessionStore(path) as store:
-        gone = await store.create(session_id="gone")
-        kept = await store.create(session_id="kept")
-        for sid in (gone.id, kept.id):
+        for sid in ("gone", "kept"):
+            await store.create(session_id=sid)
             events = add_step(history, environment, 0)
-            await store.save_step(sid, history=history, environment=environment, events=events)
-        await store.delete(gone.id)
-        with pytest.raises(SessionNotFoundError):
-            await store.load(gone.id)
-        assert (await store.load(kept.id)).entries == tuple(history.entries)
-        recreated = await store.create(session_id="gone")
-        assert recreated.entry_count == 0
+            await store.save_step(
+                sid,
+                history=history,
+                environment=environment,
+                events=events,
+                checkpoints=[Checkpoint("run", 0, "model_call", "{}")],
+            )
+        await store.delete("gone")
     with sqlite3.connect(path) as raw:
-        for table in ("entries", "environment_changes", "events"):
+        for table in ("entries", "environment_changes", "events", "checkpoints"):
             ids = {sid for (sid,) in raw.execute(f"SELECT DISTINCT session_id FROM {table}")}
-            assert ids == {"kept"}
+            assert ids == {"kept"}, table
     raw.close()
 
 
