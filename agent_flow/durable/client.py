@@ -53,10 +53,12 @@ class RunHandle:
         return _STATES.get((await handle.get_status()).status, "running")
 
     async def cancel(self) -> None:
-        """Cancel the run: it stops at its next step (a step under way finishes first).
+        """Cancel the run: it stops at a model or tool call within about half a second.
 
-        Its events stop there too, without a ``run_finished``; the session keeps what its last
-        completed step saved. Cancelling a run that is over changes nothing.
+        It reads the cancellation every `DURABLE_CANCEL_CHECK_SECONDS`; a call under way
+        finishes first. Its events stop there too, without a ``run_finished``; the session
+        keeps what its last completed step saved. Cancelling a run that is over changes
+        nothing.
         """
         await self._client.cancel_workflow_async(self.run_id)
 
