@@ -26,8 +26,7 @@ last record the run goes on live.
 
 DBOS cancels a workflow by marking it cancelled in its system database; a DBOS step would see
 that at its next check. These steps look every `DURABLE_CANCEL_CHECK_SECONDS` at most (one
-status read), and
-raise `DBOSWorkflowCancelledError` as a DBOS step would.
+status read), and raise `DBOSWorkflowCancelledError` as a DBOS step would.
 """
 
 from __future__ import annotations

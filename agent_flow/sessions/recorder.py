@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TypeVar
 
 from agent_flow._eager import start_eagerly
@@ -100,7 +100,9 @@ class SessionRecorder:
             return
         title = textwrap.shorten(task, width=80, placeholder=" …")
         async with self._lock:
-            info = await _to_the_end(self.store.create(agent=agent, title=title, task=task))
+            info = await _to_the_end(
+                start_eagerly(self.store.create(agent=agent, title=title, task=task))
+            )
         self._session_id = info.id
 
     def record(self, event: AgentEvent) -> None:
@@ -125,15 +127,14 @@ class SessionRecorder:
             return
         async with self._lock:
             saved = len(self._checkpoints)
-            # Started in this task: a new task would wait for the loop's next turn.
-            write = start_eagerly(
-                self.store.save_checkpoints(session_id, self._checkpoints[:saved], synced=synced)
+
+            def forget() -> None:
+                del self._checkpoints[:saved]
+
+            write = self.store.save_checkpoints(
+                session_id, self._checkpoints[:saved], synced=synced
             )
-            try:
-                await _to_the_end(write)
-            finally:
-                if write.done() and not write.cancelled() and write.exception() is None:
-                    del self._checkpoints[:saved]
+            await _write(write, forget)
 
     async def step(self, history: History, environment: Environment) -> None:
         """Save a completed step with status ``active``.
@@ -165,32 +166,43 @@ class SessionRecorder:
             return
         async with self._lock:
             saved, kept = len(self._pending), len(self._checkpoints)
-            # Started in this task: a new task would wait for the loop's next turn.
-            write = start_eagerly(
-                self.store.save_step(
-                    session_id,
-                    history=history,
-                    environment=environment,
-                    events=[*self._pending, *extra],
-                    status=status,
-                    checkpoints=self._checkpoints[:kept],
-                )
+
+            def forget() -> None:
+                del self._pending[:saved]
+                del self._checkpoints[:kept]
+
+            write = self.store.save_step(
+                session_id,
+                history=history,
+                environment=environment,
+                events=[*self._pending, *extra],
+                status=status,
+                checkpoints=self._checkpoints[:kept],
             )
-            try:
-                await _to_the_end(write)
-            finally:
-                if write.done() and not write.cancelled() and write.exception() is None:
-                    del self._pending[:saved]
-                    del self._checkpoints[:kept]
+            await _write(write, forget)
 
 
-async def _to_the_end(work: Coroutine[object, object, _T] | asyncio.Future[_T]) -> _T:
-    """Await `work` to its end even when the caller is cancelled meanwhile.
+async def _write(write: Coroutine[object, object, object], forget: Callable[[], None]) -> None:
+    """Run the store write `write` to its end (`_to_the_end`), then `forget` what it held.
 
-    A cancellation that arrives while `work` runs is held until `work` is done, then
-    re-raised (its result or failure then goes unseen: the caller is being cancelled).
+    `forget` is called once the write succeeded, also when a cancellation that came meanwhile
+    is re-raised: what the write held is stored. A failed write forgets nothing.
     """
-    future = start_eagerly(work) if asyncio.iscoroutine(work) else asyncio.ensure_future(work)
+    future = start_eagerly(write)
+    try:
+        await _to_the_end(future)
+    finally:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            forget()
+
+
+async def _to_the_end(future: asyncio.Future[_T]) -> _T:
+    """Await `future` (a started write) to its end even when the caller is cancelled meanwhile.
+
+    A cancellation that arrives while it runs is held until it is done, then re-raised (its
+    result or failure then goes unseen: the caller is being cancelled). Writes are started in
+    the caller's task (`start_eagerly`): a new task would wait for the loop's next turn.
+    """
     interrupted: asyncio.CancelledError | None = None
     while not future.done():
         try:
