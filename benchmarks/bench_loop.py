@@ -13,11 +13,16 @@ K tool steps per run (the model calls ``add`` K times, then answers). Three loop
 
 The time per model turn is the CPU time of the process (``time.process_time``: the machine
 may be loaded by others, CPU time is what the loop costs); wall time is printed beside it.
-The server runs in the same process, so its (equal) cost is in every column. Each
-configuration (loop x streaming x K x sequential/concurrent) runs in its own child process,
-so peak memory (max RSS) is measured per configuration.
+The server runs in the same process, so its (equal) cost is in every column. Each cell of
+the table (streaming x K x sequential/concurrent) runs in its own child process, where the
+three loops take turns: rounds of one block of runs per loop, in a rotating order, and the
+median over the rounds. On these machines the same child run costs up to 40% more or less
+from one process to the next; loops measured side by side in one process, round by round,
+see the same machine, so their ratio is steady where best-of-N separate processes was not.
+Memory is `bench_memory.py`'s.
 
 Usage: python benchmarks/bench_loop.py [--quick] [--runs 200] [--concurrent 100] [--k 10,100]
+    [--rounds 10]
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -258,6 +263,7 @@ async def agent_flow_run(client: Any, stream: bool) -> int:
 
 
 async def measure(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> dict[str, Any]:
+    """One loop alone (``--child --loop L``: what `attribute.py` and py-spy profile)."""
     from openai import AsyncOpenAI
 
     from agent_flow import OpenAIClient
@@ -288,29 +294,84 @@ async def measure(loop: str, stream: bool, k: int, runs: int, concurrent: bool) 
         "ms_per_turn": cpu * 1000 / turns,
         "wall_ms_per_turn": elapsed * 1000 / turns,
         "turns": turns,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+LOOPS = ("handwritten", "floor", "agent_flow")
+
+
+async def measure_rounds(
+    stream: bool, k: int, runs: int, concurrent: bool, rounds: int
+) -> dict[str, Any]:
+    """All three loops in one process, interleaved: `rounds` blocks of `runs` runs each.
+
+    Each round runs one block per loop, in an order that rotates from round to round, so
+    that every loop meets the same machine (caches, other load) as the others. A block is
+    `runs` runs one after another, or all at once when `concurrent`. Returns, per loop, the
+    median and least CPU ms per turn over the rounds, the median wall ms per turn, and the
+    median over the rounds of each loop's ratio to the handwritten loop in the same round.
+    """
+    from openai import AsyncOpenAI
+
+    from agent_flow import OpenAIClient
+
+    per_round: dict[str, list[tuple[float, float]]] = {loop: [] for loop in LOOPS}
+    async with OpenAIServer(handler=make_handler(k, stream)) as server:
+        server.record = False
+        # All loops reuse one client across runs, as an application would.
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+        ours = OpenAIClient("m", base_url=server.base_url, api_key="k")
+
+        async def one(loop: str) -> int:
+            if loop == "handwritten":
+                return await handwritten_run(client, stream)
+            if loop == "floor":
+                return await floor_run(client, stream)
+            return await agent_flow_run(ours, stream)
+
+        for loop in LOOPS:  # warm-up: imports, connections, tokenizer
+            await one(loop)
+        for index in range(rounds):
+            order = LOOPS[index % len(LOOPS) :] + LOOPS[: index % len(LOOPS)]
+            for loop in order:
+                start, cpu_start = time.perf_counter(), time.process_time()
+                if concurrent:
+                    turns = sum(await asyncio.gather(*(one(loop) for _ in range(runs))))
+                else:
+                    turns = 0
+                    for _ in range(runs):
+                        turns += await one(loop)
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+                per_round[loop].append((cpu * 1000 / turns, elapsed * 1000 / turns))
+    base = [cpu for cpu, _ in per_round["handwritten"]]
+    return {
+        loop: {
+            "ms_per_turn": statistics.median(cpu for cpu, _ in rounds_),
+            "least_ms_per_turn": min(cpu for cpu, _ in rounds_),
+            "wall_ms_per_turn": statistics.median(wall for _, wall in rounds_),
+            "ratio": statistics.median(
+                cpu / hw for (cpu, _), hw in zip(rounds_, base, strict=True)
+            ),
+        }
+        for loop, rounds_ in per_round.items()
     }
 
 
 def child(args: argparse.Namespace) -> None:
+    if args.loop is not None:
+        alone = measure(args.loop, args.stream, args.k_one, args.runs, args.concurrent_mode)
+        print(json.dumps(asyncio.run(alone)))
+        return
     result = asyncio.run(
-        measure(args.loop, args.stream, args.k_one, args.runs, args.concurrent_mode)
+        measure_rounds(args.stream, args.k_one, args.runs, args.concurrent_mode, args.rounds)
     )
     print(json.dumps(result))
 
 
-def run_child(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        __file__,
-        "--child",
-        "--loop",
-        loop,
-        "--k-one",
-        str(k),
-        "--runs",
-        str(runs),
-    ]
+def run_child(stream: bool, k: int, runs: int, concurrent: bool, rounds: int) -> dict[str, Any]:
+    """One cell of the table, in a fresh process."""
+    command = [sys.executable, __file__, "--child", "--k-one", str(k)]
+    command += ["--runs", str(runs), "--rounds", str(rounds)]
     if stream:
         command.append("--stream")
     if concurrent:
@@ -320,24 +381,15 @@ def run_child(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> d
     return result
 
 
-def best_of(repeat: int, *args: Any) -> dict[str, Any]:
-    """The run with the least CPU per turn of `repeat` (others' load only ever adds)."""
-    results = [run_child(*args) for _ in range(repeat)]
-    return min(results, key=lambda r: float(r["ms_per_turn"]))
-
-
-LOOPS = ("handwritten", "floor", "agent_flow")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--runs", type=int, default=200, help="sequential runs")
+    parser.add_argument("--runs", type=int, default=200, help="sequential runs per loop")
     parser.add_argument("--concurrent", type=int, default=100, help="runs at once")
     parser.add_argument("--k", default="10,100", help="tool steps per run")
-    parser.add_argument("--repeat", type=int, default=3, help="child runs per cell (best kept)")
-    parser.add_argument("--quick", action="store_true", help="fewer runs, one repeat, K=10")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds per cell")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and rounds, K=10")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--loop", default="agent_flow", help=argparse.SUPPRESS)
+    parser.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)
     parser.add_argument("--k-one", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--concurrent-mode", action="store_true", help=argparse.SUPPRESS)
@@ -346,35 +398,34 @@ def main() -> None:
         child(args)
         return
     if args.quick:
-        args.runs, args.concurrent, args.repeat, args.k = 50, 100, 1, "10"
+        args.runs, args.concurrent, args.rounds, args.k = 60, 100, 4, "10"
 
-    print("CPU ms per model turn (lower is better), best of", args.repeat, "child runs;")
-    print("ratio = loop / handwritten; wall ms and peak RSS (MB) of handwritten/floor/agent_flow")
+    print(f"CPU ms per model turn (lower is better): the median of {args.rounds} interleaved")
+    print("rounds; ratio = the median of each round's loop / handwritten; wall ms per turn")
     print(
-        f"{'K':>4} {'mode':>8} {'stream':>6} | {'handwritten':>11} | {'floor':>11} | "
-        f"{'agent_flow':>11} | {'wall hw/fl/af':>17} | {'peak MB hw/fl/af':>16}"
+        f"{'K':>4} {'mode':>9} {'stream':>6} | {'handwritten':>11} | {'floor':>11} | "
+        f"{'agent_flow':>11} | {'wall hw/fl/af':>17}"
     )
     for k in (int(v) for v in args.k.split(",")):
         # K=100 runs are ten times longer; scale the run counts to keep the total bounded.
         scale = max(1, k // 10)
-        for concurrent, runs in ((False, args.runs // scale), (True, args.concurrent // scale)):
+        cells = (
+            (False, max(args.runs // args.rounds // scale, 1), args.rounds),
+            # A concurrent round is `concurrent` runs at once; half the rounds keep it short.
+            (True, max(args.concurrent // scale, 2), max(args.rounds // 2, 2)),
+        )
+        for concurrent, runs, rounds in cells:
             for stream in (False, True):
-                runs = max(runs, 2)
-                res = {
-                    loop: best_of(args.repeat, loop, stream, k, runs, concurrent) for loop in LOOPS
-                }
+                res = run_child(stream, k, runs, concurrent, rounds)
                 base = res["handwritten"]["ms_per_turn"]
-                mode = f"{runs}x{'par' if concurrent else 'seq'}"
-                cells = [f"{base:>11.3f}"] + [
-                    f"{res[loop]['ms_per_turn']:>5.3f} {res[loop]['ms_per_turn'] / base:>4.2f}x"
+                mode = f"{runs}x{'par' if concurrent else 'seq'}x{rounds}"
+                row = [f"{base:>11.3f}"] + [
+                    f"{res[loop]['ms_per_turn']:>5.3f} {res[loop]['ratio']:>4.2f}x"
                     for loop in LOOPS[1:]
                 ]
                 wall = "/".join(f"{res[loop]['wall_ms_per_turn']:.2f}" for loop in LOOPS)
-                peak = "/".join(f"{res[loop]['peak_rss_mb']:.0f}" for loop in LOOPS)
                 print(
-                    f"{k:>4} {mode:>8} {stream!s:>6} | "
-                    + " | ".join(cells)
-                    + f" | {wall:>17} | {peak:>16}",
+                    f"{k:>4} {mode:>9} {stream!s:>6} | " + " | ".join(row) + f" | {wall:>17}",
                     flush=True,
                 )
 
