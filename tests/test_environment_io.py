@@ -203,6 +203,19 @@ def test_a_text_that_fits_exactly_is_not_degraded_even_if_its_parts_add_up_to_mo
     assert env.render(whole, TIKTOKEN) == full
 
 
+def test_a_report_is_reused_within_its_version_and_dropped_once_the_version_moves() -> None:
+    env = Environment(task=TaskState(objective="Fix the parser"))
+    first = env.render_report(10_000, TIKTOKEN)
+    assert env.render_report(10_000, TIKTOKEN) is first
+    for n in range(50):
+        env.set("/extensions/step", n)
+        env.render_report(10_000, TIKTOKEN)
+        env.render_report(5_000, TIKTOKEN)
+    # Only the newest version's reports are held: a long run keeps two, not a history.
+    assert len(env._renderer._reports) == 2
+    assert env.render_report(10_000, TIKTOKEN).text.endswith('{"step":49}')
+
+
 @pytest.mark.parametrize("counter", COUNTERS, ids=lambda c: c.name)
 def test_a_budget_of_zero_renders_as_nothing(counter: TokenCounter) -> None:
     env = Environment(task=TaskState(objective="x"))

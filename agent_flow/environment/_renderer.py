@@ -1,8 +1,9 @@
 """The environment's renderer: section blocks and reports, cached per section version.
 
 `_Renderer` keeps, per section, the blocks rendered under each pair of caps (with their
-token counts per counter) until the section changes, and the latest reports by version,
-budget and counter; `_Fit` (in `render`) does the search for one budget.
+token counts per counter) until the section changes, and the reports of the environment's
+current version by budget and counter (a version once passed is never rendered again, so its
+reports go); `_Fit` (in `render`) does the search for one budget.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class _Renderer:
 
     def __init__(self) -> None:
         self._sections: dict[str, _SectionCache] = {}
-        self._reports: OrderedDict[tuple[int, int, int], RenderReport] = OrderedDict()
+        # The reports of `_version` (the newest version rendered), by budget and counter.
+        self._version = -1
+        self._reports: OrderedDict[tuple[int, int], RenderReport] = OrderedDict()
         # Strong references keep counter ids unique while counts keyed by them are cached.
         self._counters: dict[int, TokenCounter] = {}
 
@@ -106,7 +109,12 @@ class _Renderer:
         counter: TokenCounter,
     ) -> RenderReport:
         counter_id = self._counter_id(counter)
-        report_key = (max(versions.values()), max_tokens, counter_id)
+        version = max(versions.values())
+        if version != self._version:
+            # Versions only grow: the reports of the one before are never asked for again.
+            self._version = version
+            self._reports.clear()
+        report_key = (max_tokens, counter_id)
         cached = self._reports.get(report_key)
         if cached is not None:
             self._reports.move_to_end(report_key)
