@@ -14,7 +14,7 @@ from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_flow._types import JsonObject
+from agent_flow._types import FrozenModel, JsonObject
 from agent_flow._utils import loads_json
 
 __all__ = ["ChatMessage", "Role", "ToolCall", "ToolDefinition", "parse_tool_arguments"]
@@ -22,7 +22,7 @@ __all__ = ["ChatMessage", "Role", "ToolCall", "ToolDefinition", "parse_tool_argu
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-class ToolCall(BaseModel):
+class ToolCall(FrozenModel):
     """A tool call as the model made it: the one call type from the model to the history.
 
     The LLM clients build it, the tool executor runs it, the history records it (inside a
@@ -37,8 +37,6 @@ class ToolCall(BaseModel):
         problem: Why the call as a whole is unusable, when the LLM layer found out while
             reading it (a malformed XML tool block, say); not persisted.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     id: str
     name: str
@@ -130,7 +128,7 @@ _JSON_KIND: dict[type, str] = {
 }
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(FrozenModel):
     """One message of a prompt.
 
     Attributes:
@@ -140,8 +138,6 @@ class ChatMessage(BaseModel):
         tool_call_id: The call a tool message answers (tool only).
         name: The tool's name on a tool message.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     role: Role
     content: str = ""

@@ -13,7 +13,7 @@ from typing import TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agent_flow._types import JsonValue
+from agent_flow._types import FrozenModel, JsonValue
 from agent_flow.errors import OutputValidationError
 from agent_flow.llm.base import Usage
 from agent_flow.messages import ToolCall
@@ -91,10 +91,8 @@ Step: TypeAlias = Continue | RunTools | Finish
 # -- results -------------------------------------------------------------------------------
 
 
-class ToolUse(BaseModel):
+class ToolUse(FrozenModel):
     """One tool call of a run and what came of it."""
-
-    model_config = ConfigDict(frozen=True)
 
     iteration: int
     call_id: str

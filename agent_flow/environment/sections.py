@@ -14,7 +14,7 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_flow._types import JsonObject, JsonValue
+from agent_flow._types import FrozenModel, JsonObject, JsonValue
 
 __all__ = [
     "RENDER_ORDER",
@@ -197,7 +197,7 @@ _SECTION_MODELS: Final[dict[str, type[BaseModel]]] = {
 _DEFAULT_STATE: Final[JsonObject] = _State().model_dump(mode="json")
 
 
-class EnvironmentChange(BaseModel):
+class EnvironmentChange(FrozenModel):
     """One recorded change of the environment.
 
     Attributes:
@@ -208,8 +208,6 @@ class EnvironmentChange(BaseModel):
         old: The value before, or None if there was none.
         new: The value after (for a set), or None (for a delete).
     """
-
-    model_config = ConfigDict(frozen=True)
 
     version: int
     op: Literal["set", "delete"]

@@ -17,7 +17,6 @@ from uuid import uuid4
 
 from pydantic import (
     AwareDatetime,
-    BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -25,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from agent_flow._types import FrozenModel
 from agent_flow.messages import ToolCall
 
 __all__ = [
@@ -50,7 +50,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class _Entry(BaseModel):
+class _Entry(FrozenModel):
     """Fields every history entry has.
 
     Attributes:

@@ -30,7 +30,7 @@ from typing import Annotated, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from agent_flow._types import JsonObject
+from agent_flow._types import FrozenModel, JsonObject
 from agent_flow._utils import conforms
 from agent_flow.errors import ModelResponseError
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
@@ -103,7 +103,7 @@ def normalize_finish_reason(raw: str | None) -> FinishReason:
     return _FINISH_REASONS.get(raw.strip().lower(), "other")
 
 
-class Usage(BaseModel):
+class Usage(FrozenModel):
     """Token usage the server reported for one call.
 
     Attributes:
@@ -117,8 +117,6 @@ class Usage(BaseModel):
         estimated: Counted by agent_flow because the server reported no usage (its own
             token counts of what was sent and received), not the server's figures.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
