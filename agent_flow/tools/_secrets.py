@@ -18,6 +18,7 @@ occurrences are found; a secret a tool transforms (base64, split across lines) i
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -36,6 +37,8 @@ _SECRET_NAME = re.compile(
 )
 
 
+# Remembered: every agent built scans the whole environment, whose names rarely change.
+@functools.lru_cache(maxsize=4096)
 def looks_secret(name: str) -> bool:
     """Whether an environment variable's name says it holds a secret (``OPENAI_API_KEY``)."""
     return bool(_SECRET_NAME.search(name))
