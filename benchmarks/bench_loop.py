@@ -357,7 +357,41 @@ async def measure_rounds(
     }
 
 
+async def measure_k_ratio(stream: bool, ks: list[int], rounds: int) -> dict[int, float]:
+    """agent_flow's CPU ms per turn at each K, interleaved in one process (median of rounds).
+
+    Each K has its own server; a round runs, for each K, runs one after another until about
+    `_TURNS_PER_BLOCK` turns were taken, so every K is measured on the same machine.
+    """
+    from contextlib import AsyncExitStack
+
+    from agent_flow import OpenAIClient
+
+    per_k: dict[int, list[float]] = {k: [] for k in ks}
+    async with AsyncExitStack() as stack:
+        clients = {}
+        for k in ks:
+            server = await stack.enter_async_context(OpenAIServer(handler=make_handler(k, stream)))
+            server.record = False
+            clients[k] = OpenAIClient("m", base_url=server.base_url, api_key="k")
+            await agent_flow_run(clients[k], stream)  # warm-up
+        for _ in range(rounds):
+            for k in ks:
+                cpu_start, turns = time.process_time(), 0
+                while turns < _TURNS_PER_BLOCK:
+                    turns += await agent_flow_run(clients[k], stream)
+                per_k[k].append((time.process_time() - cpu_start) * 1000 / turns)
+    return {k: statistics.median(values) for k, values in per_k.items()}
+
+
+_TURNS_PER_BLOCK = 200
+
+
 def child(args: argparse.Namespace) -> None:
+    if args.k_ratio:
+        ks = [int(v) for v in args.k.split(",")]
+        print(json.dumps(asyncio.run(measure_k_ratio(args.stream, ks, args.rounds))))
+        return
     if args.loop is not None:
         alone = measure(args.loop, args.stream, args.k_one, args.runs, args.concurrent_mode)
         print(json.dumps(asyncio.run(alone)))
@@ -390,6 +424,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer runs and rounds, K=10")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)
+    parser.add_argument("--k-ratio", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--k-one", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--concurrent-mode", action="store_true", help=argparse.SUPPRESS)
@@ -428,6 +463,16 @@ def main() -> None:
                     f"{k:>4} {mode:>9} {stream!s:>6} | " + " | ".join(row) + f" | {wall:>17}",
                     flush=True,
                 )
+    ks = sorted({int(v) for v in args.k.split(",")})
+    if len(ks) > 1:
+        print(f"agent_flow per turn at K={ks}, one after another, interleaved in one process:")
+        for stream in (False, True):
+            command = [sys.executable, __file__, "--child", "--k-ratio", "--k", args.k]
+            command += ["--rounds", str(args.rounds)] + (["--stream"] if stream else [])
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            by_k = {int(k): v for k, v in json.loads(output.strip().splitlines()[-1]).items()}
+            cells = ", ".join(f"K={k} {by_k[k]:.3f} ms ({by_k[k] / by_k[ks[0]]:.2f}x)" for k in ks)
+            print(f"  stream={stream!s:<5} {cells}", flush=True)
 
 
 if __name__ == "__main__":
