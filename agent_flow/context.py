@@ -64,7 +64,13 @@ from agent_flow.history import (
 from agent_flow.llm.base import NativeFormat, PromptFormat
 from agent_flow.messages import ChatMessage, ToolDefinition
 from agent_flow.prompt import Prompt, PromptBreakdown
-from agent_flow.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+from agent_flow.tokens import (
+    REPLY_PRIMING_TOKENS,
+    TOKENS_PER_MESSAGE,
+    BaseTokenCounter,
+    TokenCounter,
+    splits_at_headings,
+)
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT_TEMPLATE",
@@ -161,7 +167,9 @@ class ContextManager:
         self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
         self._template_cache: dict[tuple[str, str], tuple[str, str, int]] = {}
         self._env_full: tuple[int, str, int] | None = None
-        self._env_shrunk: dict[tuple[int, int], str] = {}
+        self._env_shrunk: dict[tuple[int, int], tuple[str, int]] = {}
+        # The system template's text before the environment → its count.
+        self._head_tokens: dict[str, int] = {}
         self._wire: WireCounter | None = None
         self.prompt_format = prompt_format
 
@@ -294,19 +302,48 @@ class ContextManager:
             self._env_shrunk.clear()
         return self._env_full[1], self._env_full[2]
 
-    def _environment_text(self, budget: int) -> tuple[str, bool]:
-        """Return the environment rendered within `budget`, and whether it had to degrade."""
+    def _environment_text(self, budget: int) -> tuple[str, int, bool]:
+        """Return the environment rendered within `budget`, its tokens, and whether it degraded."""
         text, tokens = self._environment_full()
         if tokens <= budget:
-            return text, False
+            return text, tokens, False
         key = (self.environment.version, budget)
         shrunk = self._env_shrunk.get(key)
         if shrunk is None:
-            shrunk = self.environment.render(max(budget, 0), self.counter)
+            report = self.environment.render_report(max(budget, 0), self.counter)
+            shrunk = (report.text, report.tokens)
             if len(self._env_shrunk) > 32:
                 self._env_shrunk.clear()
             self._env_shrunk[key] = shrunk
-        return shrunk, True
+        return shrunk[0], shrunk[1], True
+
+    def _system_tokens(self, head: str, env_text: str, env_tokens: int, tail: str) -> int:
+        """Return what the system message ``head + env_text + tail`` costs.
+
+        With a counter that splits at headings (`splits_at_headings`) and counts messages by
+        the base rules, the environment's count is reused: every block of it starts with
+        ``## `` after a line break, so only the template around it and the seam with what
+        follows it (the last block and `tail`) are counted. Otherwise, the whole message.
+        """
+        counter = self.counter
+        if not (
+            env_text
+            and (not head or head.endswith("\n"))
+            and splits_at_headings(counter)
+            and type(counter).count_message is BaseTokenCounter.count_message
+        ):
+            return counter.count_message(ChatMessage(role="system", content=head + env_text + tail))
+        head_tokens = self._head_tokens.get(head)
+        if head_tokens is None:
+            if len(self._head_tokens) > 64:
+                self._head_tokens.clear()
+            head_tokens = self._head_tokens[head] = counter.count(head)
+        content = head_tokens + env_tokens
+        if tail:
+            # Blocks are joined by a blank line and hold none: the last starts after the last.
+            last = env_text[env_text.rfind("\n\n") + 2 :] if "\n\n" in env_text else env_text
+            content += counter.count(last + tail) - counter.count(last)
+        return TOKENS_PER_MESSAGE + content
 
     # -- prompts -----------------------------------------------------------------------
 
@@ -364,22 +401,20 @@ class ContextManager:
         # The environment may take its share, or more when the history leaves room.
         env_share = int(usable * self.environment_allocation)
         env_budget = min(max(env_share, usable - history_tokens), usable - pinned_tokens)
-        env_text, degraded = self._environment_text(env_budget)
-        system = ChatMessage(role="system", content=head + env_text + tail)
-        system_tokens = self.counter.count_message(system)
+        env_text, env_tokens, degraded = self._environment_text(env_budget)
+        system_tokens = self._system_tokens(head, env_text, env_tokens, tail)
         # Tokens can merge across the seams of template and environment; shrink until exact.
         for _ in range(4):
             over = system_tokens - template_tokens - env_budget
             if over <= 0:
                 break
             env_budget -= over
-            env_text, degraded = self._environment_text(env_budget)
-            system = ChatMessage(role="system", content=head + env_text + tail)
-            system_tokens = self.counter.count_message(system)
+            env_text, env_tokens, degraded = self._environment_text(env_budget)
+            system_tokens = self._system_tokens(head, env_text, env_tokens, tail)
         else:
             env_text, degraded = "", True
-            system = ChatMessage(role="system", content=head + tail)
             system_tokens = template_tokens
+        system = ChatMessage(role="system", content=head + env_text + tail)
         environment_tokens = system_tokens - template_tokens
 
         history_budget = usable - environment_tokens

@@ -32,7 +32,7 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from agent_flow.errors import TokenizerError
 from agent_flow.messages import ChatMessage, ToolDefinition
@@ -52,6 +52,7 @@ __all__ = [
     "TokenizerFallbackWarning",
     "default_counter",
     "render_tools_for_counting",
+    "splits_at_headings",
 ]
 
 TOKENS_PER_MESSAGE = 3
@@ -62,6 +63,22 @@ REPLY_PRIMING_TOKENS = 3
 _TOOLS_BLOCK_OVERHEAD = 12
 
 FALLBACK_ENCODING = "cl100k_base"
+
+# Encodings whose pre-tokenizing pattern never lets one piece run from a line break into a
+# following "#" (read off each pattern; checked on random texts by the tests).
+_SPLITS_AT_HEADINGS: Final = frozenset({"cl100k_base", "o200k_base", "o200k_harmony"})
+
+
+def splits_at_headings(counter: TokenCounter) -> bool:
+    """Whether `counter` splits tokens at every line break followed by ``#``.
+
+    That is: it counts ``a + b`` as ``count(a) + count(b)`` whenever `a` ends with a line
+    break and `b` starts with ``#``. Then a text made of ``## ...`` blocks (the rendered
+    environment) is counted from its blocks, each counted once, instead of whole again after
+    every change. `TiktokenCounter` says so for the encodings it knows to split there; a
+    counter of your own can by setting ``splits_at_headings = True``.
+    """
+    return getattr(counter, "splits_at_headings", False) is True
 
 
 class TokenizerFallbackWarning(UserWarning):
@@ -334,6 +351,7 @@ class TiktokenCounter(BaseTokenCounter):
         self._encoding = found
         self.encoding_name = found.name.removesuffix("_offline")
         self.name = f"tiktoken:{self.encoding_name}"
+        self.splits_at_headings = self.encoding_name in _SPLITS_AT_HEADINGS
 
     def count(self, text: str) -> int:
         """Return the exact number of tokens in `text` (special tokens count as plain text)."""

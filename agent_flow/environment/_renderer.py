@@ -27,6 +27,8 @@ class _Block:
     elided: int
     shortened: int
     counts: dict[int, tuple[int, bool]] = field(default_factory=dict)  # counter id → count
+    # (counter id, with the separator after it) → exact count; see `_Fit.count_joined`.
+    joined: dict[tuple[int, bool], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +97,7 @@ class _Renderer:
                 for cache in self._sections.values():
                     for block in cache.blocks.values():
                         block.counts.clear()
+                        block.joined.clear()
                 self._reports.clear()
             self._counters[key] = counter
         return key

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_flow._types import JsonObject
 from agent_flow.environment.sections import RENDER_ORDER, SectionName
-from agent_flow.tokens import TokenCounter
+from agent_flow.tokens import TokenCounter, splits_at_headings
 
 if TYPE_CHECKING:
     from agent_flow.environment._renderer import _Block, _Caps, _Renderer, _SectionCache
@@ -207,13 +207,13 @@ class _Fit:
         return None
 
     def assemble(self, kept: list[str], markers: list[str], caps: _Caps) -> RenderReport:
-        parts: list[str] = []
+        pieces: list[tuple[str, _Block | None]] = []
         sections: list[SectionRender] = []
         any_elided = any_shortened = False
         for name in RENDER_ORDER:
             if name in kept:
                 block = self.renderer._block(self.state, name, self.caches[name], caps)
-                parts.append(block.text)
+                pieces.append((block.text, block))
                 any_elided = any_elided or block.elided > 0
                 any_shortened = any_shortened or block.shortened > 0
                 tokens = self.count_block(block, self.budget)
@@ -228,18 +228,47 @@ class _Fit:
             elif name in self.caches:
                 with_marker = name in markers
                 if with_marker:
-                    parts.append(self.marker(name))
+                    pieces.append((self.marker(name), None))
                 tokens = self.marker_count(name) if with_marker else 0
                 sections.append(SectionRender(name=name, tokens=tokens, dropped=True))
-        text = _SEPARATOR.join(parts)
         return RenderReport(
-            text=text,
-            tokens=self.counter.count(text) if text else 0,
+            text=_SEPARATOR.join(text for text, _ in pieces),
+            tokens=self.count_joined(pieces),
             max_tokens=self.budget,
             sections=tuple(sections),
             item_cap=caps[0] if any_elided else None,
             string_cap=caps[1] if any_shortened else None,
         )
+
+    def count_joined(self, pieces: list[tuple[str, _Block | None]]) -> int:
+        """The exact count of the pieces (blocks, or markers: None) joined by the separator.
+
+        Counted whole, unless the counter splits at headings (`splits_at_headings`): every
+        piece starts with ``## ``, so the whole is the sum of each piece with the separator
+        after it (the last one alone). Each block keeps those counts, so a change costs the
+        count of the block it changed, not of the whole text again.
+        """
+        if not pieces:
+            return 0
+        if not splits_at_headings(self.counter):
+            return self.counter.count(_SEPARATOR.join(text for text, _ in pieces))
+        total = 0
+        last = len(pieces) - 1
+        for index, (text, block) in enumerate(pieces):
+            seam = _SEPARATOR if index < last else ""
+            if block is None:
+                total += self.counter.count(text + seam)
+                continue
+            alone = block.counts.get(self.counter_id)
+            if not seam and alone is not None and alone[1]:
+                total += alone[0]
+                continue
+            key = (self.counter_id, index < last)
+            count = block.joined.get(key)
+            if count is None:
+                count = block.joined[key] = self.counter.count(text + seam)
+            total += count
+        return total
 
     def attempt(self, kept: list[str], markers: list[str]) -> RenderReport | None:
         limit = self.budget
