@@ -11,7 +11,13 @@ Both use the same tiktoken encoding (cl100k_base, offline) in the same process. 
 ``--xml`` the manager budgets the prompt as XML tool mode sends it (each step renders the
 new units and counts the rendered prompt exactly).
 
+A second table gives the step with an environment of N tokens that each step writes one
+small tool result to (as the default tool-result handler does): agent_flow, which counts the
+environment from its blocks (`splits_at_headings`), against the same counter told to count
+the environment whole after each change.
+
 Usage: python benchmarks/bench_context.py [--sizes 1000,10000,100000] [--steps 50] [--xml]
+    [--environment-tokens 1000,5000,20000]
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import argparse
 import time
 
 from agent_flow.context import ContextManager
-from agent_flow.environment import Environment
+from agent_flow.environment import Environment, KnowledgeBase
 from agent_flow.history import AgentMessage, History, ToolCallEntry, ToolResultEntry, UserMessage
 from agent_flow.llm.xml_tools import XML_FORMAT
 from agent_flow.messages import ChatMessage, ToolCall
@@ -97,11 +103,43 @@ def bench(size: int, steps: int, counter: TiktokenCounter, xml: bool) -> tuple[f
     return ours, baseline
 
 
+class WholeCounter(TiktokenCounter):
+    """The same tiktoken counter, which does not claim to split at headings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.splits_at_headings = False
+
+
+def bench_environment(env_tokens: int, steps: int, counter: TiktokenCounter) -> float:
+    """Seconds per step: add a step's entries, write its result to the environment, build."""
+    facts, size = [], 0
+    while size < env_tokens:
+        n = len(facts)
+        facts.append(f"fact {n}: the CSV parser splits fields on commas in mod_{n}")
+        size += counter.count(facts[-1]) + 1
+    env = Environment(knowledge=KnowledgeBase(discovered_facts=facts))
+    env.set("/task/objective", "Fix the CSV parser bug")
+    history = build_history(100, counter)
+    manager = ContextManager(env, history, BUDGET, counter=counter, reserve_output_tokens=4096)
+    for i in range(2):  # warm caches, as a running agent has them
+        env.set("/extensions/tool_results/read_file", {"content": f"warm {i}"})
+        manager.build_prompt()
+    start = time.perf_counter()
+    for i in range(steps):
+        history.extend(entries_for_step(1000 + i))
+        env.set("/extensions/tool_results/read_file", {"content": RESULT, "step": i})
+        prompt = manager.build_prompt()
+        assert prompt.total_tokens <= BUDGET - 4096
+    return (time.perf_counter() - start) / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--xml", action="store_true", help="budget as XML tool mode sends")
+    parser.add_argument("--environment-tokens", default="1000,5000,20000")
     args = parser.parse_args()
     counter = TiktokenCounter()
     mode = "xml tool mode" if args.xml else "native tool calling"
@@ -113,6 +151,17 @@ def main() -> None:
         ours, baseline = bench(size, args.steps, counter, args.xml)
         print(
             f"{size:>8} | {ours * 1e3:>18.3f} | {baseline * 1e3:>19.1f} | {baseline / ours:>7.0f}x"
+        )
+    print(f"\na step that writes one result to an environment of N tokens ({mode} history of 100)")
+    header = f"{'env tokens':>10} | {'agent_flow ms/step':>18} | {'counted whole ms/step':>21}"
+    print(f"{header} | speed-up")
+    whole = WholeCounter()
+    for env_tokens in (int(s) for s in args.environment_tokens.split(",")):
+        ours = bench_environment(env_tokens, args.steps, counter)
+        baseline = bench_environment(env_tokens, args.steps, whole)
+        print(
+            f"{env_tokens:>10} | {ours * 1e3:>18.3f} | {baseline * 1e3:>21.3f} | "
+            f"{baseline / ours:>7.1f}x"
         )
 
 
