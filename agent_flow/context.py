@@ -61,6 +61,7 @@ from agent_flow.history import (
     SummarizeOldest,
     Unit,
 )
+from agent_flow.history.units import select_units
 from agent_flow.llm.base import NativeFormat, PromptFormat
 from agent_flow.messages import ChatMessage, ToolDefinition
 from agent_flow.prompt import Prompt, PromptBreakdown
@@ -423,7 +424,7 @@ class ContextManager:
         if everything:
             chosen, sent_tokens = units, history_tokens
         else:
-            chosen, sent_tokens = _select_units(
+            chosen, sent_tokens = select_units(
                 units, self.history.pinned_indices(), pinned_tokens, history_budget, costs
             )
 
@@ -570,35 +571,3 @@ def _rounds_report(reports: Sequence[PruneReport]) -> PruneReport:
         fits=last.fits,
         steps=tuple(reports),
     )
-
-
-def _select_units(
-    units: Sequence[Unit],
-    pinned: Sequence[int],
-    pinned_tokens: int,
-    budget: int,
-    costs: Sequence[int] | None = None,
-) -> tuple[list[Unit], int]:
-    """Pick the pinned units plus the newest others that fit `budget`, in original order.
-
-    Walks back from the newest unit only as far as the budget reaches, so the cost is
-    proportional to what is sent, not to the length of the history. `costs` are the units'
-    costs as sent (default: their own counts).
-
-    Returns:
-        The units and their total tokens.
-    """
-    remaining = budget - pinned_tokens
-    taken = 0
-    for index in range(len(units) - 1, -1, -1):
-        unit = units[index]
-        if not unit.pinned:
-            cost = unit.tokens if costs is None else costs[index]
-            if cost > remaining:
-                break
-            remaining -= cost
-        taken += 1
-    start = len(units) - taken
-    older_pinned = [units[i] for i in pinned if i < start]
-    # Every pinned unit is sent, and the others sent cost what the walk took from the budget.
-    return [*older_pinned, *units[start:]], budget - remaining

@@ -18,13 +18,14 @@ kept in the history but never sent.
 A `Unit` caches the token count of each of its messages. `_UnitBuilder` holds the mutable state
 of the last unit of a history, so that adding an entry recounts only the messages it changes;
 `build_units` groups and counts a list of entries exactly as a fresh `History` would. The first
-user message and every summary are *pinned*: strategies never drop them.
+user message and every summary are *pinned*: strategies never drop them, and `select_units`
+(what a prompt sends when the whole history does not fit) always takes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -41,7 +42,7 @@ from agent_flow.history.entries import (
 from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.tokens import TokenCounter
 
-__all__ = ["SUMMARY_PREFIX", "Unit", "UnitKind", "build_units"]
+__all__ = ["SUMMARY_PREFIX", "Unit", "UnitKind", "build_units", "select_units"]
 
 #: The first line of the user message a `Summary` is sent as.
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
@@ -332,3 +333,35 @@ def _would_merge(previous: Unit, following: Unit) -> bool:
         and following.kind == "assistant"
         and not any(isinstance(e, ToolResultEntry) for e in previous.entries)
     )
+
+
+def select_units(
+    units: Sequence[Unit],
+    pinned: Sequence[int],
+    pinned_tokens: int,
+    budget: int,
+    costs: Sequence[int] | None = None,
+) -> tuple[list[Unit], int]:
+    """Pick the pinned units plus the newest others that fit `budget`, in original order.
+
+    Walks back from the newest unit only as far as the budget reaches, so the cost is
+    proportional to what is sent, not to the length of the history. `costs` are the units'
+    costs as sent (default: their own counts).
+
+    Returns:
+        The units and their total tokens.
+    """
+    remaining = budget - pinned_tokens
+    taken = 0
+    for index in range(len(units) - 1, -1, -1):
+        unit = units[index]
+        if not unit.pinned:
+            cost = unit.tokens if costs is None else costs[index]
+            if cost > remaining:
+                break
+            remaining -= cost
+        taken += 1
+    start = len(units) - taken
+    older_pinned = [units[i] for i in pinned if i < start]
+    # Every pinned unit is sent, and the others sent cost what the walk took from the budget.
+    return [*older_pinned, *units[start:]], budget - remaining
