@@ -27,8 +27,8 @@ class _Block:
     elided: int
     shortened: int
     counts: dict[int, tuple[int, bool]] = field(default_factory=dict)  # counter id → count
-    # (counter id, with the separator after it) → exact count; see `_Fit.count_joined`.
-    joined: dict[tuple[int, bool], int] = field(default_factory=dict)
+    # counter id → exact count of the text with the separator after it (`_Fit.count_joined`)
+    joined: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -255,19 +255,18 @@ class _Fit:
         total = 0
         last = len(pieces) - 1
         for index, (text, block) in enumerate(pieces):
-            seam = _SEPARATOR if index < last else ""
             if block is None:
-                total += self.counter.count(text + seam)
-                continue
-            alone = block.counts.get(self.counter_id)
-            if not seam and alone is not None and alone[1]:
+                total += self.counter.count(text + _SEPARATOR if index < last else text)
+            elif index < last:
+                joined = block.joined.get(self.counter_id)
+                if joined is None:
+                    joined = block.joined[self.counter_id] = self.counter.count(text + _SEPARATOR)
+                total += joined
+            else:
+                alone = block.counts.get(self.counter_id)
+                if alone is None or not alone[1]:
+                    alone = block.counts[self.counter_id] = (self.counter.count(text), True)
                 total += alone[0]
-                continue
-            key = (self.counter_id, index < last)
-            count = block.joined.get(key)
-            if count is None:
-                count = block.joined[key] = self.counter.count(text + seam)
-            total += count
         return total
 
     def attempt(self, kept: list[str], markers: list[str]) -> RenderReport | None:
