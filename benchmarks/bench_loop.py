@@ -34,6 +34,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -262,39 +264,50 @@ async def agent_flow_run(client: Any, stream: bool) -> int:
     return outcome.iterations
 
 
-async def measure(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> dict[str, Any]:
-    """One loop alone (``--child --loop L``: what `attribute.py` and py-spy profile)."""
+@asynccontextmanager
+async def serving(stream: bool, k: int) -> AsyncIterator[Callable[[str], Awaitable[int]]]:
+    """A local server scripted for K-step runs, and ``one(loop)``: one run of `loop` on it."""
     from openai import AsyncOpenAI
 
     from agent_flow import OpenAIClient
 
     async with OpenAIServer(handler=make_handler(k, stream)) as server:
         server.record = False
-        # Both loops reuse one client across runs, as an application would.
+        # All loops reuse one client across runs, as an application would.
         client = AsyncOpenAI(base_url=server.base_url, api_key="k")
         ours = OpenAIClient("m", base_url=server.base_url, api_key="k")
 
-        async def one() -> int:
+        async def one(loop: str) -> int:
             if loop == "handwritten":
                 return await handwritten_run(client, stream)
             if loop == "floor":
                 return await floor_run(client, stream)
             return await agent_flow_run(ours, stream)
 
-        await one()  # warm-up: imports, connections, tokenizer
-        start, cpu_start = time.perf_counter(), time.process_time()
-        if concurrent:
-            turns = sum(await asyncio.gather(*(one() for _ in range(runs))))
-        else:
-            turns = 0
-            for _ in range(runs):
-                turns += await one()
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    return {
-        "ms_per_turn": cpu * 1000 / turns,
-        "wall_ms_per_turn": elapsed * 1000 / turns,
-        "turns": turns,
-    }
+        yield one
+
+
+async def block(
+    one: Callable[[str], Awaitable[int]], loop: str, runs: int, concurrent: bool
+) -> tuple[float, float, int]:
+    """`runs` runs of `loop`, one after another or all at once: CPU and wall ms per turn."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if concurrent:
+        turns = sum(await asyncio.gather(*(one(loop) for _ in range(runs))))
+    else:
+        turns = 0
+        for _ in range(runs):
+            turns += await one(loop)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return cpu * 1000 / turns, elapsed * 1000 / turns, turns
+
+
+async def measure(loop: str, stream: bool, k: int, runs: int, concurrent: bool) -> dict[str, Any]:
+    """One loop alone (``--child --loop L``: what `attribute.py` and py-spy profile)."""
+    async with serving(stream, k) as one:
+        await one(loop)  # warm-up: imports, connections, tokenizer
+        cpu, wall, turns = await block(one, loop, runs, concurrent)
+    return {"ms_per_turn": cpu, "wall_ms_per_turn": wall, "turns": turns}
 
 
 LOOPS = ("handwritten", "floor", "agent_flow")
@@ -311,38 +324,15 @@ async def measure_rounds(
     median and least CPU ms per turn over the rounds, the median wall ms per turn, and the
     median over the rounds of each loop's ratio to the handwritten loop in the same round.
     """
-    from openai import AsyncOpenAI
-
-    from agent_flow import OpenAIClient
-
     per_round: dict[str, list[tuple[float, float]]] = {loop: [] for loop in LOOPS}
-    async with OpenAIServer(handler=make_handler(k, stream)) as server:
-        server.record = False
-        # All loops reuse one client across runs, as an application would.
-        client = AsyncOpenAI(base_url=server.base_url, api_key="k")
-        ours = OpenAIClient("m", base_url=server.base_url, api_key="k")
-
-        async def one(loop: str) -> int:
-            if loop == "handwritten":
-                return await handwritten_run(client, stream)
-            if loop == "floor":
-                return await floor_run(client, stream)
-            return await agent_flow_run(ours, stream)
-
+    async with serving(stream, k) as one:
         for loop in LOOPS:  # warm-up: imports, connections, tokenizer
             await one(loop)
         for index in range(rounds):
             order = LOOPS[index % len(LOOPS) :] + LOOPS[: index % len(LOOPS)]
             for loop in order:
-                start, cpu_start = time.perf_counter(), time.process_time()
-                if concurrent:
-                    turns = sum(await asyncio.gather(*(one(loop) for _ in range(runs))))
-                else:
-                    turns = 0
-                    for _ in range(runs):
-                        turns += await one(loop)
-                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-                per_round[loop].append((cpu * 1000 / turns, elapsed * 1000 / turns))
+                cpu, wall, _ = await block(one, loop, runs, concurrent)
+                per_round[loop].append((cpu, wall))
     base = [cpu for cpu, _ in per_round["handwritten"]]
     return {
         loop: {
@@ -360,27 +350,19 @@ async def measure_rounds(
 async def measure_k_ratio(stream: bool, ks: list[int], rounds: int) -> dict[int, float]:
     """agent_flow's CPU ms per turn at each K, interleaved in one process (median of rounds).
 
-    Each K has its own server; a round runs, for each K, runs one after another until about
-    `_TURNS_PER_BLOCK` turns were taken, so every K is measured on the same machine.
+    Each K has its own server; a round runs, for each K, a block of runs one after another
+    of at least `_TURNS_PER_BLOCK` turns (K + 1 per run), so every K meets the same machine.
     """
-    from contextlib import AsyncExitStack
-
-    from agent_flow import OpenAIClient
-
     per_k: dict[int, list[float]] = {k: [] for k in ks}
     async with AsyncExitStack() as stack:
-        clients = {}
+        ones = {k: await stack.enter_async_context(serving(stream, k)) for k in ks}
         for k in ks:
-            server = await stack.enter_async_context(OpenAIServer(handler=make_handler(k, stream)))
-            server.record = False
-            clients[k] = OpenAIClient("m", base_url=server.base_url, api_key="k")
-            await agent_flow_run(clients[k], stream)  # warm-up
+            await ones[k]("agent_flow")  # warm-up
         for _ in range(rounds):
             for k in ks:
-                cpu_start, turns = time.process_time(), 0
-                while turns < _TURNS_PER_BLOCK:
-                    turns += await agent_flow_run(clients[k], stream)
-                per_k[k].append((time.process_time() - cpu_start) * 1000 / turns)
+                runs = -(-_TURNS_PER_BLOCK // (k + 1))
+                cpu, _, _ = await block(ones[k], "agent_flow", runs, concurrent=False)
+                per_k[k].append(cpu)
     return {k: statistics.median(values) for k, values in per_k.items()}
 
 
