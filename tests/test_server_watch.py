@@ -38,6 +38,14 @@ async def _publish(live: LiveSession, seq: int) -> None:
     await live.bus.publish(event)
 
 
+async def _publish_all(live: LiveSession, seqs: range, pauses: list[bool]) -> None:
+    """Publish `seqs`, yielding to the reader after each one whose place in `pauses` is set."""
+    for seq in seqs:
+        await _publish(live, seq)
+        if pauses[seq % len(pauses)]:
+            await asyncio.sleep(0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     total=st.integers(min_value=1, max_value=2 * BATCH + 40),
@@ -67,10 +75,7 @@ def test_a_watcher_joining_anywhere_sees_each_later_id_once_in_order(
 
         reader = asyncio.create_task(read())
         await asyncio.sleep(0)
-        for seq in range(published_before, total):
-            await _publish(live, seq)
-            if pauses[seq % len(pauses)]:
-                await asyncio.sleep(0)
+        await _publish_all(live, range(published_before, total), pauses)
         if after < total - 1:
             await asyncio.wait_for(reader, 5)
         else:
@@ -143,10 +148,7 @@ def test_pushed_and_batched_events_form_one_sequence_without_gap_or_duplicate(
 
         reader = asyncio.create_task(read())
         await asyncio.sleep(0)
-        for seq in range(published_before, total):
-            await _publish(live, seq)
-            if pauses[seq % len(pauses)]:
-                await asyncio.sleep(0)
+        await _publish_all(live, range(published_before, total), pauses)
         if after < total - 1:
             await asyncio.wait_for(complete.wait(), 5)
         reader.cancel()

@@ -58,7 +58,7 @@ class _Entry(FrozenModel):
         timestamp: When the entry was made (timezone-aware, UTC by default).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(extra="forbid")  # frozen: FrozenModel
 
     id: str = Field(default_factory=_new_id, min_length=1)
     timestamp: AwareDatetime = Field(default_factory=_now)
