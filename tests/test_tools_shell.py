@@ -10,6 +10,9 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +40,13 @@ from agent_flow.tools import (
     shell_boundary,
     workspace_tools,
 )
-from agent_flow.tools._sandbox import command_environment, resolve_confinement
+from agent_flow.tools._sandbox import (
+    bwrap_argv,
+    command_environment,
+    resolve_confinement,
+    runtime_paths,
+    tmp_binds,
+)
 
 CANARY = "sk-canary-4c1d2e9f8a7b6c5d"
 
@@ -362,23 +371,229 @@ env = {{ GREETING = "hi" }}
     assert not names & {"HOME", "MY_LLM_CRED", "PLAIN_NAME"}
 
 
+# --- the private /tmp -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def host_tmp() -> Iterator[Path]:
+    # Explicitly in the host's /tmp (pytest's tmp_path need not be): what a confined command
+    # must not see, or a workspace or virtualenv that must still work from there.
+    base = Path(tempfile.mkdtemp(prefix="agent-flow-host-", dir="/tmp"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _tops(paths: list[str]) -> set[str]:
+    """The entries of /tmp that binding `paths` (all under /tmp) creates."""
+    return {Path(path).relative_to("/tmp").parts[0] for path in paths}
+
+
 @needs_bwrap
-async def test_a_confined_command_reads_what_the_hosts_tmp_holds_but_cannot_change_it(
-    var_tmp: Path,
+async def test_a_confined_command_cannot_see_what_the_hosts_tmp_holds(
+    var_tmp: Path, host_tmp: Path
 ) -> None:
-    # A project (or the virtualenv running it) often lives under /tmp: a private /tmp must
-    # not hide it.
     root = var_tmp / "ws"
     root.mkdir()
-    host = Path(tempfile.mkdtemp(prefix="agent-flow-host-", dir="/tmp"))
-    try:
-        (host / "tool.sh").write_text("echo from the host tmp\n")
-        tool = shell(root, ShellSettings(sandbox="bwrap"))
-        result = await run(
-            tool, command=f"sh {host}/tool.sh; echo x > {host}/tool.sh 2>&1 | head -1"
+    (host_tmp / "private.txt").write_text(CANARY)
+    result = await run(
+        shell(root, ShellSettings(sandbox="bwrap")),
+        command=f"cat {host_tmp}/private.txt; ls -A /tmp",
+    )
+    assert result.data is not None
+    assert CANARY not in result.content
+    assert "No such file or directory" in result.content
+    # /tmp holds nothing but the way to the agent's interpreter, should it live there.
+    listed = set(result.content.splitlines()[2:])
+    assert listed == _tops(tmp_binds(runtime_paths()))
+    assert host_tmp.name not in listed
+
+
+@needs_bwrap
+async def test_what_a_confined_command_writes_in_tmp_is_gone_when_it_ends(var_tmp: Path) -> None:
+    root = var_tmp / "ws"
+    root.mkdir()
+    tool = shell(root, ShellSettings(sandbox="bwrap"))
+    marker = f"scratch-{os.getpid()}-{id(tool)}"
+    wrote = await run(tool, command=f"echo mine > /tmp/{marker} && cat /tmp/{marker}")
+    assert wrote.content == "exit code 0\nmine\n"
+    assert not (Path("/tmp") / marker).exists()
+    again = await run(tool, command=f"cat /tmp/{marker}")
+    assert again.data is not None
+    assert again.data["exit_code"] != 0
+    assert "mine" not in again.content
+
+
+@needs_bwrap
+async def test_a_workspace_under_tmp_stays_writable_and_its_neighbours_stay_hidden(
+    host_tmp: Path,
+) -> None:
+    root = host_tmp / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "given.txt").write_text("given\n")
+    (host_tmp / "neighbour.txt").write_text(CANARY)
+    tool = shell(root, ShellSettings(sandbox="bwrap"))
+    result = await run(
+        tool,
+        command=(
+            "cat given.txt && echo made > made.txt && mkdir out && rm given.txt "
+            "&& ls -A ../.. && cat ../../neighbour.txt"
+        ),
+        cwd="src",
+    )
+    assert result.data is not None
+    assert result.data["confinement"] == "bwrap"
+    assert (root / "src" / "made.txt").read_text() == "made\n"
+    assert (root / "src" / "out").is_dir()
+    assert not (root / "src" / "given.txt").exists()
+    # The workspace's parent holds only the way to it.
+    assert result.content.startswith("exit code 1\ngiven\nws\n")
+    assert CANARY not in result.content
+
+
+@needs_bwrap
+async def test_the_agents_interpreter_runs_inside_the_sandbox(var_tmp: Path) -> None:
+    root = var_tmp / "ws"
+    root.mkdir()
+    result = await run(
+        shell(root, ShellSettings(sandbox="bwrap")),
+        command=f"{sys.executable} -c 'import sys; print(sys.prefix, sys.base_prefix)'",
+    )
+    assert result.content == f"exit code 0\n{sys.prefix} {sys.base_prefix}\n"
+
+
+_IN_THE_VENV = """
+import asyncio, site, sys
+site.addsitedir(sys.argv[1])  # agent_flow and its dependencies, from the test's environment
+from agent_flow.tools import ShellSettings, ToolContext, Workspace, workspace_tools
+
+(tool,) = [t for t in workspace_tools(Workspace(sys.argv[2]), shell=ShellSettings(sandbox="bwrap"))
+           if t.name == "run_command"]
+command = (
+    f"{sys.executable} -c 'import sys; print(sys.prefix, sys.base_prefix)'; "
+    f"test -e {sys.argv[3]} || echo neighbour-hidden"
+)
+result = asyncio.run(tool.run({"command": command}, ToolContext(tool_name=tool.name)))
+print(sys.prefix)
+print(result.content)
+"""
+
+
+@needs_bwrap
+def test_an_agent_running_from_a_virtualenv_under_tmp_runs_it_confined(
+    var_tmp: Path, host_tmp: Path
+) -> None:
+    # The virtualenv is reached through a symlink, as a moved or shared one often is: the
+    # sandbox needs both the path the interpreter names and the one it resolves to.
+    real, link = host_tmp / "real-venv", host_tmp / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(real)], check=True, timeout=60
+    )
+    link.symlink_to(real, target_is_directory=True)
+    (host_tmp / "neighbour.txt").write_text(CANARY)
+    root = var_tmp / "ws"
+    root.mkdir()
+    done = subprocess.run(
+        [
+            str(link / "bin" / "python"),
+            "-c",
+            _IN_THE_VENV,
+            sysconfig.get_paths()["purelib"],
+            str(root),
+            str(host_tmp / "neighbour.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(var_tmp)},
+    )
+    assert done.returncode == 0, done.stderr
+    prefix, content = done.stdout.split("\n", 1)
+    assert Path(prefix).parent == host_tmp  # the agent did run from the virtualenv
+    assert content == f"exit code 0\n{prefix} {sys.base_prefix}\nneighbour-hidden\n\n"
+
+
+# --- which paths come back into the private /tmp (no bubblewrap needed) -----------------------
+
+
+def test_the_command_line_does_not_grow_with_what_the_hosts_tmp_holds(
+    root: Path, host_tmp: Path
+) -> None:
+    def argv() -> list[str]:
+        return bwrap_argv(
+            "bwrap", "true", root=root, cwd=root, settings=ShellSettings(), home=None, runtime=[]
         )
-        assert "from the host tmp" in result.content
-        assert "Read-only file system" in result.content
-        assert (host / "tool.sh").read_text() == "echo from the host tmp\n"
-    finally:
-        shutil.rmtree(host, ignore_errors=True)
+
+    before = argv()
+    for i in range(50):
+        (host_tmp / f"entry-{i}").mkdir()
+    assert argv() == before
+    assert not any(str(host_tmp) in arg for arg in before)
+
+
+def test_credentials_under_tmp_are_hidden_only_where_the_sandbox_shows_them(
+    var_tmp: Path, host_tmp: Path
+) -> None:
+    home = host_tmp / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".netrc").write_text(CANARY)
+    settings = ShellSettings(sandbox="bwrap")
+    elsewhere = bwrap_argv(
+        "bwrap", "true", root=var_tmp, cwd=var_tmp, settings=settings, home=str(home), runtime=[]
+    )
+    # The private /tmp does not hold the home directory: nothing to hide, no mount to add.
+    assert not any(str(home) in arg for arg in elsewhere)
+    inside = bwrap_argv(
+        "bwrap", "true", root=home, cwd=home, settings=settings, home=str(home), runtime=[]
+    )
+    assert _has(inside, "--tmpfs", str(home / ".ssh"))
+    assert _has(inside, "--ro-bind", "/dev/null", str(home / ".netrc"))
+
+
+def _has(argv: list[str], *options: str) -> bool:
+    return any(argv[i : i + len(options)] == list(options) for i in range(len(argv)))
+
+
+def test_the_interpreter_is_kept_under_tmp_by_its_own_path_and_the_one_it_resolves_to(
+    host_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (host_tmp / "real" / "bin").mkdir(parents=True)
+    (host_tmp / "base").mkdir()
+    (host_tmp / "venv").symlink_to(host_tmp / "real")
+    monkeypatch.setattr(sys, "executable", str(host_tmp / "venv" / "bin" / "python"))
+    monkeypatch.setattr(sys, "prefix", str(host_tmp / "venv"))
+    monkeypatch.setattr(sys, "exec_prefix", str(host_tmp / "venv"))
+    monkeypatch.setattr(sys, "base_prefix", str(host_tmp / "base"))
+    monkeypatch.setattr(sys, "base_exec_prefix", "/usr")
+    assert tmp_binds(runtime_paths()) == [str(host_tmp / name) for name in ("base", "real", "venv")]
+
+
+def test_tmp_binds_keep_paths_strictly_inside_tmp_and_drop_nested_ones() -> None:
+    assert tmp_binds(
+        ["/tmp", "/tmp/", "/tmpx/a", "relative/tmp/a", "/usr/lib", "/tmp/a/../b/c", "/tmp/b"]
+    ) == ["/tmp/b"]
+
+
+_PARTS = st.sampled_from(["a", "b", "tmp", "..", ".", "x y"])
+
+
+@given(
+    st.lists(
+        st.builds(
+            lambda absolute, parts: ("/" if absolute else "") + "/".join(parts),
+            st.booleans(),
+            st.lists(_PARTS, min_size=0, max_size=4),
+        ),
+        max_size=8,
+    )
+)
+def test_tmp_binds_cover_every_path_inside_tmp_once(paths: list[str]) -> None:
+    binds = tmp_binds(paths)
+    assert binds == sorted(set(binds))
+    assert all(bind.startswith("/tmp/") for bind in binds)
+    for bind in binds:
+        assert not any(bind.startswith(other + "/") for other in binds)
+    for path in paths:
+        normal = os.path.normpath(path)
+        if os.path.isabs(path) and normal.startswith("/tmp/"):
+            assert any(normal == bind or normal.startswith(bind + "/") for bind in binds)

@@ -7,16 +7,38 @@ terminal), then `ShellSettings.env` on top. A variable whose name looks secret (
 is passed only when named exactly, never through a glob.
 
 Confinement. Where bubblewrap (``bwrap``) is installed and works, a command runs inside it
-(``sandbox="auto"``, the default, or ``"bwrap"``, which refuses to run unconfined):
+(``sandbox="auto"``, the default, or ``"bwrap"``, which refuses to run unconfined). What it
+protects:
 
-- the whole filesystem is read-only, except the workspace (read-write) and a private
-  ``/tmp`` (what the host's ``/tmp`` holds stays readable there, read-only; what the command
-  writes in it is its own and gone when it ends);
+- writes: the whole filesystem is read-only to the command, except the workspace
+  (read-write) and ``/tmp``;
+- ``/tmp`` is a fresh, empty tmpfs of the command's own: it cannot read what the host's
+  ``/tmp`` holds (other programs' files, their sockets), and what it writes there is gone
+  when it ends. The only host paths under ``/tmp`` it sees are the ones it runs from: the
+  workspace (read-write) and the agent's interpreter and virtual environment
+  (``sys.executable``, ``sys.prefix``, ``sys.base_prefix`` and their exec and resolved
+  forms; read-only), with the bare directories leading to them;
 - the `ShellSettings.hidden` paths (in the home directory: ``.ssh``, ``.aws``, ``.gnupg``,
-  ``.netrc``, cloud and package-registry credentials, ...) are replaced by empty ones;
+  ``.netrc``, cloud and package-registry credentials, ...) look empty;
 - it has its own process, IPC and host-name namespaces: it cannot see or signal the agent's
-  processes, nor read their environment through ``/proc``;
-- the network stays reachable unless ``network=False``.
+  processes, nor read their environment through ``/proc``; ``/dev`` holds only the basic
+  devices, and ``/dev/shm`` is its own.
+
+What it does not protect:
+
+- reading: everything else the user can read stays readable (``/etc``, ``/var/tmp``, other
+  projects, the home directory apart from the hidden paths), so a command can print it and
+  the model sees it;
+- Unix sockets outside ``/tmp``: connecting to a socket needs no write access, so a socket
+  the user may use (``/run/docker.sock``, a session bus under ``/run/user``) still answers,
+  and whatever it controls is reachable through it;
+- the network, unless ``network=False``; while it is shared, so are the host's abstract Unix
+  sockets (an X server's, some session buses);
+- the workspace itself: the command can change or delete anything in it, including files
+  that run later outside the sandbox (``.git/hooks``, a ``Makefile``);
+- resources: nothing limits the CPU, memory or disk (in the workspace or the ``/tmp``
+  tmpfs) a command uses; only its time and the output kept are bounded;
+- a workspace that is ``/tmp`` itself (or contains it) exposes the host's ``/tmp``.
 
 Without bubblewrap (``sandbox="auto"`` on a machine without it, or ``sandbox="none"``) a
 command runs as the agent's user with that user's rights: it can read and change anything the
@@ -31,8 +53,10 @@ import functools
 import logging
 import os
 import shutil
+import stat
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, TypeAlias
 
@@ -103,6 +127,9 @@ class ShellSettings(BaseModel):
 
 
 Confinement: TypeAlias = Literal["bwrap", "none"]
+
+#: The temporary directory a confined command gets a private, empty one of.
+TMP = "/tmp"
 
 
 def command_environment(
@@ -177,51 +204,89 @@ def bwrap_argv(
     cwd: Path,
     settings: ShellSettings,
     home: str | None,
+    runtime: Iterable[str] | None = None,
 ) -> list[str]:
-    """The bubblewrap command line that runs `command` confined to the workspace `root`."""
+    """The bubblewrap command line that runs `command` confined to the workspace `root`.
+
+    Args:
+        bwrap: The bubblewrap executable.
+        command: The command line, run by ``/bin/sh``.
+        root: The workspace (writable).
+        cwd: The working directory, inside `root`.
+        settings: The confinement settings (network, hidden paths).
+        home: The home directory ``~`` stands for in `settings.hidden`.
+        runtime: Paths the command must find even under ``/tmp`` (read-only); by default
+            the agent's own interpreter and environments (`runtime_paths`).
+    """
     argv = [bwrap, *_isolation(settings.network)]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    # What already lives in /tmp (a project's virtualenv, a checkout) stays readable in the
-    # private /tmp; what the command writes there stays its own.
-    argv += _host_tmp_binds()
-    argv += ["--bind", str(root), str(root)]
-    # After the workspace, so a credential directory inside it is hidden too.
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", TMP]
+    # The private /tmp hides the host's; only what the command runs from comes back into it.
+    # A fixed handful of binds whatever the host's /tmp holds: each costs a mount.
+    kept = tmp_binds(runtime_paths() if runtime is None else runtime)
+    for path in kept:
+        argv += ["--ro-bind-try", path, path]
+    # After those, so a virtualenv inside the workspace stays writable.
+    workspace = str(root)
+    argv += ["--bind", workspace, workspace]
+    visible = [workspace, *kept]
+    # After the workspace, so a credential directory inside it is hidden too. Plain string
+    # and lstat work: this runs before every command.
     for hidden in settings.hidden:
-        path = _expand(hidden, home)
-        if path is None or root == path or path in root.parents:
+        target = _expand(hidden, home)
+        if target is None or _under(workspace, target, or_equal=True):
             continue  # never hide the workspace
-        if path.is_dir() and not path.is_symlink():
-            argv += ["--tmpfs", str(path)]
-        elif path.is_file() and not path.is_symlink():
-            argv += ["--ro-bind", "/dev/null", str(path)]
+        if _under(target, TMP) and not any(_under(target, v, or_equal=True) for v in visible):
+            continue  # the private /tmp does not hold it anyway
+        try:
+            mode = os.lstat(target).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode):
+            argv += ["--tmpfs", target]
+        elif stat.S_ISREG(mode):
+            argv += ["--ro-bind", "/dev/null", target]
     argv += ["--chdir", str(cwd), "--", "/bin/sh", "-c", command]
     return argv
 
 
-def _host_tmp_binds() -> list[str]:
-    """Read-only binds of the host's /tmp entries into the private one (no sockets or FIFOs)."""
-    binds: list[str] = []
-    try:
-        entries = list(os.scandir("/tmp"))
-    except OSError:
-        return binds
-    for entry in entries:
-        try:
-            wanted = entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)
-        except OSError:
-            continue
-        if wanted:
-            binds += ["--ro-bind-try", entry.path, entry.path]
-    return binds
+def runtime_paths() -> tuple[str, ...]:
+    """The agent's interpreter and the environments it runs from, as named and resolved.
+
+    A command that runs ``sys.executable`` (or the virtualenv's tools on ``PATH``) needs them;
+    a symlinked virtualenv needs both its own path and its target.
+    """
+    return _with_resolved(
+        (sys.executable, sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    )
 
 
-def _expand(path: str, home: str | None) -> Path | None:
+@functools.cache
+def _with_resolved(named: tuple[str, ...]) -> tuple[str, ...]:
+    # Cached: resolving takes a few system calls per component, before every command.
+    found = {path for path in named if path}
+    return tuple(sorted(found | {os.path.realpath(path) for path in found}))
+
+
+def tmp_binds(paths: Iterable[str], *, tmp: str = TMP) -> list[str]:
+    """The absolute `paths` strictly inside `tmp`, less those inside another one, sorted."""
+    inside = {os.path.normpath(path) for path in paths if os.path.isabs(path) and _under(path, tmp)}
+    return sorted(path for path in inside if not any(_under(path, other) for other in inside))
+
+
+def _under(path: str, parent: str, *, or_equal: bool = False) -> bool:
+    """Whether `path` lies strictly inside `parent` (or is it, with `or_equal`), lexically."""
+    path, parent = os.path.normpath(path), os.path.normpath(parent)
+    if path == parent:
+        return or_equal
+    return path.startswith(parent.rstrip("/") + "/")
+
+
+def _expand(path: str, home: str | None) -> str | None:
     if path == "~" or path.startswith("~/"):
         if not home:
             return None
         path = home + path[1:]
-    candidate = Path(path)
-    return candidate if candidate.is_absolute() else None
+    return os.path.normpath(path) if os.path.isabs(path) else None
 
 
 def describe_boundary(confinement: Confinement, settings: ShellSettings) -> str:
@@ -229,9 +294,10 @@ def describe_boundary(confinement: Confinement, settings: ShellSettings) -> str:
     if confinement == "bwrap":
         network = "with" if settings.network else "without"
         return (
-            "Commands run confined by bubblewrap: only the workspace and a private /tmp are "
-            f"writable, credential files are hidden, the agent's processes are out of reach, "
-            f"{network} network access."
+            "Commands run confined by bubblewrap: only the workspace and a private, empty /tmp "
+            "are writable, the host's /tmp is out of sight, credential files are hidden, the "
+            f"agent's processes are out of reach, {network} network access; the rest of the "
+            "filesystem stays readable."
         )
     return (
         "Commands are NOT confined (bubblewrap is not used): they run with the user's own "
