@@ -90,8 +90,8 @@ class _OnWorker:
     async def write_step(self, write: _StepWrite) -> SessionInfo:
         return await self._go(lambda: self._backend.write_step(write))
 
-    async def sessions(self, limit: int) -> builtins.list[SessionInfo]:
-        return await self._go(lambda: self._backend.sessions(limit))
+    async def sessions(self, limit: int, owner: str | None) -> builtins.list[SessionInfo]:
+        return await self._go(lambda: self._backend.sessions(limit, owner))
 
     async def events(
         self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
@@ -159,6 +159,7 @@ class _StoreBase:
         title: str = "",
         metadata: JsonObject | None = None,
         task: str | None = None,
+        owner: str | None = None,
     ) -> SessionInfo:
         """Create an empty session (status ``active``) and return its description.
 
@@ -168,9 +169,11 @@ class _StoreBase:
             title: A human title.
             metadata: Free JSON to keep with it.
             task: The task it is created for, kept whole (`SessionInfo.task`).
+            owner: The user who creates it (`SessionInfo.owner`); None without users.
 
         Raises:
-            UserError: `session_id` is not a valid id, or `metadata` is not JSON.
+            UserError: `session_id` is not a valid id, `metadata` is not JSON, or `owner` is
+                longer than 200 characters.
             StoreError: A session with that id exists.
         """
         sid = _check_id(session_id) if session_id is not None else uuid4().hex[:12]
@@ -189,6 +192,7 @@ class _StoreBase:
                 environment_version=0,
                 metadata=metadata or {},
                 task=task,
+                owner=owner,
             )
         except ValidationError as err:
             raise UserError(f"cannot create session {sid!r}: {_problem(err)}") from err
@@ -338,15 +342,22 @@ class _StoreBase:
         """
         return await self._run(self._backend.info, session_id)
 
-    async def list(self, *, limit: int = 50) -> builtins.list[SessionInfo]:
+    async def list(
+        self, *, limit: int = 50, owner: str | None = None
+    ) -> builtins.list[SessionInfo]:
         """Return up to `limit` sessions, the most recently updated first.
+
+        Args:
+            limit: At most this many sessions.
+            owner: Only the sessions whose `SessionInfo.owner` is exactly this (never those
+                without an owner); every session if None.
 
         Raises:
             UserError: `limit` is less than 1.
         """
         if limit < 1:
             raise UserError(f"limit={limit} lists nothing; pass 1 or more")
-        return await self._run(self._backend.sessions, limit)
+        return await self._run(self._backend.sessions, limit, owner)
 
     async def events(
         self,
@@ -459,7 +470,8 @@ class _StoreBase:
 
         The whole source is validated first (entries against the history's unit rules, the
         environment, every event, the closing counts); then the session is stored in one
-        transaction.
+        transaction. It keeps the exported `SessionInfo.owner` (None from an export written
+        before owners existed).
 
         Args:
             source: A path or a text stream.

@@ -101,12 +101,20 @@ async def _add_checkpoints_v3(conn: _Conn) -> None:
     )
 
 
+async def _add_owner_v4(conn: _Conn) -> None:
+    """Who created each session (`SessionInfo.owner`); NULL for sessions stored before."""
+    await conn.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
+    # One user's sessions, most recently updated first, without reading anyone else's.
+    await conn.execute("CREATE INDEX sessions_by_owner ON sessions (owner, updated_at DESC, id)")
+
+
 #: Migration ``i`` brings a database from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
 MIGRATIONS: tuple[Callable[[_Conn], Awaitable[None]], ...] = (
     _create_v1,
     _add_usage_v2,
     _add_checkpoints_v3,
+    _add_owner_v4,
 )
 
 #: The schema version this agent_flow writes (the row of ``agent_flow_schema``).

@@ -94,6 +94,13 @@ def _add_checkpoints_v4(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_owner_v5(conn: sqlite3.Connection) -> None:
+    """Who created each session (`SessionInfo.owner`); NULL for sessions stored before."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
+    # One user's sessions, most recently updated first, without reading anyone else's.
+    conn.execute("CREATE INDEX sessions_by_owner ON sessions (owner, updated_at DESC, id)")
+
+
 #: Migration ``i`` brings a store file from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
@@ -101,6 +108,7 @@ _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _add_task_v2,
     _add_usage_v3,
     _add_checkpoints_v4,
+    _add_owner_v5,
 )
 
 #: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).

@@ -6,6 +6,10 @@ each an object tagged by ``kind`` (`ExportLine`): one ``session`` line (format a
 (the `Environment.to_json` object, change log included) if the session has one, one ``event``
 line per event in order, and a closing ``end`` line with the counts, so a truncated file is
 refused rather than imported in part.
+
+The format stays version 1 while `SessionInfo` only gains fields with defaults (``task``, the
+usage totals, ``owner``): an export written before a field existed imports with its default
+(usage totals are recomputed from the events in any case).
 """
 
 from __future__ import annotations

@@ -95,8 +95,11 @@ class _MemoryBackend:
         session.revision = write.revision
         return session.info
 
-    def sessions(self, limit: int) -> list[SessionInfo]:
-        infos = sorted((s.info for s in self._sessions.values()), key=lambda i: i.id)
+    def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]:
+        infos = sorted(
+            (s.info for s in self._sessions.values() if owner is None or s.info.owner == owner),
+            key=lambda i: i.id,
+        )
         infos.sort(key=lambda i: i.updated_at, reverse=True)
         return infos[:limit]
 

@@ -54,6 +54,9 @@ class SessionInfo(BaseModel):
         unpriced_calls: Calls whose price is unknown (``cost_usd`` is None when above 0).
         estimated_calls: Calls whose usage agent_flow counted itself because the server
             reported none (see `agent_flow.llm.Usage.estimated`).
+        owner: The user who created it (the server's user name); None for sessions stored
+            before owners existed, or created without a user. The server treats None as its
+            admin's. At most 200 characters.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,6 +79,7 @@ class SessionInfo(BaseModel):
     cost_usd: float | None = Field(default=0.0, ge=0)
     unpriced_calls: int = Field(default=0, ge=0)
     estimated_calls: int = Field(default=0, ge=0)
+    owner: str | None = Field(default=None, max_length=200)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ byte::
     sessions(id PK, agent, title, status, created_at, updated_at, metadata, steps,
              entry_count, event_count, environment_version, environment, revision, task,
              model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
-             unpriced_calls, estimated_calls)
+             unpriced_calls, estimated_calls, owner (NULL: none))
     entries(session_id FK, position, entry_id, kind, data)         PK (session_id, position)
     environment_changes(session_id FK, version, data)              PK (session_id, version)
     events(session_id FK, position, run_id, seq, kind, data)       PK (session_id, position)
@@ -84,7 +84,7 @@ _INSERT_CHECKPOINT = (
 
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    f"event_count, environment_version, task, {USAGE_COLUMNS}"
+    f"event_count, environment_version, task, {USAGE_COLUMNS}, owner"
 )
 
 
@@ -103,6 +103,7 @@ def _info_from_row(row: dict[str, Any]) -> SessionInfo:
         metadata=json.loads(row["metadata"]),
         task=row["task"],
         **{name: row[name] for name in USAGE_FIELDS},
+        owner=row["owner"],
     )
 
 
@@ -239,7 +240,7 @@ class _PostgresBackend:
     ) -> bool:
         cur = await conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            f"VALUES ({', '.join(['%s'] * 20)}) "
+            f"VALUES ({', '.join(['%s'] * 21)}) "
             "ON CONFLICT (id) DO NOTHING",
             (
                 info.id,
@@ -255,6 +256,7 @@ class _PostgresBackend:
                 info.environment_version,
                 info.task,
                 *_Totals.of(info).values(),
+                info.owner,
                 environment,
                 revision,
             ),
@@ -398,12 +400,16 @@ class _PostgresBackend:
                 )
         return after
 
-    async def sessions(self, limit: int) -> list[SessionInfo]:
+    async def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]:
+        query = f"SELECT {_INFO_COLUMNS} FROM sessions"
+        parameters: list[object] = []
+        if owner is not None:
+            query += " WHERE owner = %s"
+            parameters.append(owner)
+        query += " ORDER BY updated_at DESC, id LIMIT %s"
+        parameters.append(limit)
         async with (await self._ready()).connection() as conn:
-            cur = await conn.execute(
-                f"SELECT {_INFO_COLUMNS} FROM sessions ORDER BY updated_at DESC, id LIMIT %s",
-                (limit,),
-            )
+            cur = await conn.execute(query, parameters)
             rows = await cur.fetchall()
         return [_info_from_row(row) for row in rows]
 

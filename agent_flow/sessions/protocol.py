@@ -39,8 +39,11 @@ class SessionStore(Protocol):
         title: str = "",
         metadata: JsonObject | None = None,
         task: str | None = None,
+        owner: str | None = None,
     ) -> SessionInfo:
         """Create an empty session (status ``active``) and return its description.
+
+        `owner` is the user creating it (`SessionInfo.owner`); None when there is no user.
 
         Raises:
             UserError: `session_id` is not a valid id.
@@ -104,8 +107,17 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def list(self, *, limit: int = 50) -> builtins.list[SessionInfo]:
-        """Return up to `limit` sessions, the most recently updated first."""
+    async def list(
+        self, *, limit: int = 50, owner: str | None = None
+    ) -> builtins.list[SessionInfo]:
+        """Return up to `limit` sessions, the most recently updated first.
+
+        With `owner`, only the sessions whose `SessionInfo.owner` is exactly `owner` (never
+        those without an owner); without it, every session.
+
+        Raises:
+            UserError: `limit` is less than 1.
+        """
         ...
 
     async def events(
@@ -171,6 +183,8 @@ class SessionStore(Protocol):
         self, source: str | Path | IO[str], *, session_id: str | None = None
     ) -> SessionInfo:
         """Store a session read from what `export` wrote, under `session_id` if given.
+
+        It keeps the exported owner (`SessionInfo.owner`).
 
         Raises:
             StoreError: The source is not a complete export, or the id is taken.

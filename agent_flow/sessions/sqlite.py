@@ -19,7 +19,7 @@ file migrates it, a newer one raises `StoreError`)::
     sessions(id PK, agent, title, status, created_at, updated_at, metadata JSON, steps,
              entry_count, event_count, environment_version, environment JSON, revision,
              task, model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
-             unpriced_calls, estimated_calls)
+             unpriced_calls, estimated_calls, owner (NULL: none))
     entries(session_id, position, entry_id, kind, data JSON)          PK (session_id, position)
     environment_changes(session_id, version, data JSON)               PK (session_id, version)
     events(session_id, position, run_id, seq, kind, data JSON)        PK (session_id, position)
@@ -84,7 +84,7 @@ _INSERT_CHECKPOINT = (
 
 _INFO_COLUMNS = (
     "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    f"event_count, environment_version, task, {USAGE_COLUMNS}"
+    f"event_count, environment_version, task, {USAGE_COLUMNS}, owner"
 )
 
 
@@ -103,6 +103,7 @@ def _info_from_row(row: sqlite3.Row) -> SessionInfo:
         metadata=json.loads(row["metadata"]),
         task=row["task"],
         **{name: row[name] for name in USAGE_FIELDS},
+        owner=row["owner"],
     )
 
 
@@ -220,7 +221,7 @@ class _SQLiteBackend:
     ) -> None:
         conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"VALUES ({', '.join(['?'] * 21)})",
             (
                 info.id,
                 info.agent,
@@ -235,6 +236,7 @@ class _SQLiteBackend:
                 info.environment_version,
                 info.task,
                 *_Totals.of(info).values(),
+                info.owner,
                 environment,
                 revision,
             ),
@@ -348,12 +350,15 @@ class _SQLiteBackend:
             )
         return after
 
-    def sessions(self, limit: int) -> list[SessionInfo]:
-        conn = self._connection()
-        rows = conn.execute(
-            f"SELECT {_INFO_COLUMNS} FROM sessions ORDER BY updated_at DESC, id LIMIT ?",
-            (limit,),
-        ).fetchall()
+    def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]:
+        query = f"SELECT {_INFO_COLUMNS} FROM sessions"
+        parameters: list[object] = []
+        if owner is not None:
+            query += " WHERE owner = ?"
+            parameters.append(owner)
+        query += " ORDER BY updated_at DESC, id LIMIT ?"
+        parameters.append(limit)
+        rows = self._connection().execute(query, parameters).fetchall()
         return [_info_from_row(row) for row in rows]
 
     def events(
