@@ -277,3 +277,116 @@ def test_subscribing_to_an_unknown_kind_is_refused_with_the_known_kinds() -> Non
         bus.subscribe(kinds={"tool_call_complete"})
     with pytest.raises(UserError, match="maxsize"):
         bus.subscribe(maxsize=0)
+
+
+async def _run_until_blocked() -> None:
+    """Let other tasks run as far as they can without time passing."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+# Far longer than the twenty turns of the loop in which a publisher is seen waiting.
+BOUND = 0.25
+
+
+async def test_a_bounded_wait_subscriber_that_stops_reading_holds_the_publisher_only_once() -> None:
+    bus = EventBus()
+    stalled = bus.subscribe(maxsize=2, policy="wait", max_wait=BOUND)
+    published: list[int] = []
+
+    async def producer() -> None:
+        for seq in range(10):
+            await bus.publish(text(seq))
+            published.append(seq)
+
+    task = asyncio.create_task(producer())
+    await _run_until_blocked()
+    assert published == [0, 1]  # it waits for room first, as under "wait"
+    await task  # past the bound it drops instead, without waiting again
+    bus.close()
+    received = await collect(stalled)
+    assert isinstance(received[0], EventsDropped)
+    assert (received[0].count, received[0].first_seq, received[0].last_seq) == (8, 0, 7)
+    assert [e.seq for e in received[1:]] == [8, 9]
+    assert stalled.dropped_total == 8
+
+
+async def test_a_bounded_wait_subscriber_that_caught_up_is_waited_for_again() -> None:
+    bus = EventBus()
+    sub = bus.subscribe(maxsize=2, policy="wait", max_wait=BOUND)
+    for seq in range(3):  # the third waits out the bound, then drops the first
+        await bus.publish(text(seq))
+    assert [type(e).__name__ for e in [await anext(sub), await anext(sub), await anext(sub)]] == [
+        "EventsDropped",
+        "TextDelta",
+        "TextDelta",
+    ]
+    assert sub.queued == 0  # caught up: back-pressure applies again
+    published: list[int] = []
+
+    async def producer() -> None:
+        for seq in range(3, 8):
+            await bus.publish(text(seq))
+            published.append(seq)
+        bus.close()
+
+    task = asyncio.create_task(producer())
+    await _run_until_blocked()
+    assert published == [3, 4]
+    assert [e.seq for e in await collect(sub)] == [3, 4, 5, 6, 7]
+    await task
+    assert sub.dropped_total == 1
+
+
+def test_a_negative_max_wait_is_refused() -> None:
+    with pytest.raises(UserError, match="max_wait must be at least 0 seconds"):
+        EventBus().subscribe(max_wait=-1.0)
+
+
+@settings(max_examples=60)
+@given(
+    total=st.integers(min_value=1, max_value=60),
+    maxsize=st.integers(min_value=1, max_value=8),
+    max_wait=st.sampled_from([0.0, 0.001]),
+    stall_after=st.integers(min_value=0, max_value=70),
+    turns=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=20),
+)
+def test_a_bounded_wait_subscriber_sees_each_event_or_counts_it_dropped_in_order(
+    total: int, maxsize: int, max_wait: float, stall_after: int, turns: list[int]
+) -> None:
+    """Events seen plus events reported dropped are exactly the events published, in order."""
+
+    async def scenario() -> tuple[list[int], int, int]:
+        bus = EventBus()
+        sub = bus.subscribe(maxsize=maxsize, policy="wait", max_wait=max_wait)
+        published = asyncio.Event()
+        order: list[int] = []  # seqs seen, and the seqs of each reported gap, as they come
+        seen = 0
+
+        async def reader() -> None:
+            nonlocal seen
+            count = 0
+            async for event in sub:
+                if isinstance(event, EventsDropped):
+                    assert event.count == event.last_seq - event.first_seq + 1
+                    order.extend(range(event.first_seq, event.last_seq + 1))
+                else:
+                    order.append(event.seq)
+                    seen += 1
+                count += 1
+                if count == stall_after:
+                    await published.wait()  # stops reading until everything is published
+                for _ in range(turns[count % len(turns)]):
+                    await asyncio.sleep(0)
+
+        reading = asyncio.create_task(reader())
+        for seq in range(total):
+            await bus.publish(text(seq))
+        published.set()
+        bus.close()
+        await reading
+        return order, seen, sub.dropped_total
+
+    order, seen, dropped = asyncio.run(scenario())
+    assert seen + dropped == total
+    assert order == list(range(total))

@@ -6,24 +6,38 @@ order, and no batch is larger than `BATCH`. With a `push` that takes some live e
 publisher's task and declines others (a write still under way), the two ways together still
 deliver one gap-free sequence. `start_eagerly` runs a write in the caller's task when it can
 finish at once and hands the rest to a task when it cannot.
+
+Over real HTTP, a client that asks for ``policy=wait`` (or ``POST /agui``, which waits) and then
+never reads holds a long run for at most `ServerSettings.watcher_max_wait`: the run finishes,
+and the stalled client, should it read after all, is told what it missed (``events_dropped``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import socket
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
 
+import httpx2
+from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_flow._eager import start_eagerly
+from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.events import TextDelta
+from agent_flow.server import ServerSettings, create_app
 from agent_flow.server._live import BATCH, LiveSession
 from agent_flow.server.models import SessionOptions
 from agent_flow.sessions import InMemorySessionStore
+from agent_flow.testing import ScriptedLLM, call, reply
+from agent_flow.tools import ToolExecutor, tool
+from tests.server_harness import serving, stream
 
 
 async def _live() -> LiveSession:
@@ -207,3 +221,126 @@ def test_an_eager_write_that_waits_goes_on_in_a_task_and_can_be_cancelled() -> N
         "first written",
         "second cancelled",
     ]
+
+
+STEPS = 40
+
+
+@tool
+def echo(text: str) -> str:
+    """Say it back, four times.
+
+    Args:
+        text: What to say.
+    """
+    return text * 4
+
+
+def _echo_tools(config: AgentConfig) -> ToolExecutor:
+    executor = ToolExecutor()
+    executor.register(echo)
+    return executor
+
+
+def _busy_app(store: InMemorySessionStore) -> FastAPI:
+    """A service whose one session's run takes `STEPS` steps of many events each."""
+    words = " ".join(f"word{n}" for n in range(60))
+    model = ScriptedLLM(
+        [
+            # Distinct arguments each step: the loop warns about (and ends) repeated calls.
+            reply(words, tool_calls=[call("echo", text=f"{step}:" + "x" * 200)])
+            for step in range(STEPS - 1)
+        ]
+        + [reply("done")]
+    )
+    return create_app(
+        AgentConfig(context=ContextConfig(counter="approx"), max_iterations=STEPS + 5),
+        store=store,
+        # A queue of 8 fills at once behind a stalled socket; the bound is short to keep the
+        # test quick (it is waited out once per stalled client).
+        settings=ServerSettings(watcher_queue=8, watcher_max_wait=0.1),
+        llm_factory=lambda config: model,
+        tools_factory=_echo_tools,
+    )
+
+
+async def _never_reading(client: httpx2.AsyncClient, head: str, body: bytes = b"") -> socket.socket:
+    """Send a request on a socket with a tiny receive window, and read nothing of the answer.
+
+    `head` is the request line and any headers but ``Host``, without the final line break.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    url = client.base_url
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (url.host, url.port))
+    await loop.sock_sendall(sock, f"{head}\r\nHost: {url.host}\r\n\r\n".encode() + body)
+    return sock
+
+
+async def _read_until(sock: socket.socket, marker: bytes) -> bytes:
+    """What the stalled client finally reads, up to `marker` (chunk framing left in)."""
+    received = b""
+    while marker not in received:
+        chunk = await asyncio.get_running_loop().sock_recv(sock, 65536)
+        assert chunk, f"the stream ended before {marker!r}"
+        received += chunk
+    return received
+
+
+async def _run_finished(client: httpx2.AsyncClient, store: InMemorySessionStore, sid: str) -> None:
+    """Wait (on a reading stream) for the session's run to finish; check that it completed."""
+    async with stream(client, f"/sessions/{sid}/events") as reading:
+        await reading.until("run_finished")
+    events = await store.events(sid)
+    assert events[-1].kind == "run_finished"
+    assert sum(event.kind == "iteration_started" for event in events) == STEPS
+
+
+async def test_a_wait_watcher_that_never_reads_does_not_hold_up_the_run() -> None:
+    store = InMemorySessionStore()
+    async with serving(_busy_app(store), send_buffer=4096) as client:
+        created = await client.post("/sessions", json={})
+        sid = created.json()["id"]
+        stalled = await _never_reading(client, f"GET /sessions/{sid}/events?policy=wait HTTP/1.1")
+        try:
+            sent = await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
+            assert sent.status_code == 202, sent.text
+            await _run_finished(client, store, sid)
+            body = (await _read_until(stalled, b"event: run_finished")).decode()
+        finally:
+            stalled.close()
+    kinds = re.findall(r"^event: (\w+)\r?$", body, flags=re.MULTILINE)
+    ids = [int(found) for found in re.findall(r"^id: (\d+)\r?$", body, flags=re.MULTILINE)]
+    assert "events_dropped" in kinds and kinds[-1] == "run_finished"
+    assert ids == sorted(set(ids)) and ids[-1] == len(await store.events(sid)) - 1
+
+
+async def test_an_agui_client_that_never_reads_does_not_hold_up_the_run() -> None:
+    store = InMemorySessionStore()
+    async with serving(_busy_app(store), send_buffer=4096) as client:
+        created = await client.post("/sessions", json={"session_id": "thread-1"})
+        assert created.status_code == 201, created.text
+        run_input = {
+            "threadId": "thread-1",
+            "runId": "run-1",
+            "state": {},
+            "messages": [{"id": "m1", "role": "user", "content": "go"}],
+            "tools": [],
+            "context": [],
+            "forwardedProps": {},
+        }
+        payload = json.dumps(run_input).encode()
+        stalled = await _never_reading(
+            client,
+            "POST /agui HTTP/1.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}",
+            payload,
+        )
+        try:
+            await _run_finished(client, store, "thread-1")
+            body = (await _read_until(stalled, b'"type":"RUN_FINISHED"')).decode()
+        finally:
+            stalled.close()
+    assert '"name":"events_dropped"' in body

@@ -2,11 +2,22 @@
 
 Each subscriber has its own bounded queue, consumed with ``async for``; its policy decides
 what happens when it falls behind (see the package docstring).
+
+A ``"wait"`` subscription may bound the back-pressure it applies (``max_wait``): it counts
+as *behind* from the moment an event is queued for it with nothing else queued until its
+queue is empty again, and once it has been behind for ``max_wait`` seconds a publisher no
+longer waits for it: it is treated as ``"drop_oldest"`` (the oldest events are dropped and
+the reader later gets one `EventsDropped` for the gap) until it has read everything queued.
+A reader that stops reading so holds a publisher for at most ``max_wait`` seconds in all; one
+that reads slowly but catches up now and then still slows it down (that is what ``"wait"``
+asks for), by at most ``max_wait`` per time it falls behind. Without ``max_wait`` (the
+default) a publisher waits as long as it takes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -43,6 +54,9 @@ class Subscription:
             it returns True when it took the event (which is then not queued) and False to
             have it queued as usual. It must not raise. A reader that can take an event at
             once (an HTTP stream writing to its socket) saves the hop through the queue.
+        max_wait: Under ``"wait"``, seconds this subscriber may stay behind before
+            publishers stop waiting for it and drop its oldest events instead (see the
+            module doc); None waits without bound.
     """
 
     def __init__(
@@ -53,10 +67,14 @@ class Subscription:
         policy: BackpressurePolicy,
         kinds: frozenset[str] | None,
         where: Callable[[AgentEvent], bool] | None = None,
+        max_wait: float | None = None,
     ) -> None:
         self._bus = weakref.ref(bus)
         self.maxsize = maxsize
         self.policy: BackpressurePolicy = policy
+        self.max_wait = max_wait
+        #: Loop time at which an event was last queued with nothing else queued.
+        self._behind_since = 0.0
         self.kinds = kinds
         self._where = where
         self._queue: deque[AgentEvent] = deque()
@@ -102,7 +120,7 @@ class Subscription:
         if self.push is not None and not self._queue and self.push(event):
             return True
         if len(self._queue) >= self.maxsize:
-            if self.policy == "wait":
+            if self.policy == "wait" and not self._waited_enough():
                 self._writable.clear()
                 return False
             dropped = self._queue.popleft()
@@ -111,9 +129,22 @@ class Subscription:
             self._dropped += 1
             self.dropped_total += 1
             self._dropped_last = dropped.seq
+        if not self._queue and self.max_wait is not None:
+            self._behind_since = asyncio.get_running_loop().time()
         self._queue.append(event)
         self._readable.set()
         return True
+
+    def wait_deadline(self) -> float | None:
+        """Loop time after which a publisher stops waiting for room here (None: never)."""
+        if self.max_wait is None or self.policy != "wait":
+            return None
+        return self._behind_since + self.max_wait
+
+    def _waited_enough(self) -> bool:
+        """Whether this full queue has been behind for its `max_wait` (publishers drop)."""
+        deadline = self.wait_deadline()
+        return deadline is not None and asyncio.get_running_loop().time() >= deadline
 
     def _close(self) -> None:
         self._closed = True
@@ -230,6 +261,7 @@ class EventBus:
         policy: BackpressurePolicy = "wait",
         kinds: Iterable[str] | None = None,
         where: Callable[[AgentEvent], bool] | None = None,
+        max_wait: float | None = None,
     ) -> Subscription:
         """Open a subscription that receives every event published from now on.
 
@@ -241,10 +273,16 @@ class EventBus:
             where: Only receive events for which this returns True (e.g. one run's, by
                 ``run_id``, on a shared bus). It runs in the publisher's task; one that
                 raises is logged and the event is not delivered to this subscription.
+            max_wait: Under ``"wait"``, bounds the waiting: once this subscriber has been
+                behind for that many seconds, its oldest events are dropped (and the gap
+                reported) instead, until it catches up (see the module doc). None (the
+                default) waits without bound; ignored under ``"drop_oldest"``.
         """
         size = self.default_maxsize if maxsize is None else maxsize
         if size < 1:
             raise UserError(f"maxsize must be at least 1, got {size}")
+        if max_wait is not None and not max_wait >= 0:
+            raise UserError(f"max_wait must be at least 0 seconds (or None), got {max_wait}")
         if kinds is not None:
             kinds = frozenset(kinds)
             unknown = sorted(kinds - EVENT_KINDS)
@@ -257,6 +295,7 @@ class EventBus:
             policy=policy,
             kinds=frozenset(kinds) if kinds is not None else None,
             where=where,
+            max_wait=max_wait,
         )
         self._subscriptions.append(weakref.ref(subscription, self._forget))
         return subscription
@@ -277,7 +316,11 @@ class EventBus:
         self._hooks.append((kinds, hook))
 
     async def publish(self, event: AgentEvent) -> None:
-        """Deliver `event` to every subscriber and hook (waiting for ``"wait"`` subscribers)."""
+        """Deliver `event` to every subscriber and hook (waiting for ``"wait"`` subscribers).
+
+        A ``"wait"`` subscriber with a ``max_wait`` is waited for only until it has been
+        behind that long (see the module doc).
+        """
         for ref in list(self._subscriptions):
             subscription = ref()
             if subscription is None or not subscription._wants(event):
@@ -287,13 +330,20 @@ class EventBus:
             # Wait for room holding only a weak reference: if the reader drops its
             # subscription meanwhile, it is collected and its finalizer wakes us.
             writable = subscription._writable
-            del subscription
             while True:
-                await writable.wait()
+                # Read again each time: the reader may have caught up and fallen behind anew.
+                deadline = subscription.wait_deadline()
+                del subscription
+                if deadline is None:
+                    await writable.wait()
+                else:
+                    # Past the deadline `_offer` drops instead of waiting: one more try does.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(deadline):
+                            await writable.wait()
                 subscription = ref()
                 if subscription is None or subscription._offer(event):
                     break
-                del subscription
         for kinds, hook in self._hooks:
             if kinds is not None and event.kind not in kinds:
                 continue

@@ -125,6 +125,7 @@ class LiveSession:
         follow: bool = True,
         idle: float | None = None,
         push: Push | None = None,
+        max_wait: float | None = None,
     ) -> AsyncGenerator[Sequence[tuple[int | None, AgentEvent]], None]:
         """Yield the events after id `after` in batches: stored ones first, then live ones.
 
@@ -140,6 +141,10 @@ class LiveSession:
         `Subscription.push`), so it reaches the client without waiting for this watcher's
         turn on the event loop; only the events `push` declines come as batches. The ids
         stay one sequence across both ways: no gap, no duplicate, in order.
+
+        With `max_wait`, a ``"wait"`` watcher holds the run's publisher for at most that many
+        seconds each time it falls behind; past that its oldest events are dropped and an
+        `EventsDropped` tells it so (`EventBus.subscribe`).
         """
         if self.runs_elsewhere:
             async for stored_batch in self._tail(after, follow=follow, idle=idle):
@@ -147,7 +152,11 @@ class LiveSession:
             return
         # One synchronous step: the copy of the latest run's events and the subscription.
         recent = list(self.buffer)
-        subscription = self.bus.subscribe(maxsize=maxsize, policy=policy) if follow else None
+        subscription = (
+            self.bus.subscribe(maxsize=maxsize, policy=policy, max_wait=max_wait)
+            if follow
+            else None
+        )
         try:
             last = after
             stop = recent[0][0] if recent else None

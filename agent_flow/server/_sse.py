@@ -11,6 +11,14 @@ policy, and the response's task sends them in batches (one write per batch) once
 through; the stored events of a resumed stream come the same way. An empty batch becomes a
 keep-alive comment. Every watcher of a session writes the same bytes for an event: it is
 encoded once.
+
+No client can hold a run for long, whatever its policy: a ``wait`` watcher whose queue is full
+makes the agent wait for room only until it has been behind for
+`ServerSettings.watcher_max_wait` seconds (counted from when an event was last queued for it
+with nothing else queued). Past that bound its oldest events are dropped, exactly as under
+``drop_oldest``, and it gets one ``events_dropped`` event for the gap when it reads again; it is
+waited for again once it has caught up. A client that never reads so costs the run one such
+wait in all, and its stream stays open (it may still read, or disconnect).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class EventStreamResponse(StreamingResponse):
         maxsize: int,
         follow: bool,
         idle: float | None,
+        max_wait: float | None,
     ) -> None:
         super().__init__(_no_content(), media_type="text/event-stream", headers=SSE_HEADERS)
         self._live = live
@@ -57,6 +66,7 @@ class EventStreamResponse(StreamingResponse):
         self._maxsize = maxsize
         self._follow = follow
         self._idle = idle
+        self._max_wait = max_wait
 
     async def stream_response(self, send: Send) -> None:
         """Send the head, then the events as the watcher hands them over or pushes them."""
@@ -71,6 +81,7 @@ class EventStreamResponse(StreamingResponse):
             follow=self._follow,
             idle=self._idle,
             push=writer.push if self._follow else None,
+            max_wait=self._max_wait,
         )
         try:
             # Closed here, not whenever it is collected: its subscription leaves the bus now.
