@@ -13,7 +13,7 @@ load without importing the MCP SDK, which takes about a second.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -47,6 +47,15 @@ class _ServerConfig(BaseModel):
     required: bool = True
     policy: ToolPolicy | None = None
     tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Count the ``kind`` tag as given, however the config was built.
+
+        Copies made with ``exclude_unset`` (a server's per-session config, a run enqueued for
+        a durable worker) must still say which kind of server this is, or they no longer
+        validate: a tag left to its default would be dropped from them.
+        """
+        self.__pydantic_fields_set__.add("kind")
 
     def allows(self, tool_name: str) -> bool:
         """Whether the allow and deny lists let `tool_name` through (deny wins)."""
