@@ -297,7 +297,9 @@ def test_no_model_is_a_usage_error() -> None:
     assert "no model is configured: pass --model NAME" in result.err
 
 
-def test_an_unreachable_endpoint_is_said_once_exits_3_and_keeps_no_session(tmp_path: Path) -> None:
+def test_an_unreachable_endpoint_is_said_once_exits_3_and_keeps_the_failed_session(
+    tmp_path: Path,
+) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     db = tmp_path / "d"
     for flags in ([], ["--trace"]):
@@ -305,12 +307,18 @@ def test_an_unreachable_endpoint_is_said_once_exits_3_and_keeps_no_session(tmp_p
         assert result.code == 3
         assert result.err.count("\n") == 1
         assert result.err.startswith("agent-flow: error: could not reach the model server at")
-        # Said once: the trace marks the fatal error without repeating it; no resume hint.
-        assert "could not reach" not in result.out and "--session" not in result.out
+        # Said once: the trace marks the fatal error without repeating it.
+        assert "could not reach" not in result.out
         trace = "  ✗ error ModelConnectionError [fatal]\n" in result.out
-        assert trace if flags else result.out == ""
+        assert trace if flags else "✗" not in result.out
+        # The CLI never deletes what it stored: the session and the events saying why stay.
+        assert "the session is kept; once fixed, continue with  agent-flow run --session" in (
+            result.out
+        )
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (0,)
+        assert conn.execute("SELECT status FROM sessions").fetchall() == [("failed",)] * 2
+        errors = conn.execute("SELECT count(*) FROM events WHERE kind = 'execution_error'")
+        assert errors.fetchone() == (2,)
 
 
 def test_a_bad_config_key_names_the_key_and_the_file(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def test_a_config_budget_too_small_names_the_setting(tmp_path: Path) -> None:
     assert sessions_in(db) == 0
 
 
-async def test_a_chat_whose_endpoint_is_unreachable_says_so_once_per_message(
+async def test_a_chat_whose_endpoint_is_unreachable_says_so_once_per_message_in_one_session(
     tmp_path: Path,
 ) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
@@ -153,7 +153,12 @@ async def test_a_chat_whose_endpoint_is_unreachable_says_so_once_per_message(
     lines = result.err.splitlines()
     assert len(lines) == 2 and all("could not reach the model server" in line for line in lines)
     assert "could not reach" not in result.out and "--session" not in result.out
-    assert sessions_in(db) == 0
+    # Both failed messages are kept, in the session the chat started (the CLI never deletes
+    # what it stored).
+    assert sessions_in(db) == 1
+    with sqlite3.connect(db) as conn:
+        errors = conn.execute("SELECT count(*) FROM events WHERE kind = 'execution_error'")
+        assert errors.fetchone() == (2,)
 
 
 # -- tools says what run will do -----------------------------------------------------------

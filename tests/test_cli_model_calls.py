@@ -1,9 +1,11 @@
-"""The CLI and model calls that fail: the --timeout flag, and how retries are rendered."""
+"""The CLI and model calls that fail: the --timeout flag, how retries are rendered, what is kept."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import socket
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ import pytest
 from agent_flow.cli import main
 from agent_flow.cli.render import EventRenderer, make_console
 from agent_flow.events import ModelOutputDiscarded, ModelRetrying
-from tests.openai_server import OpenAIServer, Reply
+from agent_flow.sessions import SQLiteSessionStore
+from tests.openai_server import OpenAIServer, Reply, sse_reply, text_chunks
 
 
 @pytest.fixture(autouse=True)
@@ -50,3 +53,56 @@ def test_retries_and_discarded_output_are_rendered() -> None:
     text = stream.getvalue()
     assert "the 4 characters above from the failed attempt are discarded" in text
     assert "attempt 1 of 3), retrying in 0.5 s: HTTP 503" in text
+
+
+async def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = await asyncio.to_thread(main, argv, stdin=io.StringIO(""), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+async def test_a_run_cut_off_mid_answer_keeps_its_session_and_events(
+    openai_server: OpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The model answers three times, each answer cut off mid-stream, then the run gives up.
+    monkeypatch.setenv("AGENT_FLOW_LLM_OVERRIDES__MAX_RETRIES", "2")
+    cut = sse_reply(text_chunks("half an answer", chunk_size=4), drop_after=3)
+    openai_server.script(cut, cut, cut)
+    db = tmp_path / "s.db"
+    argv = ["run", "t", "--model", "m", "--base-url", openai_server.base_url, "--db", str(db)]
+    code, out, err = await run_cli(argv)
+    assert code == 3 and "lost mid-answer" in err
+    assert openai_server.remaining == 0
+
+    async with SQLiteSessionStore(db) as store:
+        (info,) = await store.list()
+        events = await store.events(info.id)
+        state = await store.load(info.id)
+    assert info.status == "failed"
+    kinds = [event.kind for event in events]
+    assert kinds.count("model_output_discarded") == 2  # the third attempt's ends the run
+    assert kinds.count("text_delta") == 6  # what the model did send, kept
+    assert kinds[-2:] == ["execution_error", "run_finished"]
+    assert [entry.kind for entry in state.entries] == ["user_message"]
+    # Kept, so the hint to continue it is printed.
+    assert f"--session {info.id}" in out
+
+
+async def test_a_run_that_stored_nothing_leaves_no_session(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    async with SQLiteSessionStore(db):
+        pass  # the tables exist
+    with sqlite3.connect(db) as conn:
+        # The store fails at the run's only save (its end), after the session was created.
+        conn.execute(
+            "CREATE TRIGGER full BEFORE INSERT ON events "
+            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+        )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # closed: nothing answers
+    code, out, err = await run_cli(["run", "t", "--model", "m", "--base-url", url, "--db", str(db)])
+    assert code != 0 and "disk full" in err
+    assert "--session" not in out
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (0,)

@@ -20,7 +20,7 @@ from agent_flow.cli._prompt import EDITING_HELP, _isatty, _Prompter
 from agent_flow.cli._run import (
     _exit_code,
     _failure_message,
-    _forget_if_unreached,
+    _forget_if_empty,
     _model_name,
     _open_session,
     _Session,
@@ -110,7 +110,7 @@ async def _turn_report(
     """Say how one answer ended; a cancelled answer is not a failure of the chat."""
     if outcome.stop_reason is StopReason.WAITING_FOR_USER and session.mode != "quiet":
         session.renderer.line(f"the agent asks: {outcome.final_text}", "bold")
-    await _forget_if_unreached(outcome, session, fresh=fresh)
+    await _forget_if_empty(session, fresh=fresh)
     message = _failure_message(outcome)
     if message is not None:
         _error_line(streams, message)

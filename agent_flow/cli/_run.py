@@ -41,7 +41,7 @@ from agent_flow.cli._interactive import _Approver, _Interrupts
 from agent_flow.cli._prompt import _isatty, _PlainPrompter, _Prompter
 from agent_flow.cli._sessions import _check_db, _store
 from agent_flow.environment import Environment, SystemState
-from agent_flow.errors import ModelError
+from agent_flow.errors import ModelError, StoreError
 from agent_flow.llm.base import LLMClient
 from agent_flow.sessions import SessionRecorder, SessionStore, store_location
 
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 _OK_REASONS = frozenset(
     {StopReason.COMPLETED, StopReason.ANSWERED, StopReason.CONVERSE, StopReason.WAITING_FOR_USER}
 )
-# A run that ended so, without a single model answer, never reached the model.
-_UNREACHED = frozenset({StopReason.ERROR, StopReason.CONTEXT_BUDGET})
 
 Mode = Literal["read", "trace", "quiet", "json"]
 
@@ -263,25 +261,26 @@ def _failure_message(outcome: ExecutionOutcome) -> str | None:
     return f"the run failed: {error.type}: {error.message}"
 
 
-async def _forget_if_unreached(
-    outcome: ExecutionOutcome, session: _Session, *, fresh: bool
-) -> bool:
-    """Delete the new session of a run that never got a model answer; say whether it did.
+async def _forget_if_empty(session: _Session, *, fresh: bool) -> bool:
+    """Delete the session this command created if the store holds nothing of it; say so.
 
-    Such a session holds only the task; a resume hint for it could not help (run the same
-    command again once the cause is fixed). A session that had runs before (`fresh` false)
-    is kept as it is.
+    The CLI never deletes what it stored. A run saves its task, its events and how it ended
+    when it ends, whatever stopped it: one cut off mid-answer keeps the text it received, one
+    that never reached the model keeps the errors saying why, and both can be resumed. So only
+    a session with nothing stored beyond its creation (no step, no history entry, no event)
+    is forgotten, which happens when the store failed to save the run's end; a resume hint for
+    it could not help. A session that existed before (`fresh` false) is always kept.
     """
     agent = session.agent
-    if (
-        not fresh
-        or outcome.stop_reason not in _UNREACHED
-        or outcome.usage_per_call
-        or agent.session_id is None
-        or agent.store is not session.store
-    ):
+    if not fresh or agent.session_id is None or agent.store is not session.store:
         return False
-    await session.store.delete(agent.session_id)
+    try:
+        info = await session.store.info(agent.session_id)
+        if info.steps or info.entry_count or info.event_count:
+            return False
+        await session.store.delete(agent.session_id)
+    except StoreError:
+        return False  # a store that cannot say or delete keeps what it has
     # A later message in a chat starts a new session rather than writing to the deleted one.
     agent.recorder = SessionRecorder(session.store)
     return True
@@ -291,7 +290,7 @@ async def _report(outcome: ExecutionOutcome, session: _Session, streams: _Stream
     """Print how the run ended and how to continue; return the exit code."""
     say = session.renderer.line
     message = _failure_message(outcome)
-    if await _forget_if_unreached(outcome, session, fresh=not session.resumed):
+    if await _forget_if_empty(session, fresh=not session.resumed):
         # The error line says what is wrong, once; nothing was kept to continue.
         if message is not None:
             _error_line(streams, message)
