@@ -42,6 +42,14 @@ def test_the_deny_list_wins_over_the_allow_list() -> None:
     assert allowed(gate, "fs_read", "fs_write", "fs_delete") == {"fs_read", "fs_write"}
 
 
+def test_another_agents_tools_are_withheld_whatever_the_lists_say() -> None:
+    # On a shared tool executor: the MCP tools other agents registered, which this one did not.
+    gate = ToolFilter(
+        allow=("docs_*",), always=frozenset({"docs_read"}), foreign=frozenset({"docs_read"})
+    )
+    assert allowed(gate, "docs_read", "docs_list") == {"docs_list"}
+
+
 def test_control_tools_stay_callable_outside_the_allow_list_and_the_skill() -> None:
     gate = ToolFilter(allow=("read_file",), always=LOOP, skill=("search",))
     assert allowed(gate, *LOOP, "read_file", "search") == set(LOOP)

@@ -10,13 +10,20 @@ the environment; skills whose system prompt is an MCP prompt get its text.
 Between steps, `refresh` lists again what a server said changed (``list_changed``), brings
 the registered tools in line, and loads again subscribed resources the server updated; the
 loop publishes what it found (`MCPListChanged`, `EnvironmentUpdated`).
+
+Agents may share one `ToolExecutor`: their servers and registrations are held through the
+executor's `MCPPool` (`agent_flow.agent._mcp_pool`), so a second agent uses a server the first
+started with the same config, a server stops when the last agent using it closes, and each
+agent offers only what it registered itself (`hidden`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from agent_flow.agent._mcp_pool import pool_of
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.environment import Environment, EnvironmentChange
 from agent_flow.errors import ConfigError, MCPServerError
@@ -43,13 +50,21 @@ class AgentMCP:
 
     Args:
         config: The agent's config (``mcp_servers`` and ``mcp``).
-        tools: The agent's tool executor.
+        tools: The agent's tool executor (possibly shared with other agents).
         shared: Servers started by the application and shared with other agents (never
             started or stopped here).
+        current_run: The id of the run the agent is executing (None between runs): a call
+            of a tool registered once for the agents sharing `tools` runs this agent's own
+            when it belongs to that run.
     """
 
     def __init__(
-        self, config: AgentConfig, tools: ToolExecutor, *, shared: MCPServers | None = None
+        self,
+        config: AgentConfig,
+        tools: ToolExecutor,
+        *,
+        shared: MCPServers | None = None,
+        current_run: Callable[[], str | None] | None = None,
     ) -> None:
         self.config = config
         self.settings = config.mcp
@@ -58,9 +73,16 @@ class AgentMCP:
         )
         self.tools = tools
         self.shared = shared
+        self._pool = pool_of(tools)
+        self._current_run = current_run
+        #: The servers this agent holds in the pool (started by it or by an agent sharing
+        #: `tools`): a view, stopped by the pool when nobody holds them.
         self.owned: MCPServers | None = None
         #: Registered tool name → (server, the tool's name on the server).
         self.registered: dict[str, tuple[str, str]] = {}
+        # Registered name → what the pool holds it as.
+        self._keys: dict[str, Hashable] = {}
+        self._hidden: tuple[int, frozenset[str]] = (-1, frozenset())
         self.skills: dict[str, Skill] = {}
         self._resource_tools: list[str] = []
         # What this agent last saw of each server: its generation, its visible resources and
@@ -68,6 +90,21 @@ class AgentMCP:
         self._generations: dict[str, int] = {}
         self._views: dict[tuple[str, ComponentKind], list[str]] = {}
         self._updates: dict[str, int] = {}
+
+    def current_run(self) -> str | None:
+        """The id of the run the agent is executing now (None between runs)."""
+        return self._current_run() if self._current_run is not None else None
+
+    def hidden(self) -> frozenset[str]:
+        """Tools other agents sharing the executor registered and this one did not.
+
+        This agent neither offers nor calls them: it sees what its own ``config.mcp`` allows.
+        """
+        version, names = self._hidden
+        if version != self._pool.version:
+            names = self._pool.hidden_from(self)
+            self._hidden = (self._pool.version, names)
+        return names
 
     @property
     def connections(self) -> dict[str, MCPConnection]:
@@ -84,15 +121,18 @@ class AgentMCP:
         Raises:
             MCPServerError: A required server could not be started, or a configured resource
                 or prompt could not be read.
-            ConfigError: A resource or skill names a server the agent cannot use.
-            DuplicateToolError: A server's tool name is already registered.
+            ConfigError: A resource or skill names a server the agent cannot use, or a
+                server of the config runs for another agent sharing the tool executor with
+                another config.
+            DuplicateToolError: A server's tool name is already registered (not by an agent
+                sharing the tool executor and the server).
         """
         from agent_flow.tools.mcp import MCPServers
 
         configs = [c for c in self.config.mcp_servers if self.filter.allows_server(c.name)]
         if configs:
-            self.owned = MCPServers(configs)
-            await self.owned.start()
+            held = await self._pool.acquire(self, configs)
+            self.owned = MCPServers(held.values())
         try:
             for server, connection in self.connections.items():
                 self._register_tools(server, connection, [t.name for t in connection.tools])
@@ -161,15 +201,22 @@ class AgentMCP:
         wanted = set(names)
         for tool in connection.tools:
             if tool.name in wanted and self.filter.allows(server, "tools", tool.name):
-                registered = self.tools.register(tool, namespace=server)
+                # The same tool of the same connection: agents sharing both share this.
+                key = ("tool", connection, tool.name)
+                registered = self._pool.register(self.tools, self, key, tool, namespace=server)
                 self.registered[registered] = (server, tool.name)
+                self._keys[registered] = key
+
+    def _let_go(self, registered: str) -> None:
+        key = self._keys.pop(registered, None)
+        if key is not None:
+            self._pool.unregister(self.tools, self, key)
 
     def _unregister(self, server: str, names: set[str]) -> list[str]:
         gone = [r for r, (s, name) in self.registered.items() if s == server and name in names]
         for registered in gone:
             del self.registered[registered]
-            if registered in self.tools:
-                self.tools.unregister(registered)
+            self._let_go(registered)
         return gone
 
     def _sync_resource_tools(self) -> None:
@@ -185,16 +232,20 @@ class AgentMCP:
         )
         if wanted and not self._resource_tools:
             for tool in resource_tools(lambda: self.connections, self.filter):
-                if tool.name not in self.tools:
-                    self.tools.register(tool)
-                    self._resource_tools.append(tool.name)
+                key = ("resource_tool", tool.name)
+                if tool.name in self.tools and not self._pool.holds(key):
+                    continue  # the application's own tool of that name stays
+                # One registration for the agents sharing the executor; each call runs the
+                # calling agent's own (its servers, its filter).
+                self._pool.register(self.tools, self, key, tool, per_agent=True)
+                self._keys[tool.name] = key
+                self._resource_tools.append(tool.name)
             patterns = [p for p, _ in self.tools.handlers.handlers_for(READ_RESOURCE_TOOL)]
             if READ_RESOURCE_TOOL not in patterns:
                 self.tools.handlers.register(READ_RESOURCE_TOOL, resource_handler())
         elif not wanted and self._resource_tools:
             for name in self._resource_tools:
-                if name in self.tools:
-                    self.tools.unregister(name)
+                self._let_go(name)
             self._resource_tools = []
 
     async def refresh(self, environment: Environment) -> MCPRefresh:
@@ -270,11 +321,13 @@ class AgentMCP:
         return changes
 
     async def aclose(self) -> None:
-        """Unregister everything registered here, and stop the owned servers."""
+        """Let go of what this agent registered and of its servers.
+
+        Registrations and servers no other agent sharing the executor holds are unregistered
+        and stopped.
+        """
         for name in [*self.registered, *self._resource_tools]:
-            if name in self.tools:
-                self.tools.unregister(name)
+            self._let_go(name)
         self.registered, self._resource_tools = {}, []
-        owned, self.owned = self.owned, None
-        if owned is not None:
-            await owned.aclose()
+        self.owned = None
+        await self._pool.release(self)

@@ -1,8 +1,8 @@
 """The tools an agent offers now: its `ToolFilter` and the definitions it selects.
 
 The loop asks several times per turn (the prompt, the tool gate, pruning), and the answer only
-changes when the config, the active skill, the policy's deny list or the registered tools do:
-both are kept until one of those changes.
+changes when the config, the active skill, the policy's deny list, the registered tools or the
+other agents' MCP tools on a shared executor do: both are kept until one of those changes.
 """
 
 from __future__ import annotations
@@ -29,8 +29,18 @@ class _ToolOffer:
     def _refresh(self, agent: AgentExecutor) -> None:
         tools = agent.tools
         policy = tools.policy
+        # Other agents' MCP tools on a shared executor (the same set while nothing changes).
+        foreign = agent.mcp.hidden()
         # Compared by identity first (tuple equality), so an unchanged agent costs a few checks.
-        key = (agent.config, agent.skill, tools, policy, policy.denied_tools, tools.version)
+        key = (
+            agent.config,
+            agent.skill,
+            tools,
+            policy,
+            policy.denied_tools,
+            tools.version,
+            foreign,
+        )
         if key == self._key:
             return
         config = agent.config
@@ -39,6 +49,7 @@ class _ToolOffer:
             deny=(*config.deny_tools, *policy.denied_tools),
             always=LOOP_TOOL_NAMES if config.control_tools else frozenset(),
             skill=agent.skill.allowed_tools if agent.skill is not None else None,
+            foreign=foreign,
         )
         self._offered = tuple(self._filter.select(tools.definitions()))
         self._key = key

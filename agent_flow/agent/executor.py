@@ -72,7 +72,10 @@ class AgentExecutor:
         tools: The tool executor; `tool_executor_from_config` builds one when omitted.
             Loop-control tools are registered into it when ``config.control_tools`` is on.
             The tools of ``config.mcp_servers`` join it when the agent is entered
-            (``async with agent:`` or `start`) and leave it when the agent is closed.
+            (``async with agent:`` or `start`) and leave it when the agent is closed. Agents
+            may share one: a server another of them runs with the same config is used, not
+            started again, and stops (its tools leave) when the last agent using it closes;
+            each agent offers only the MCP tools its own ``config.mcp`` lets it register.
         environment: The working memory (a fresh one when omitted).
         history: The transcript (a fresh one when omitted).
         context: The budgeted prompt builder; built from `config.context` when omitted, with
@@ -171,7 +174,9 @@ class AgentExecutor:
         # Resources the agent owns: the MCP servers started on entry, with the names their
         # tools were registered under, and the close method of a model `from_config` built.
         self._state: Literal["new", "started", "closed"] = "new"
-        self.mcp = AgentMCP(self.config, self.tools, shared=mcp_servers)
+        self.mcp = AgentMCP(
+            self.config, self.tools, shared=mcp_servers, current_run=self._current_run_id
+        )
         self._close_llm: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
@@ -268,8 +273,11 @@ class AgentExecutor:
             UserError: The agent was already started, or closed.
             MCPServerError: A required server could not be started (none is left running),
                 or a configured resource or prompt could not be read.
-            ConfigError: A configured resource or prompt names a server the agent cannot use.
-            DuplicateToolError: A server's tool name is already registered.
+            ConfigError: A configured resource or prompt names a server the agent cannot use,
+                or a server of the config runs, configured differently, for another agent
+                sharing the tool executor.
+            DuplicateToolError: A server's tool name is already registered (by anything but
+                an agent sharing the tool executor and that server).
         """
         if self._state != "new":
             raise UserError(
@@ -297,7 +305,8 @@ class AgentExecutor:
     async def aclose(self) -> None:
         """Stop the MCP servers and close the model client `from_config` built.
 
-        Their tools are unregistered from the tool executor (shared servers keep running).
+        Their tools are unregistered from the tool executor (shared servers keep running, and
+        so do servers and tools another agent sharing the tool executor still uses).
         Call it once the runs have finished; calling it again does nothing.
         """
         self._state = "closed"
@@ -537,6 +546,9 @@ class AgentExecutor:
         run.coroutine = weakref.ref(coroutine)
         self._run = run
         return coroutine
+
+    def _current_run_id(self) -> str | None:
+        return self._run.run_id if self._run is not None else None
 
     def _running(self) -> bool:
         """Whether a run is under way, or claimed by a coroutine that may still start it."""

@@ -32,9 +32,9 @@ LOOP_TOOL_NAMES: frozenset[str] = CONTROL_TOOL_NAMES | {update_plan.name}
 class ToolFilter:
     """Which registered tools may be offered and called; patterns are `fnmatch` globs.
 
-    The rules, in order: a tool matching `deny` is never callable; a tool in `always` is
-    callable; with an `allow` list, a tool matching none of it is not; with a `skill` list,
-    a tool is callable only if it matches one of those; anything else is.
+    The rules, in order: a tool matching `deny` (or in `foreign`) is never callable; a tool
+    in `always` is callable; with an `allow` list, a tool matching none of it is not; with a
+    `skill` list, a tool is callable only if it matches one of those; anything else is.
 
     Attributes:
         allow: Only these tools are callable (``None``: all).
@@ -44,16 +44,19 @@ class ToolFilter:
             tools when the agent offers them); empty for none.
         skill: The active skill's allowed tools (``None``: no skill is active; an empty
             tuple allows only the tools in `always`).
+        foreign: Exact names of tools that belong to other agents sharing the tool executor
+            (their MCP servers' tools): never callable, like `deny`.
     """
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] = ()
     always: frozenset[str] = frozenset()
     skill: tuple[str, ...] | None = None
+    foreign: frozenset[str] = frozenset()
 
     def allows(self, name: str) -> bool:
         """Whether the registered tool called `name` may be offered and called."""
-        if matches_any(name, self.deny):
+        if name in self.foreign or matches_any(name, self.deny):
             return False
         if name in self.always:
             return True
