@@ -29,7 +29,9 @@ AgentFlowError
 │   └── OutputValidationError   the final answer never matched the output schema
 └── StoreError                  the session store failed
     ├── SessionNotFoundError    no session has the given id
-    └── SessionConflictError    other writers kept changing the session being saved
+    └── SessionConflictError    another writer owns or kept changing the session being saved
+        ├── SessionBusyError    another run holds the session's lease (its id: `run_id`)
+        └── LeaseLostError      a writer's lease (fencing number) is stale: it wrote nothing
 ```
 
 `UserError` subclasses say what to change in the caller's code or config; the others are
@@ -54,6 +56,7 @@ __all__ = [
     "DuplicateToolError",
     "EnvironmentValidationError",
     "IncompleteStreamError",
+    "LeaseLostError",
     "MCPServerError",
     "MCPServerTimeoutError",
     "MalformedChunkError",
@@ -69,6 +72,7 @@ __all__ = [
     "OutputValidationError",
     "PointerError",
     "RunError",
+    "SessionBusyError",
     "SessionConflictError",
     "SessionNotFoundError",
     "StoreError",
@@ -275,4 +279,24 @@ class SessionNotFoundError(StoreError, LookupError):
 
 
 class SessionConflictError(StoreError):
-    """Other writers kept changing a session while this store was saving a step of it."""
+    """Another writer owns a session, or kept changing it while this store was saving a step."""
+
+
+class SessionBusyError(SessionConflictError):
+    """Another run holds the session's lease: raised by a claim, or by a write without a fence.
+
+    Attributes:
+        run_id: The run that holds the lease.
+    """
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class LeaseLostError(SessionConflictError):
+    """A writer's lease is stale: another claim took the session, or the lease was released.
+
+    Raised by `SessionStore.renew` and by a write carrying that lease's fencing number; the
+    write stored nothing.
+    """

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+import agent_flow.sessions._pg_schema as schema_module
 import agent_flow.sessions.postgres as postgres_module
 from agent_flow.agent import AgentExecutor
 from agent_flow.cli import main
@@ -99,12 +100,13 @@ async def test_an_appended_migration_runs_once_when_processes_open_together(
         info = await store.create(session_id="old")
     runs: list[int] = []
 
-    async def add_pinned(conn: postgres_module._Conn) -> None:
+    async def add_pinned(conn: schema_module._Conn) -> None:
         runs.append(1)
         await conn.execute("ALTER TABLE sessions ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT false")
 
-    monkeypatch.setattr(postgres_module, "MIGRATIONS", (*postgres_module.MIGRATIONS, add_pinned))
-    monkeypatch.setattr(postgres_module, "SCHEMA_VERSION", postgres_module.SCHEMA_VERSION + 1)
+    # The migrations run from the schema module (`_pg_schema.migrate`).
+    monkeypatch.setattr(schema_module, "MIGRATIONS", (*schema_module.MIGRATIONS, add_pinned))
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", schema_module.SCHEMA_VERSION + 1)
     stores = [PostgresSessionStore(URL, schema=pg_schema) for _ in range(3)]
     try:
         await asyncio.gather(*(store.__aenter__() for store in stores))
@@ -115,7 +117,7 @@ async def test_an_appended_migration_runs_once_when_processes_open_together(
     assert runs == [1]
     assert _raw(
         pg_schema, "SELECT version, (SELECT pinned FROM sessions) FROM agent_flow_schema"
-    ) == [(postgres_module.SCHEMA_VERSION, False)]
+    ) == [(schema_module.SCHEMA_VERSION, False)]
 
 
 def test_processes_opening_a_fresh_schema_together_all_start_on_one_schema(

@@ -4,7 +4,10 @@ In the style of LangGraph's checkpointer conformance tests: each test takes a `s
 SQLite, PostgreSQL) or a `backing` that opens several store objects on the same data (SQLite,
 PostgreSQL: what two processes sharing a store see), and states one rule of the
 `SessionStore` contract. Store-specific behavior (SQL traces, files, migrations) is tested in
-tests/test_sessions.py and tests/test_sessions_postgres.py.
+tests/test_sessions.py and tests/test_sessions_postgres.py. More rules of the contract, each in
+a module of its own with the same fixtures: owners (tests/test_store_owners.py), leases, fences
+and event ids (tests/test_store_leases.py, tests/test_store_lease_machine.py), checkpoints
+(tests/test_store_checkpoints.py) and following events (tests/test_store_follow.py).
 
 The PostgreSQL cases use a fresh schema per test, dropped after; they skip when no server
 answers (failing instead under ``CI=true``), see tests/store_helpers/postgres.py.
@@ -16,9 +19,7 @@ import asyncio
 import io
 import json
 import typing
-import uuid
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,6 @@ from agent_flow.tokens import ApproxCounter
 from tests.helpers import unit_groups
 from tests.store_helpers.backing import Backing
 from tests.store_helpers.fixtures import any_backing, backing, kind, store
-from tests.store_helpers.old_schema import make_previous_version, stored_version
 from tests.store_helpers.session_writer import add_step
 from tests.store_helpers.usage import Drawn, call_steps, expected_totals, step_events
 
@@ -528,127 +528,3 @@ async def test_one_unpriced_call_makes_the_session_cost_unknown_for_good(
         assert info.unpriced_calls == (0 if known else 1)
     assert (info.model_calls, info.prompt_tokens, info.completion_tokens) == (3, 30, 6)
     assert (await store.create(session_id="idle")).cost_usd == 0.0
-
-
-# -- owners -----------------------------------------------------------------------------------
-
-
-async def test_the_owner_travels_with_the_session_through_every_read_and_an_export(
-    store: SessionStore,
-) -> None:
-    history, environment = fresh()
-    info = await store.create(session_id="mine", owner="alice")
-    assert info.owner == "alice"
-    assert (await store.info("mine")).owner == "alice"
-    assert (await store.load("mine")).info.owner == "alice"
-    assert [s.owner for s in await store.list()] == ["alice"]
-    add_step(history, environment, 0)
-    saved = await store.save_step("mine", history=history, environment=environment)
-    assert saved.owner == "alice" == (await store.info("mine")).owner
-    assert (await store.create(session_id="unowned")).owner is None
-    stream = io.StringIO()
-    await store.export("mine", stream)
-    exported = stream.getvalue()
-    assert json.loads(exported.splitlines()[0])["session"]["owner"] == "alice"
-    async with InMemorySessionStore() as other:
-        assert (await other.import_(io.StringIO(exported))).owner == "alice"
-        assert (await other.info("mine")).owner == "alice"
-    assert (await store.import_(io.StringIO(exported), session_id="copy")).owner == "alice"
-    assert (await store.info("copy")).owner == "alice"
-    # An export written before owners existed has no owner field: it imports without one.
-    lines = exported.splitlines()
-    header = json.loads(lines[0])
-    del header["session"]["owner"]
-    older = "\n".join([json.dumps(header), *lines[1:]])
-    assert (await store.import_(io.StringIO(older), session_id="older")).owner is None
-    with pytest.raises(UserError, match="owner"):
-        await store.create(owner="x" * 201)
-
-
-async def test_listing_by_owner_leaves_out_other_owners_and_sessions_without_one(
-    store: SessionStore,
-) -> None:
-    for sid, owner in (("a1", "alice"), ("b1", "bob"), ("n1", None), ("a2", "alice")):
-        await store.create(session_id=sid, owner=owner)
-    assert [s.id for s in await store.list(owner="alice")] == ["a2", "a1"]
-    assert [s.id for s in await store.list(owner="alice", limit=1)] == ["a2"]
-    assert [s.id for s in await store.list(owner="bob")] == ["b1"]
-    assert await store.list(owner="carol") == []
-    assert await store.list(owner="Alice") == []  # exact match
-    assert await store.list(owner="") == []  # not "no owner"
-    assert {s.id for s in await store.list()} == {"a1", "a2", "b1", "n1"}
-    with pytest.raises(UserError, match="limit=0"):
-        await store.list(limit=0, owner="alice")
-
-
-#: Owner names that differ only slightly, and None; each example prefixes them with its own token.
-_OWNER_NAMES = st.sampled_from([None, "alice", "Alice", "alice ", "al", "al%", "ünï", "bob"])
-
-
-# Each example uses its own owner names and session ids, so sharing the backing is safe.
-@settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    owners=st.lists(_OWNER_NAMES, min_size=1, max_size=8),
-    touches=st.lists(st.integers(0, 7), max_size=6),
-    limit=st.integers(1, 9),
-)
-def test_listing_by_owner_gives_exactly_their_sessions_most_recently_updated_first(
-    any_backing: Backing, owners: list[str | None], touches: list[int], limit: int
-) -> None:
-    token = uuid.uuid4().hex[:8]
-
-    def owner_of(name: str | None) -> str | None:
-        return None if name is None else f"{token}:{name}"
-
-    async def scenario() -> None:
-        async with any_backing.open() as store:
-            updated: dict[str, tuple[str | None, datetime]] = {}
-            for number, name in enumerate(owners):
-                info = await store.create(session_id=f"{token}-{number}", owner=owner_of(name))
-                updated[info.id] = (info.owner, info.updated_at)
-            for touch in touches:
-                sid = f"{token}-{touch % len(owners)}"
-                history, environment = fresh()
-                add_step(history, environment, touch)
-                info = await store.save_step(sid, history=history, environment=environment)
-                updated[sid] = (info.owner, info.updated_at)
-
-            def expected(owner: str | None) -> list[str]:
-                mine = [sid for sid, (o, _) in updated.items() if owner is None or o == owner]
-                # Most recently updated first; the id breaks ties, as the stores do.
-                mine.sort()
-                mine.sort(key=lambda sid: updated[sid][1], reverse=True)
-                return mine
-
-            for name in {*owners, "nobody"} - {None}:
-                owner = owner_of(name)
-                listed = await store.list(owner=owner, limit=limit)
-                assert [s.id for s in listed] == expected(owner)[:limit]
-                assert all(s.owner == owner for s in listed)
-            everything = [s.id for s in await store.list(limit=10_000) if s.id in updated]
-            assert everything == expected(None)
-
-    asyncio.run(scenario())
-
-
-async def test_a_store_of_the_previous_schema_gains_owners_and_keeps_its_sessions(
-    backing: Backing,
-) -> None:
-    previous = await make_previous_version(backing, "old")
-    async with backing.open() as store:
-        old = await store.info("old")
-        assert (old.owner, old.task, old.status) == (None, "an old task", "completed")
-        assert [s.id for s in await store.list()] == ["old"]
-        assert await store.list(owner="alice") == []
-        await store.create(session_id="new", owner="alice")
-        assert [s.id for s in await store.list(owner="alice")] == ["new"]
-        assert {s.id: s.owner for s in await store.list()} == {"old": None, "new": "alice"}
-        # The old session goes on working, still without an owner.
-        history, environment = fresh()
-        add_step(history, environment, 0)
-        saved = await store.save_step("old", history=history, environment=environment)
-        assert (saved.steps, saved.owner) == (1, None)
-        assert [s.id for s in await store.list()] == ["old", "new"]
-    assert await stored_version(backing) == previous + 1
-    async with backing.open() as again:  # reopening migrates nothing more
-        assert (await again.info("new")).owner == "alice"

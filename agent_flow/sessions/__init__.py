@@ -26,16 +26,29 @@ environment whose `Environment.to_json` is exactly what was saved. The session's
 (`SessionInfo.model_calls`, tokens, ``cost_usd``) grow by the step's ``ModelResponded`` events
 in the same transaction (see `_usage`).
 
+One writer at a time. A run claims the session (`SessionStore.claim` returns a `Lease`: the
+run, who runs it, a fencing number that grows with every claim, an expiry), renews it while it
+runs and releases it at its end; each of its writes carries the fence (``save_step(...,
+fence=lease.fence)``), checked in the write's transaction, so a run whose lease was taken over
+writes nothing (`LeaseLostError`), and a writer without a lease is refused while one is live
+(`SessionBusyError`). A claim that finds a lease expired and never released (its holder died)
+stores that run's end (a `RunFinished` with stop reason ``interrupted``). Every stored event has
+an id that is never reused (`event_id`: the fence and the event's ``seq``), so readers resume
+after the last id they saw (`SessionStore.events_with_ids`, `follow_events_with_ids`).
+
 When to save is the `StepRecorder`'s call (`recorder.SessionRecorder`, which an
 `AgentExecutor` given a store uses): it creates the session on the first run, saves every
 step and the run's end with its status, and lets a write finish when the run is cancelled.
 
-Modules: `models` (`SessionInfo`, `SessionState`, `SessionStatus`), `protocol`
-(`SessionStore`, `StepRecorder`, `default_store_path`), `recorder` (`SessionRecorder`),
-`export` (the export format), `sqlite` (durability, concurrency and the storage schema are
-described there) and `memory`; privately, `_backend` (the rows a backend stores), `_planner`
-(what a step writes), `_usage` (a session's usage and cost totals) and `_base` (the async
-store shared by both implementations).
+Modules: `models` (`SessionInfo`, `SessionState`, `SessionStatus`, `Lease`, `event_id`),
+`protocol` (`SessionStore`, `StepRecorder`, `default_store_path`), `recorder`
+(`SessionRecorder`), `export` (the export format), `sqlite` (durability, concurrency and the
+storage schema are described there), `postgres` and `memory`; privately, `_backend` (the rows a
+backend stores), `_planner` (what a step writes), `_usage` (a session's usage and cost totals),
+`_lease` (who may write: the lease rules every backend applies), `_follow` (reading and
+following events) and `_base` (the async store shared by every implementation), and per SQL
+dialect its schema, row helpers and lease statements (`_sqlite_schema`, `_sqlite_rows`,
+`_sqlite_lease`; `_pg_schema`, `_pg_rows`, `_pg_lease`).
 
 Every name is loaded on first use, so that importing this package (the agent package does,
 for the `StepRecorder` protocol) imports neither `sqlite3` nor what the name does not need.
@@ -59,13 +72,22 @@ if TYPE_CHECKING:
     )
     from agent_flow.sessions.factory import open_store, store_location
     from agent_flow.sessions.memory import InMemorySessionStore
-    from agent_flow.sessions.models import Checkpoint, SessionInfo, SessionState, SessionStatus
+    from agent_flow.sessions.models import (
+        EVENT_ID_RUN_BITS,
+        Checkpoint,
+        Lease,
+        SessionInfo,
+        SessionState,
+        SessionStatus,
+        event_id,
+    )
     from agent_flow.sessions.postgres import PostgresSessionStore
     from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
     from agent_flow.sessions.recorder import SessionRecorder
     from agent_flow.sessions.sqlite import SCHEMA_VERSION, SQLiteSessionStore
 
 __all__ = [
+    "EVENT_ID_RUN_BITS",
     "EXPORT_FORMAT",
     "EXPORT_LINE_ADAPTER",
     "SCHEMA_VERSION",
@@ -76,6 +98,7 @@ __all__ = [
     "EventLine",
     "ExportLine",
     "InMemorySessionStore",
+    "Lease",
     "PostgresSessionStore",
     "SQLiteSessionStore",
     "SessionHeaderLine",
@@ -86,6 +109,7 @@ __all__ = [
     "SessionStore",
     "StepRecorder",
     "default_store_path",
+    "event_id",
     "open_store",
     "store_location",
 ]
@@ -106,7 +130,10 @@ _LAZY = {
     "open_store": "factory",
     "store_location": "factory",
     "InMemorySessionStore": "memory",
+    "EVENT_ID_RUN_BITS": "models",
     "Checkpoint": "models",
+    "Lease": "models",
+    "event_id": "models",
     "SessionInfo": "models",
     "SessionState": "models",
     "SessionStatus": "models",

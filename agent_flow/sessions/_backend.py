@@ -10,10 +10,10 @@ environments and events.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -26,8 +26,8 @@ from agent_flow.errors import (
 )
 from agent_flow.events import AgentEvent, event_from_json
 from agent_flow.history import HISTORY_ENTRY_ADAPTER, HistoryEntry
-from agent_flow.sessions._usage import _Totals
-from agent_flow.sessions.models import Checkpoint, SessionInfo, SessionStatus
+from agent_flow.sessions._usage import USAGE_COLUMNS, USAGE_FIELDS, _Totals
+from agent_flow.sessions.models import Checkpoint, Lease, SessionInfo, SessionStatus
 
 
 class _StaleError(Exception):
@@ -70,6 +70,23 @@ class _StepWrite:
     status: SessionStatus | None
     updated_at: datetime
     checkpoints: tuple[Checkpoint, ...] = ()
+    fence: int | None = None  # the writer's lease (see `_lease._writable`); None: un-leased
+
+
+@dataclass(frozen=True, slots=True)
+class _EventQuery:
+    """Which of a session's events to read: from a position, or after an id; then a filter.
+
+    With `after_id`, the events whose id is above it, by id (`offset` is then 0); otherwise
+    from position `offset` on, by position (the same order). `run_id` keeps that run's events
+    with a ``seq`` above `after_seq`; `limit` keeps the first ones.
+    """
+
+    offset: int = 0
+    after_id: int | None = None
+    run_id: str | None = None
+    after_seq: int = -1
+    limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +113,74 @@ class _Stored:
     events: tuple[str, ...] = ()
 
 
-def _stepped(info: SessionInfo, write: _StepWrite) -> SessionInfo:
+#: The ``sessions`` columns a `SessionInfo` is read from, in every SQL backend.
+_INFO_COLUMNS = (
+    "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
+    f"event_count, environment_version, task, {USAGE_COLUMNS}, owner, last_event_id, "
+    "lease_run, lease_fence"
+)
+#: The ``sessions`` columns of its lease (`_lease._LeaseState`).
+_LEASE_COLUMNS = "lease_run, lease_holder, lease_fence, lease_expires"
+
+
+class _Row(Protocol):
+    """A stored row read by column name (``sqlite3.Row``, a psycopg ``dict_row``)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def _info_of(row: _Row, when: Callable[[Any], datetime]) -> SessionInfo:
+    """The `SessionInfo` of a row of `_INFO_COLUMNS`; `when` reads a stored timestamp."""
+    return SessionInfo(
+        id=row["id"],
+        agent=row["agent"],
+        title=row["title"],
+        status=row["status"],
+        created_at=when(row["created_at"]),
+        updated_at=when(row["updated_at"]),
+        steps=row["steps"],
+        entry_count=row["entry_count"],
+        event_count=row["event_count"],
+        environment_version=row["environment_version"],
+        metadata=json.loads(row["metadata"]),
+        task=row["task"],
+        **{name: row[name] for name in USAGE_FIELDS},
+        owner=row["owner"],
+        last_event_id=row["last_event_id"],
+        lease_run=row["lease_run"],
+        lease_fence=row["lease_fence"],
+    )
+
+
+def _info_values(info: SessionInfo, when: Callable[[datetime], object]) -> tuple[object, ...]:
+    """The values of `_INFO_COLUMNS` for `info` (an INSERT); `when` writes a timestamp."""
+    return (
+        info.id,
+        info.agent,
+        info.title,
+        info.status,
+        when(info.created_at),
+        when(info.updated_at),
+        json.dumps(info.metadata, separators=(",", ":")),
+        info.steps,
+        info.entry_count,
+        info.event_count,
+        info.environment_version,
+        info.task,
+        *_Totals.of(info).values(),
+        info.owner,
+        info.last_event_id,
+        info.lease_run,
+        info.lease_fence,
+    )
+
+
+def _stepped(info: SessionInfo, write: _StepWrite, event_ids: list[int]) -> SessionInfo:
+    """The session's description after `write`, whose events got the ids `event_ids`."""
     environment = write.environment
     return info.model_copy(
         update={
+            "last_event_id": event_ids[-1] if event_ids else info.last_event_id,
             "updated_at": write.updated_at,
             "status": write.status if write.status is not None else info.status,
             "steps": info.steps + 1,
@@ -115,17 +196,20 @@ def _stepped(info: SessionInfo, write: _StepWrite) -> SessionInfo:
 
 
 class _Backend(Protocol):
+    """A synchronous backend (SQLite, memory); `_AsyncBackend` says what each operation does."""
+
     def open(self) -> None: ...
     def create(self, info: SessionInfo, revision: str) -> None: ...
     def info(self, session_id: str) -> SessionInfo: ...
     def read(self, session_id: str, with_events: bool) -> _Stored: ...
     def write_step(self, write: _StepWrite) -> SessionInfo: ...
+    def claim(self, session_id: str, run_id: str, holder: str, ttl: float) -> Lease: ...
+    def renew(self, lease: Lease, ttl: float) -> Lease: ...
+    def release(self, lease: Lease) -> None: ...
     def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]: ...
-    def events(
-        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
-    ) -> list[str]: ...
+    def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]: ...
     def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
     ) -> None: ...
     def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]: ...
     def insert(self, session: _Import) -> None: ...
@@ -134,19 +218,25 @@ class _Backend(Protocol):
 
 
 class _AsyncBackend(Protocol):
-    """What `_StoreBase` calls: the `_Backend` operations, awaited (see `_base._OnWorker`)."""
+    """What `_StoreBase` calls: the `_Backend` operations, awaited (see `_base._OnWorker`).
+
+    Each is one transaction. `write_step`, `claim`, `renew`, `release` and a fenced
+    `write_checkpoints` lock the session (its row) and decide by `_lease` on what they read
+    under that lock; `events` returns (event id, JSON) pairs.
+    """
 
     async def open(self) -> None: ...
     async def create(self, info: SessionInfo, revision: str) -> None: ...
     async def info(self, session_id: str) -> SessionInfo: ...
     async def read(self, session_id: str, with_events: bool) -> _Stored: ...
     async def write_step(self, write: _StepWrite) -> SessionInfo: ...
+    async def claim(self, session_id: str, run_id: str, holder: str, ttl: float) -> Lease: ...
+    async def renew(self, lease: Lease, ttl: float) -> Lease: ...
+    async def release(self, lease: Lease) -> None: ...
     async def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]: ...
-    async def events(
-        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
-    ) -> list[str]: ...
+    async def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]: ...
     async def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
     ) -> None: ...
     async def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]: ...
     async def insert(self, session: _Import) -> None: ...

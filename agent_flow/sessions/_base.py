@@ -1,8 +1,9 @@
 """The async store shared by every implementation: `_StoreBase` over an `_AsyncBackend`.
 
-`_StoreBase` implements every `SessionStore` method once; `SQLiteSessionStore` and
-`InMemorySessionStore` give it a synchronous `_Backend` wrapped in `_OnWorker` (which says where
-the backend runs), `PostgresSessionStore` an asynchronous backend of its own.
+`_StoreBase` implements every `SessionStore` method once (the event reads in `_follow`, the
+lease rules in `_lease`); `SQLiteSessionStore` and `InMemorySessionStore` give it a synchronous
+`_Backend` wrapped in `_OnWorker` (which says where the backend runs), `PostgresSessionStore` an
+asynchronous backend of its own.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -19,7 +20,6 @@ from uuid import uuid4
 
 from pydantic import ValidationError
 
-from agent_flow._defaults import EVENTS_POLL_SECONDS
 from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
 from agent_flow.errors import SessionConflictError, StoreError, UserError
@@ -30,8 +30,8 @@ from agent_flow.sessions._backend import (
     _Backend,
     _decode_entries,
     _decode_environment,
-    _decode_event,
     _EntryRow,
+    _EventQuery,
     _EventRow,
     _Import,
     _problem,
@@ -40,15 +40,19 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._changes import _Changes
+from agent_flow.sessions._follow import _EventReads
+from agent_flow.sessions._lease import _check_ttl
 from agent_flow.sessions._planner import _environment_write, _kept_entries, _Tracked
 from agent_flow.sessions.export import _export_lines, _parse_export, _read_lines, _write_lines
 from agent_flow.sessions.models import (
     _STATUSES,
     Checkpoint,
+    Lease,
     SessionInfo,
     SessionState,
     SessionStatus,
     _check_id,
+    event_id,
 )
 
 
@@ -93,17 +97,22 @@ class _OnWorker:
     async def sessions(self, limit: int, owner: str | None) -> builtins.list[SessionInfo]:
         return await self._go(lambda: self._backend.sessions(limit, owner))
 
-    async def events(
-        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
-    ) -> builtins.list[str]:
-        return await self._go(
-            lambda: self._backend.events(session_id, offset, run_id, after_seq, limit)
-        )
+    async def claim(self, session_id: str, run_id: str, holder: str, ttl: float) -> Lease:
+        return await self._go(lambda: self._backend.claim(session_id, run_id, holder, ttl))
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        return await self._go(lambda: self._backend.renew(lease, ttl))
+
+    async def release(self, lease: Lease) -> None:
+        await self._go(lambda: self._backend.release(lease))
+
+    async def events(self, session_id: str, query: _EventQuery) -> builtins.list[tuple[int, str]]:
+        return await self._go(lambda: self._backend.events(session_id, query))
 
     async def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
     ) -> None:
-        await self._go(lambda: self._backend.write_checkpoints(session_id, rows, synced))
+        await self._go(lambda: self._backend.write_checkpoints(session_id, rows, synced, fence))
 
     async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
         return await self._go(lambda: self._backend.checkpoints(session_id, run_id))
@@ -118,11 +127,8 @@ class _OnWorker:
         await self._go(self._backend.close)
 
 
-class _StoreBase:
+class _StoreBase(_EventReads):
     """The async API over an `_AsyncBackend`."""
-
-    #: How long a follower of a session waits for a signal before it reads the store again.
-    _follow_poll: float = EVENTS_POLL_SECONDS
 
     def __init__(self, backend: _AsyncBackend, where: str) -> None:
         self._backend = backend
@@ -211,6 +217,7 @@ class _StoreBase:
         events: Sequence[AgentEvent] = (),
         status: SessionStatus | None = None,
         checkpoints: Sequence[Checkpoint] = (),
+        fence: int | None = None,
     ) -> SessionInfo:
         """Save one step in one transaction: the history and environment now, the new events.
 
@@ -219,6 +226,12 @@ class _StoreBase:
         save after `load`, after another store wrote the session, or with another history
         object compares against what is stored first.
 
+        A run that holds the session's lease passes its fencing number (`Lease.fence`): the
+        step is written only if that lease is still the session's, checked in the step's
+        transaction, and its events get the ids `event_id` gives. Without a fence (imports,
+        tools, callers that do not claim) the step is refused while another run's lease is
+        live; an expired lease is ended first, as `claim` ends it.
+
         Args:
             session_id: The session.
             history: The whole history as it is now.
@@ -226,21 +239,31 @@ class _StoreBase:
             events: The events published since the last save (appended).
             status: The new status, or None to keep it.
             checkpoints: A durable run's checkpoints made in the step (`Checkpoint`).
+            fence: The writer's `Lease.fence`; None for a writer without a lease.
 
         Returns:
             The session's description after the step.
 
         Raises:
             SessionNotFoundError: No session has that id.
-            UserError: `status` is not a `SessionStatus`.
+            UserError: `status` is not a `SessionStatus`, or (with a fence) an event's ``seq``
+                has no id (negative, or 2**32 or more).
+            LeaseLostError: `fence` is not the fence of the session's lease any more: nothing
+                was written.
+            SessionBusyError: No `fence`, and another run holds a live lease.
             SessionConflictError: Other writers changed the session under every attempt.
-            StoreError: The store failed, or a checkpoint at one of those positions of the
-                run is stored already (another execution of the run wrote it).
+            StoreError: The store failed, a checkpoint at one of those positions of the run is
+                stored already (another execution of the run wrote it), or (with a fence) the
+                events' ids would not be above the session's last id (a ``seq`` saved twice or
+                out of order).
         """
         if status is not None and status not in _STATUSES:
             raise UserError(
                 f"status {status!r} is not a session status; use one of {sorted(_STATUSES)}"
             )
+        if fence is not None:
+            for event in events:
+                event_id(fence, event.seq)  # refuses what has no id before anything is written
         event_rows = tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events)
         async with self._lock(session_id):
             for _ in range(_RETRIES):
@@ -267,8 +290,11 @@ class _StoreBase:
                     status=status,
                     updated_at=_now(),
                     checkpoints=tuple(checkpoints),
+                    fence=fence,
                 )
                 try:
+                    # The fence is checked in every attempt's transaction, before the revision:
+                    # a retry refreshes what this store thought was stored, never the lease.
                     info = await self._run(self._backend.write_step, write)
                 except _StaleError:
                     # Written by another store (or by a save of ours that was cancelled while
@@ -281,8 +307,8 @@ class _StoreBase:
                 tracked.history, tracked.history_version = weakref.ref(history), history_version
                 tracked.environment = weakref.ref(environment)
                 tracked.environment_version = env_version
-                if event_rows:
-                    self._changes.signal(session_id)
+                # Even without events of its own: ending an expired lease appends one.
+                self._changes.signal(session_id)
                 return info
         raise SessionConflictError(
             f"session {session_id!r} changed under every one of {_RETRIES} attempts to save a "
@@ -290,7 +316,12 @@ class _StoreBase:
         )
 
     async def save_checkpoints(
-        self, session_id: str, checkpoints: Sequence[Checkpoint], *, synced: bool = True
+        self,
+        session_id: str,
+        checkpoints: Sequence[Checkpoint],
+        *,
+        synced: bool = True,
+        fence: int | None = None,
     ) -> None:
         """Store a durable run's checkpoints now, in one transaction of their own.
 
@@ -301,12 +332,20 @@ class _StoreBase:
         (PostgreSQL: ``synchronous_commit`` off; SQLite: ``synchronous`` NORMAL for it): no
         crash of this process can lose it, a crash of the database server or the machine can.
 
+        `fence` is the writer's `Lease.fence`, checked in the transaction as by `save_step`;
+        without one, the write is refused while another run's lease is live (an expired lease
+        is left to the next claim or step: checkpoints take no event id).
+
         Raises:
             SessionNotFoundError: No session has that id.
+            LeaseLostError: `fence` is not the fence of the session's lease: nothing written.
+            SessionBusyError: No `fence`, and another run holds a live lease.
             StoreError: A checkpoint at one of those positions of the run is stored already.
         """
         if checkpoints:
-            await self._run(self._backend.write_checkpoints, session_id, tuple(checkpoints), synced)
+            await self._run(
+                self._backend.write_checkpoints, session_id, tuple(checkpoints), synced, fence
+            )
 
     async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
         """Return the checkpoints stored for `run_id` in the session, by position.
@@ -359,83 +398,67 @@ class _StoreBase:
             raise UserError(f"limit={limit} lists nothing; pass 1 or more")
         return await self._run(self._backend.sessions, limit, owner)
 
-    async def events(
-        self,
-        session_id: str,
-        *,
-        offset: int = 0,
-        run_id: str | None = None,
-        after_seq: int = -1,
-        limit: int | None = None,
-    ) -> builtins.list[AgentEvent]:
-        """Return the session's events in the order saved.
+    async def _event_rows(
+        self, session_id: str, query: _EventQuery
+    ) -> builtins.list[tuple[int, str]]:
+        return await self._run(self._backend.events, session_id, query)
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def claim(self, session_id: str, *, run_id: str, holder: str, ttl: float) -> Lease:
+        """Make run `run_id` the session's one writer for `ttl` seconds; return its `Lease`.
+
+        One transaction: a live lease (another's, or this run's own) refuses the claim;
+        otherwise the claim takes the next fencing number. If the previous lease was never
+        released (it expired: its holder died) and its run, another than `run_id`, has no
+        `RunFinished` stored, the claim stores one for it (stop reason ``interrupted``), sets
+        the session's status to ``interrupted`` and names that run in
+        `Lease.interrupted_run`. The same run claiming again (a durable run recovered by
+        another worker) goes on: nothing is ended.
 
         Args:
             session_id: The session.
-            offset: Skip the session's first `offset` events (to read on from where one left
-                off, pass the number of events already read).
-            run_id: Only the events of this run.
-            after_seq: With `run_id`: only events with a larger ``seq``.
-            limit: At most this many events.
+            run_id: The run that will write it.
+            holder: Who runs it (``pid@host``, an executor id): shown to whoever finds it busy.
+            ttl: Seconds until the lease expires unless renewed (by the store's clock;
+                PostgreSQL's for a PostgreSQL store). 0 makes a lease that has expired
+                already: a test's way to act out a holder that died.
 
         Raises:
             SessionNotFoundError: No session has that id.
-            UserError: A negative `offset` or `limit`, or `after_seq` without `run_id`.
-            StoreError: A stored event cannot be read back.
+            SessionBusyError: Another live lease is held (`SessionBusyError.run_id` names
+                its run).
+            UserError: `ttl` is negative or not a number.
         """
-        if offset < 0 or (limit is not None and limit < 0):
-            raise UserError(f"offset={offset} and limit={limit} must not be negative")
-        if after_seq >= 0 and run_id is None:
-            raise UserError(
-                f"after_seq={after_seq} needs run_id: sequence numbers count within one run"
-            )
-        rows = await self._run(self._backend.events, session_id, offset, run_id, after_seq, limit)
-        return [_decode_event(row, session_id) for row in rows]
+        _check_ttl(ttl)
+        lease: Lease = await self._run(self._backend.claim, session_id, run_id, holder, ttl)
+        if lease.interrupted_run is not None:
+            self._changes.signal(session_id)
+        return lease
 
-    async def wait_for_events(
-        self, session_id: str, *, offset: int = 0, wait: float
-    ) -> builtins.list[AgentEvent]:
-        """Return the session's events from position `offset` on, waiting for some if none.
+    async def renew(self, lease: Lease, *, ttl: float) -> Lease:
+        """Extend `lease` to `ttl` seconds from now; return the renewed lease.
 
-        Returns at once when events are stored past `offset`; otherwise when one is saved (by
-        this store, or by any process: a PostgreSQL store is notified, the others re-read
-        every `EVENTS_POLL_SECONDS`), or with ``[]`` when `wait` seconds passed.
+        It succeeds while `lease` is the session's lease (same fence and run), even expired,
+        as long as nobody claimed the session since.
+
+        Raises:
+            LeaseLostError: The session was claimed since, or `lease` was released.
+            SessionNotFoundError: No session has that id.
+            UserError: `ttl` is negative or not a number.
+        """
+        _check_ttl(ttl)
+        return await self._run(self._backend.renew, lease, ttl)
+
+    async def release(self, lease: Lease) -> None:
+        """End `lease`: the session is free to claim at once (its next fence is one more).
+
+        Releasing a stale lease (claimed since, or released already) does nothing.
 
         Raises:
             SessionNotFoundError: No session has that id.
-            UserError: A negative `offset` or `wait`.
         """
-        if wait < 0:
-            raise UserError(f"wait={wait} is negative; pass 0 or more seconds")
-        await self._listen()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            waiter = self._changes.waiter(session_id)  # before the read: see _changes
-            events = await self.events(session_id, offset=offset)
-            remaining = deadline - loop.time()
-            if events or remaining <= 0:
-                return events
-            await self._changes.wait(waiter, min(remaining, self._follow_poll))
-
-    async def follow_events(self, session_id: str, *, offset: int = 0) -> AsyncIterator[AgentEvent]:
-        """Yield the session's events from position `offset` on, then each one as it is saved.
-
-        Every event once, in the stored order, with no gap, whichever process saves it. It
-        never ends by itself: stop iterating (or cancel) when done, e.g. at the `RunFinished`
-        of the run you watch. Events arrive when their step is saved, not as published.
-
-        Raises:
-            SessionNotFoundError: No session has that id (or it was deleted meanwhile).
-        """
-        while True:
-            events = await self.wait_for_events(session_id, offset=offset, wait=60.0)
-            offset += len(events)
-            for event in events:
-                yield event
-
-    async def _listen(self) -> None:
-        """Start hearing of other processes' saves (a PostgreSQL store's LISTEN); else none."""
+        await self._run(self._backend.release, lease)
 
     async def delete(self, session_id: str) -> None:
         """Delete the session and everything stored with it.

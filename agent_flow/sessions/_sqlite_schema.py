@@ -101,6 +101,31 @@ def _add_owner_v5(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX sessions_by_owner ON sessions (owner, updated_at DESC, id)")
 
 
+def _add_leases_v6(conn: sqlite3.Connection) -> None:
+    """Each session's lease (`Lease`) and last event id; each event's id (`event_id`).
+
+    Events stored before keep their positions as ids (a fenced id is at least 2**32, so they
+    stay first); ``event_id`` stays nullable, SQLite cannot add the constraint in place, and
+    every write sets it.
+    """
+    for column in (
+        "last_event_id INTEGER NOT NULL DEFAULT -1",
+        "lease_run TEXT",
+        "lease_holder TEXT",
+        "lease_fence INTEGER NOT NULL DEFAULT 0",
+        "lease_expires TEXT",
+    ):
+        conn.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
+    conn.execute("ALTER TABLE events ADD COLUMN event_id INTEGER")
+    conn.execute("UPDATE events SET event_id = position")
+    conn.execute(
+        "UPDATE sessions SET last_event_id = "
+        "COALESCE((SELECT max(event_id) FROM events WHERE session_id = sessions.id), -1)"
+    )
+    # Reading on after an id walks this index; unique: an id names one event of its session.
+    conn.execute("CREATE UNIQUE INDEX events_by_id ON events (session_id, event_id)")
+
+
 #: Migration ``i`` brings a store file from schema version ``i`` to ``i + 1``. To change the
 #: schema, append a migration; never edit one that shipped.
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
@@ -109,6 +134,7 @@ _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _add_usage_v3,
     _add_checkpoints_v4,
     _add_owner_v5,
+    _add_leases_v6,
 )
 
 #: The schema version this agent_flow writes (``PRAGMA user_version`` of the store file).

@@ -8,8 +8,13 @@ line per event in order, and a closing ``end`` line with the counts, so a trunca
 refused rather than imported in part.
 
 The format stays version 1 while `SessionInfo` only gains fields with defaults (``task``, the
-usage totals, ``owner``): an export written before a field existed imports with its default
-(usage totals are recomputed from the events in any case).
+usage totals, ``owner``, the event ids and lease): an export written before a field existed
+imports with its default (usage totals are recomputed from the events in any case).
+
+Event ids are not exported: an import is a new session to the store that stores it, written
+without a lease. Its events get the ids 0, 1, ... in order (`SessionInfo.last_event_id` is the
+count less one), it holds no lease and its fence is 0, whatever the header says; the first
+claim after it gets fence 1, whose ids are above all of those.
 """
 
 from __future__ import annotations
@@ -222,6 +227,9 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
             "entry_count": len(entries),
             "event_count": len(events),
             "environment_version": version,
+            "last_event_id": len(events) - 1,
+            "lease_run": None,
+            "lease_fence": 0,
             # Recomputed from the events, as the counts are: an export of an older version
             # (without totals) or an edited header imports with the totals its events give.
             **_Totals.over((e.kind, e.data) for e in event_rows).fields(),

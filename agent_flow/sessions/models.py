@@ -1,14 +1,23 @@
-"""What a store says about a session: `SessionStatus`, `SessionInfo`, `SessionState`, `Checkpoint`.
+"""What a store says about a session: its status, description, state, checkpoints and lease.
 
-These are what crosses the store's boundary; the session id rules (`_check_id`) live with
-them.
+`SessionStatus`, `SessionInfo`, `SessionState`, `Checkpoint`, `Lease`, and how stored events are
+numbered (`event_id`). These are what crosses the store's boundary; the session id rules
+(`_check_id`) live with them.
+
+Event ids. Every stored event has an id, unique in its session and never reused, even across
+crashes: an event written under a lease with fencing number ``F`` and sequence number ``s`` gets
+`event_id` ``(F, s) = F * 2**32 + s``; an event written without a lease gets the session's last
+id plus one (so it sorts after everything). A store refuses a write whose ids would not all be
+above the session's last id, so reading on from the last id seen (``after_id``) never misses or
+repeats an event. Sessions stored before ids existed keep their positions as ids; a fenced id
+is at least ``2**32``, so they stay first.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -18,14 +27,78 @@ from agent_flow.errors import UserError
 from agent_flow.history import History, HistoryEntry
 from agent_flow.tokens import TokenCounter
 
-__all__ = ["Checkpoint", "SessionInfo", "SessionState", "SessionStatus"]
+__all__ = [
+    "EVENT_ID_RUN_BITS",
+    "Checkpoint",
+    "Lease",
+    "SessionInfo",
+    "SessionState",
+    "SessionStatus",
+    "event_id",
+]
 
 #: What a session is doing: ``active`` (running or resumable), ``waiting`` (for the user, e.g.
-#: an approval or a question), ``completed``, ``failed`` or ``cancelled``.
-SessionStatus: TypeAlias = Literal["active", "waiting", "completed", "failed", "cancelled"]
-_STATUSES: frozenset[str] = frozenset(("active", "waiting", "completed", "failed", "cancelled"))
+#: an approval or a question), ``completed``, ``failed``, ``cancelled`` or ``interrupted`` (the
+#: process running it died; the next claim of the session found its lease expired).
+SessionStatus: TypeAlias = Literal[
+    "active", "waiting", "completed", "failed", "cancelled", "interrupted"
+]
+_STATUSES: frozenset[str] = frozenset(
+    ("active", "waiting", "completed", "failed", "cancelled", "interrupted")
+)
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+#: How many low bits of an event id hold the event's ``seq`` (the rest: the fencing number).
+EVENT_ID_RUN_BITS: Final = 32
+
+
+def event_id(fence: int, seq: int) -> int:
+    """Return the id of event `seq` written under the lease whose fencing number is `fence`.
+
+    ``fence * 2**EVENT_ID_RUN_BITS + seq``: ids of a later lease are above every id of an
+    earlier one, whatever their sequence numbers.
+
+    Raises:
+        UserError: `fence` is below 1, or `seq` is negative or needs more than 32 bits.
+    """
+    if fence < 1 or not 0 <= seq < 1 << EVENT_ID_RUN_BITS:
+        raise UserError(
+            f"no event id for fence {fence} and seq {seq}: fences start at 1 and a seq must "
+            f"be 0 to {(1 << EVENT_ID_RUN_BITS) - 1}"
+        )
+    return (fence << EVENT_ID_RUN_BITS) + seq
+
+
+class Lease(BaseModel):
+    """A run's claim on a session: while it lasts, that run alone writes the session.
+
+    `SessionStore.claim` returns it, `SessionStore.renew` extends it, `SessionStore.release`
+    ends it; every write of the run carries its `fence` (``save_step(..., fence=lease.fence)``),
+    and the store refuses a write whose fence is no longer the session's (`LeaseLostError`).
+
+    Attributes:
+        session_id: The session claimed.
+        run_id: The run that holds it.
+        holder: Who runs that run (``pid@host``, a DBOS executor id...), for people reading it.
+        fence: The fencing number: 1 for the session's first claim, one more for each claim
+            after (a released lease's number is never given again).
+        expires_at: When the lease ends unless renewed (by the store's clock; PostgreSQL's
+            for a PostgreSQL store).
+        interrupted_run: The run whose lease this claim found expired and unreleased (its
+            holder died) and that had no `RunFinished` stored: the claim stored one for it,
+            with stop reason ``interrupted``, and set the session's status to
+            ``interrupted``. None otherwise.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    run_id: str
+    holder: str
+    fence: int = Field(ge=1)
+    expires_at: AwareDatetime
+    interrupted_run: str | None = None
 
 
 class SessionInfo(BaseModel):
@@ -57,6 +130,10 @@ class SessionInfo(BaseModel):
         owner: The user who created it (the server's user name); None for sessions stored
             before owners existed, or created without a user. The server treats None as its
             admin's. At most 200 characters.
+        last_event_id: The highest event id stored (see `event_id`); -1 before any event.
+        lease_run: The run holding the session's lease (`Lease`), None when none does; it
+            may have expired, see `SessionStore.claim`. Read-only: only claims change it.
+        lease_fence: The fencing number of the session's latest claim (0: never claimed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -80,6 +157,9 @@ class SessionInfo(BaseModel):
     unpriced_calls: int = Field(default=0, ge=0)
     estimated_calls: int = Field(default=0, ge=0)
     owner: str | None = Field(default=None, max_length=200)
+    last_event_id: int = Field(default=-1, ge=-1)
+    lease_run: str | None = None
+    lease_fence: int = Field(default=0, ge=0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,10 @@ session, in one process or many, never interleave inside a step, and the one tha
 session changed under it re-plans against what is stored (as with SQLite, the step is applied
 whole); a writer that keeps losing that race gets `SessionConflictError`. Nothing is ever half
 written: every write is one transaction, and rows reference their session
-(``ON DELETE CASCADE``), so a deleted session leaves nothing behind.
+(``ON DELETE CASCADE``), so a deleted session leaves nothing behind. Who may write at all is
+the session's lease (`SessionStore.claim`; the rules are `_lease`'s, the SQL `_pg_lease`'s),
+read under that same row lock (``FOR SHARE`` for checkpoints) and timed by the database's
+clock.
 
 Storage (schema version `SCHEMA_VERSION`, kept in ``agent_flow_schema``; migrations run under a
 advisory lock, so processes starting together migrate once; a newer version
@@ -21,10 +24,12 @@ byte::
     sessions(id PK, agent, title, status, created_at, updated_at, metadata, steps,
              entry_count, event_count, environment_version, environment, revision, task,
              model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
-             unpriced_calls, estimated_calls, owner (NULL: none))
+             unpriced_calls, estimated_calls, owner (NULL: none), last_event_id (-1: none),
+             lease_run, lease_holder, lease_fence, lease_expires (lease_run NULL: no lease))
     entries(session_id FK, position, entry_id, kind, data)         PK (session_id, position)
     environment_changes(session_id FK, version, data)              PK (session_id, version)
-    events(session_id FK, position, run_id, seq, kind, data)       PK (session_id, position)
+    events(session_id FK, position, run_id, seq, kind, data, event_id)
+                                   PK (session_id, position), UNIQUE (session_id, event_id)
     checkpoints(session_id FK, run_id, position, name, result)  PK (session_id, run_id, position)
 """
 
@@ -32,9 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,9 +49,13 @@ from psycopg_pool import AsyncConnectionPool
 from agent_flow._defaults import EVENTS_NOTIFIED_POLL_SECONDS
 from agent_flow.errors import StoreError, UserError
 from agent_flow.sessions._backend import (
+    _INFO_COLUMNS,
+    _LEASE_COLUMNS,
     _checkpoint_taken,
+    _EventQuery,
     _exists,
     _Import,
+    _info_values,
     _not_found,
     _StaleError,
     _stepped,
@@ -56,55 +63,22 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _P, _R, _StoreBase
+from agent_flow.sessions._lease import _LeaseState, _new_event_ids, _writable
+from agent_flow.sessions._pg_lease import _claim, _end_dead_run, _release, _renew, _set_lease
 from agent_flow.sessions._pg_notify import _Listener, channel_for
-from agent_flow.sessions._pg_schema import MIGRATION_LOCK, MIGRATIONS, SCHEMA_VERSION, _Conn
-from agent_flow.sessions._usage import (
-    USAGE_COLUMNS,
-    USAGE_FIELDS,
-    _assignments,
-    _Totals,
+from agent_flow.sessions._pg_rows import (
+    _INSERT_CHANGE,
+    _INSERT_CHECKPOINT,
+    _INSERT_ENTRY,
+    _info_from_row,
+    _insert_events,
+    _lease_state,
 )
-from agent_flow.sessions.models import Checkpoint, SessionInfo
+from agent_flow.sessions._pg_schema import SCHEMA_VERSION, _Conn, migrate
+from agent_flow.sessions._usage import _assignments, _Totals
+from agent_flow.sessions.models import Checkpoint, Lease, SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
-
-#: The rows a step or an import appends.
-_INSERT_ENTRY = (
-    "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (%s, %s, %s, %s, %s)"
-)
-_INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (%s, %s, %s)"
-_INSERT_EVENT = (
-    "INSERT INTO events (session_id, position, run_id, seq, kind, data) "
-    "VALUES (%s, %s, %s, %s, %s, %s)"
-)
-_INSERT_CHECKPOINT = (
-    "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
-    "VALUES (%s, %s, %s, %s, %s)"
-)
-
-_INFO_COLUMNS = (
-    "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    f"event_count, environment_version, task, {USAGE_COLUMNS}, owner"
-)
-
-
-def _info_from_row(row: dict[str, Any]) -> SessionInfo:
-    return SessionInfo(
-        id=row["id"],
-        agent=row["agent"],
-        title=row["title"],
-        status=row["status"],
-        created_at=row["created_at"].astimezone(UTC),
-        updated_at=row["updated_at"].astimezone(UTC),
-        steps=row["steps"],
-        entry_count=row["entry_count"],
-        event_count=row["event_count"],
-        environment_version=row["environment_version"],
-        metadata=json.loads(row["metadata"]),
-        task=row["task"],
-        **{name: row[name] for name in USAGE_FIELDS},
-        owner=row["owner"],
-    )
 
 
 def redact(url: str) -> str:
@@ -158,7 +132,8 @@ class _PostgresBackend:
                 connect_timeout=max(1, round(self._timeout)),
             )
             async with first:
-                await self._migrate(first)
+                where = f"{redact(self._url)!r} (schema {self._schema or 'default'})"
+                await migrate(first, schema=self._schema, configure=self._configure, where=where)
             pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
                 self._url,
                 min_size=1,
@@ -177,58 +152,6 @@ class _PostgresBackend:
             self._pool = pool
             return pool
 
-    async def _version(self, conn: _Conn) -> int:
-        # A scan of pg_class under the statement's snapshot, not to_regclass: the latter reads
-        # the catalog cache, which may not yet show a table another process just committed.
-        cur = await conn.execute(
-            "SELECT bool_or(relname = 'agent_flow_schema') AS has_version, "
-            "bool_or(relname = 'sessions') AS has_sessions FROM pg_catalog.pg_class c "
-            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')"
-        )
-        row = await cur.fetchone()
-        assert row is not None
-        if not row["has_version"]:
-            if row["has_sessions"]:
-                raise StoreError(
-                    f"the database {redact(self._url)!r} (schema {self._schema or 'default'}) "
-                    "has a sessions table that is not an agent_flow session store; give the "
-                    "store another schema"
-                )
-            return 0
-        cur = await conn.execute("SELECT version FROM agent_flow_schema")
-        found = await cur.fetchone()
-        version = int(found["version"]) if found is not None else 0
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"the session store {redact(self._url)!r} has schema version {version}, newer "
-                f"than the {SCHEMA_VERSION} this agent_flow knows; upgrade agent_flow or use "
-                "another schema"
-            )
-        return version
-
-    async def _migrate(self, conn: _Conn) -> None:
-        # Processes starting together migrate one at a time; the lock is taken before the
-        # transaction begins, so that the transaction sees what the previous holder committed.
-        await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
-        try:
-            if self._schema is not None:
-                name = sql.Identifier(self._schema)
-                await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
-            await self._configure(conn)
-            async with conn.transaction():
-                version = await self._version(conn)
-                if version == SCHEMA_VERSION:
-                    return
-                if version == 0:
-                    await conn.execute("CREATE TABLE agent_flow_schema (version INTEGER NOT NULL)")
-                    await conn.execute("INSERT INTO agent_flow_schema VALUES (0)")
-                for migration in MIGRATIONS[version:]:
-                    await migration(conn)
-                await conn.execute("UPDATE agent_flow_schema SET version = %s", (SCHEMA_VERSION,))
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
-
     async def create(self, info: SessionInfo, revision: str) -> None:
         async with (await self._ready()).connection() as conn, conn.transaction():
             if not await self._insert_session(conn, info, revision, None):
@@ -238,28 +161,12 @@ class _PostgresBackend:
     async def _insert_session(
         conn: _Conn, info: SessionInfo, revision: str, environment: str | None
     ) -> bool:
+        values = (*_info_values(info, lambda moment: moment), environment, revision)
         cur = await conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            f"VALUES ({', '.join(['%s'] * 21)}) "
+            f"VALUES ({', '.join(['%s'] * len(values))}) "
             "ON CONFLICT (id) DO NOTHING",
-            (
-                info.id,
-                info.agent,
-                info.title,
-                info.status,
-                info.created_at,
-                info.updated_at,
-                json.dumps(info.metadata, separators=(",", ":")),
-                info.steps,
-                info.entry_count,
-                info.event_count,
-                info.environment_version,
-                info.task,
-                *_Totals.of(info).values(),
-                info.owner,
-                environment,
-                revision,
-            ),
+            values,
         )
         return cur.rowcount == 1
 
@@ -318,15 +225,25 @@ class _PostgresBackend:
         sid = write.session_id
         async with (await self._ready()).connection() as conn, conn.transaction():
             cur = await conn.execute(
-                f"SELECT {_INFO_COLUMNS}, revision FROM sessions WHERE id = %s FOR UPDATE",
+                f"SELECT {_INFO_COLUMNS}, lease_holder, lease_expires, revision, "
+                "clock_timestamp() AS now FROM sessions WHERE id = %s FOR UPDATE",
                 (sid,),
             )
             row = await cur.fetchone()
             if row is None:
                 raise _not_found(sid)
+            now, state = row["now"], _lease_state(row)
+            dead = _writable(sid, state, now, write.fence)
             if row["revision"] != write.expected_revision:
                 raise _StaleError
             info = _info_from_row(row)
+            ended = None
+            if dead is not None:
+                # An expired lease, never released: end it, as a claim would, then write.
+                ended = await _end_dead_run(conn, info, state, now)
+                await _set_lease(conn, sid, _LeaseState(None, None, state.fence, None))
+                info = (ended or info).model_copy(update={"lease_run": None})
+            ids = _new_event_ids(sid, write.events, write.fence, info.last_event_id)
             # The writes go out in one pipeline: one round trip to the server, not one each.
             async with conn.pipeline():
                 if write.keep_entries < info.entry_count:
@@ -360,14 +277,6 @@ class _PostgresBackend:
                                 _INSERT_CHANGE,
                                 [(sid, version, data) for version, data in env.changes],
                             )
-                    if write.events:
-                        await many.executemany(
-                            _INSERT_EVENT,
-                            [
-                                (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
-                                for i, e in enumerate(write.events)
-                            ],
-                        )
                     if write.checkpoints:
                         await many.executemany(
                             _INSERT_CHECKPOINT,
@@ -376,14 +285,15 @@ class _PostgresBackend:
                                 for c in write.checkpoints
                             ],
                         )
-                if write.events:
+                await _insert_events(conn, sid, info.event_count, write.events, ids)
+                if write.events or ended is not None:
                     # Delivered at commit only: followers elsewhere read what it committed.
                     await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, sid))
-                after = _stepped(info, write)
+                after = _stepped(info, write, ids)
                 await conn.execute(
                     "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
-                    "entry_count = %s, event_count = %s, environment_version = %s, "
-                    f"{_assignments('%s')}, "
+                    "entry_count = %s, event_count = %s, last_event_id = %s, "
+                    f"environment_version = %s, {_assignments('%s')}, "
                     "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
                     (
                         after.status,
@@ -391,6 +301,7 @@ class _PostgresBackend:
                         after.steps,
                         after.entry_count,
                         after.event_count,
+                        after.last_event_id,
                         after.environment_version,
                         *_Totals.of(after).values(),
                         env.base if env is not None else None,
@@ -413,48 +324,89 @@ class _PostgresBackend:
             rows = await cur.fetchall()
         return [_info_from_row(row) for row in rows]
 
-    async def events(
-        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
-    ) -> list[str]:
-        query = "SELECT data FROM events WHERE session_id = %s AND position >= %s"
-        parameters: list[object] = [session_id, offset]
-        if run_id is not None:
-            query += " AND run_id = %s AND seq > %s"
-            parameters += [run_id, after_seq]
-        query += " ORDER BY position LIMIT %s"
-        parameters.append(limit)  # LIMIT NULL is no limit
+    async def claim(self, session_id: str, run_id: str, holder: str, ttl: float) -> Lease:
+        async with (await self._ready()).connection() as conn:
+            return await _claim(conn, session_id, run_id, holder, ttl, self.channel)
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        async with (await self._ready()).connection() as conn:
+            return await _renew(conn, lease, ttl)
+
+    async def release(self, lease: Lease) -> None:
+        async with (await self._ready()).connection() as conn:
+            await _release(conn, lease)
+
+    async def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]:
+        # Position and id orders agree (ids only grow): each query walks its own index.
+        if query.after_id is not None:
+            text = "SELECT event_id, data FROM events WHERE session_id = %s AND event_id > %s"
+            parameters: list[object] = [session_id, query.after_id]
+            order = "event_id"
+        else:
+            text = "SELECT event_id, data FROM events WHERE session_id = %s AND position >= %s"
+            parameters = [session_id, query.offset]
+            order = "position"
+        if query.run_id is not None:
+            text += " AND run_id = %s AND seq > %s"
+            parameters += [query.run_id, query.after_seq]
+        text += f" ORDER BY {order} LIMIT %s"
+        parameters.append(query.limit)  # LIMIT NULL is no limit
         async with (await self._ready()).connection() as conn, conn.transaction():
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur = await conn.execute(query, parameters)
+            cur = await conn.execute(text, parameters)
             rows = await cur.fetchall()
             if not rows:
                 cur = await conn.execute("SELECT 1 FROM sessions WHERE id = %s", (session_id,))
                 if await cur.fetchone() is None:
                     raise _not_found(session_id)
-        return [row["data"] for row in rows]
+        return [(row["event_id"], row["data"]) for row in rows]
 
     async def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
     ) -> None:
         # One statement (and so one round trip, in its own transaction: the connection is in
         # autocommit), or, unsynced, a transaction whose commit does not wait for the WAL
-        # flush: sent as one pipeline. The foreign key finds a missing session.
+        # flush: sent as one pipeline. The statement reads the lease with the row locked FOR
+        # SHARE (no claim commits meanwhile) and inserts only where `_writable` would let it;
+        # when it inserted nothing, the lease it read says why.
         values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
-        parameters = [v for c in rows for v in (session_id, c.run_id, c.position, c.name, c.result)]
-        insert = (
-            f"INSERT INTO checkpoints (session_id, run_id, position, name, result) VALUES {values}"
+        allowed = (
+            "lease.lease_run IS NOT NULL AND lease.lease_fence = %s"
+            if fence is not None
+            else "NOT coalesce(lease.lease_run IS NOT NULL AND lease.lease_expires > lease.now, "
+            "false)"
         )
+        statement = (
+            f"WITH lease AS (SELECT {_LEASE_COLUMNS}, clock_timestamp() AS now FROM sessions "
+            "WHERE id = %s FOR SHARE), written AS (INSERT INTO checkpoints (session_id, run_id, "
+            "position, name, result) SELECT v.* FROM (VALUES "
+            f"{values}) AS v (session_id, run_id, position, name, result), lease "
+            f"WHERE {allowed} RETURNING 1) "
+            "SELECT lease.*, (SELECT count(*) FROM written) AS written FROM lease"
+        )
+        parameters: list[object] = [session_id]
+        parameters += [
+            v for c in rows for v in (session_id, c.run_id, c.position, c.name, c.result)
+        ]
+        if fence is not None:
+            parameters.append(fence)
         with _checkpoints_free(session_id, rows):
             async with (await self._ready()).connection() as conn:
-                try:
-                    if synced:
-                        await conn.execute(insert, parameters)
-                        return
+                if synced:
+                    cur = await conn.execute(statement, parameters)
+                else:
                     async with conn.transaction(), conn.pipeline():
                         await conn.execute("SET LOCAL synchronous_commit TO OFF")
-                        await conn.execute(insert, parameters)
-                except psycopg.errors.ForeignKeyViolation as err:
-                    raise _not_found(session_id) from err
+                        cur = await conn.execute(statement, parameters)
+                found = await cur.fetchone()
+        if found is None:
+            raise _not_found(session_id)
+        if not found["written"]:
+            _writable(session_id, _lease_state(found), found["now"], fence)
+            raise StoreError(
+                f"the checkpoints of session {session_id!r} were not written and its lease "
+                "allows it; retry"
+            )
 
     async def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]:
         async with (await self._ready()).connection() as conn, conn.transaction():
@@ -492,14 +444,8 @@ class _PostgresBackend:
                         _INSERT_CHANGE,
                         [(sid, version, data) for version, data in session.changes],
                     )
-                if session.events:
-                    await many.executemany(
-                        _INSERT_EVENT,
-                        [
-                            (sid, i, e.run_id, e.seq, e.kind, e.data)
-                            for i, e in enumerate(session.events)
-                        ],
-                    )
+            ids = _new_event_ids(sid, session.events, None, -1)
+            await _insert_events(conn, sid, 0, session.events, ids)
 
     async def delete(self, session_id: str) -> None:
         async with (await self._ready()).connection() as conn:

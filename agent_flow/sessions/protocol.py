@@ -18,7 +18,13 @@ from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
 from agent_flow.sessions._paths import default_store_path
-from agent_flow.sessions.models import Checkpoint, SessionInfo, SessionState, SessionStatus
+from agent_flow.sessions.models import (
+    Checkpoint,
+    Lease,
+    SessionInfo,
+    SessionState,
+    SessionStatus,
+)
 
 __all__ = ["SessionStore", "StepRecorder", "default_store_path"]
 
@@ -29,6 +35,13 @@ class SessionStore(Protocol):
     Implementations: `SQLiteSessionStore`, `PostgresSessionStore`, `InMemorySessionStore`
     (`open_store` picks one from a URL). Use one as an async context manager, or call `close`
     when done.
+
+    One writer at a time: a run `claim`s the session (a `Lease`), `renew`s it while it runs,
+    passes its ``fence`` to every `save_step` and `save_checkpoints`, and `release`s it at
+    its end. A write with a stale fence stores nothing (`LeaseLostError`); a write without a
+    fence is refused while a live lease is held (`SessionBusyError`). Every stored event has
+    an id that is never reused (`agent_flow.sessions.models.event_id`): read on after the
+    last id seen with `events_with_ids` or `follow_events_with_ids`.
     """
 
     async def create(
@@ -60,26 +73,74 @@ class SessionStore(Protocol):
         events: Sequence[AgentEvent] = (),
         status: SessionStatus | None = None,
         checkpoints: Sequence[Checkpoint] = (),
+        fence: int | None = None,
     ) -> SessionInfo:
         """Save one step in one transaction: history, environment, new events and checkpoints.
 
+        `fence` is the writer's `Lease.fence` (None: a writer without a lease); see the class
+        doc. An un-leased write that finds an expired lease ends it first, as `claim` would.
+
         Raises:
             SessionNotFoundError: No session has that id.
-            UserError: `status` is not a `SessionStatus`.
-            StoreError: A checkpoint at one of those positions of the run is stored already.
+            UserError: `status` is not a `SessionStatus`, or an event's ``seq`` has no id.
+            LeaseLostError: `fence` is not the session's lease's any more: nothing written.
+            SessionBusyError: No `fence`, and another run holds a live lease.
+            StoreError: A checkpoint at one of those positions of the run is stored already,
+                or the events' ids would not be above the session's last id.
         """
         ...
 
     async def save_checkpoints(
-        self, session_id: str, checkpoints: Sequence[Checkpoint], *, synced: bool = True
+        self,
+        session_id: str,
+        checkpoints: Sequence[Checkpoint],
+        *,
+        synced: bool = True,
+        fence: int | None = None,
     ) -> None:
         """Store a durable run's checkpoints now, in one transaction of their own.
 
         ``synced=False``: the commit does not wait for the disk (a database crash may lose it).
+        `fence`: as for `save_step`.
 
         Raises:
             SessionNotFoundError: No session has that id.
+            LeaseLostError: `fence` is not the session's lease's any more: nothing written.
+            SessionBusyError: No `fence`, and another run holds a live lease.
             StoreError: A checkpoint at one of those positions of the run is stored already.
+        """
+        ...
+
+    async def claim(self, session_id: str, *, run_id: str, holder: str, ttl: float) -> Lease:
+        """Make run `run_id` the session's one writer for `ttl` seconds; return its `Lease`.
+
+        A live lease refuses the claim; otherwise the fence grows by one. If the previous
+        lease expired unreleased and its run (another than `run_id`) has no `RunFinished`
+        stored, the claim stores one (stop reason ``interrupted``), sets the status
+        ``interrupted`` and names the run in `Lease.interrupted_run`. ``ttl=0`` makes a
+        lease that has expired already (for tests).
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            SessionBusyError: A live lease is held (its run: `SessionBusyError.run_id`).
+            UserError: `ttl` is negative or not a number.
+        """
+        ...
+
+    async def renew(self, lease: Lease, *, ttl: float) -> Lease:
+        """Extend `lease` to `ttl` seconds from now, even expired if nobody claimed since.
+
+        Raises:
+            LeaseLostError: The session was claimed since, or `lease` was released.
+            SessionNotFoundError: No session has that id.
+        """
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """End `lease` (the next claim gets the next fence); a stale lease: nothing happens.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
         """
         ...
 
@@ -128,6 +189,7 @@ class SessionStore(Protocol):
         run_id: str | None = None,
         after_seq: int = -1,
         limit: int | None = None,
+        after_id: int | None = None,
     ) -> builtins.list[AgentEvent]:
         """Return the session's events in the order saved.
 
@@ -138,10 +200,23 @@ class SessionStore(Protocol):
             run_id: Only the events of this run.
             after_seq: With `run_id`: only events with a larger ``seq``.
             limit: At most this many events.
+            after_id: Only the events whose id is above this one, instead of `offset`.
 
         Raises:
             SessionNotFoundError: No session has that id.
-            UserError: A negative `offset` or `limit`, or `after_seq` without `run_id`.
+            UserError: A negative `offset` or `limit`, `after_seq` without `run_id`, or both
+                `offset` and `after_id`.
+        """
+        ...
+
+    async def events_with_ids(
+        self, session_id: str, *, after_id: int = -1, limit: int | None = None
+    ) -> builtins.list[tuple[int, AgentEvent]]:
+        """Return (id, event) for the session's events whose id is above `after_id`, in order.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: A negative `limit`.
         """
         ...
 
@@ -158,11 +233,36 @@ class SessionStore(Protocol):
         """
         ...
 
-    def follow_events(self, session_id: str, *, offset: int = 0) -> AsyncIterator[AgentEvent]:
+    async def wait_for_events_with_ids(
+        self, session_id: str, *, after_id: int = -1, wait: float
+    ) -> builtins.list[tuple[int, AgentEvent]]:
+        """Return (id, event) for the events above id `after_id`; wait up to `wait` seconds.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: A negative `wait`.
+        """
+        ...
+
+    def follow_events(
+        self, session_id: str, *, offset: int = 0, after_id: int | None = None
+    ) -> AsyncIterator[AgentEvent]:
         """Yield the session's events from position `offset` on, then each as it is saved.
 
         Every event once, in stored order, with no gap, whichever process saved it; it never
-        ends by itself (stop iterating when done).
+        ends by itself (stop iterating when done). With `after_id`, from the event after that
+        id instead.
+
+        Raises:
+            SessionNotFoundError: No session has that id.
+            UserError: Both `offset` and `after_id`.
+        """
+        ...
+
+    def follow_events_with_ids(
+        self, session_id: str, *, after_id: int = -1
+    ) -> AsyncIterator[tuple[int, AgentEvent]]:
+        """Yield (id, event) for the events above id `after_id`, then each as it is saved.
 
         Raises:
             SessionNotFoundError: No session has that id.

@@ -11,7 +11,11 @@ the event loop. Several stores, in one process or many, may read while one write
 writers queue on SQLite's lock for up to ``busy_timeout`` seconds, then fail with
 `StoreError`. A store notices when another store wrote a session since it last did (each
 write stamps a new revision) and then compares against what is stored, so two writers never
-corrupt a session: the last write wins whole.
+corrupt a session: the last write wins whole. Who may write at all is the session's lease
+(`SessionStore.claim`; the rules are `_lease`'s, the SQL `_sqlite_lease`'s): a claim, a
+renewal and a fenced write read the lease inside their ``BEGIN IMMEDIATE`` transaction, which
+holds the file's write lock, so no claim can slip between that check and the write. The
+lease's clock is this machine's.
 
 Storage (schema version `SCHEMA_VERSION`, kept in ``PRAGMA user_version``; opening an older
 file migrates it, a newer one raises `StoreError`)::
@@ -19,10 +23,12 @@ file migrates it, a newer one raises `StoreError`)::
     sessions(id PK, agent, title, status, created_at, updated_at, metadata JSON, steps,
              entry_count, event_count, environment_version, environment JSON, revision,
              task, model_calls, prompt_tokens, completion_tokens, cost_usd (NULL: unknown),
-             unpriced_calls, estimated_calls, owner (NULL: none))
+             unpriced_calls, estimated_calls, owner (NULL: none), last_event_id (-1: none),
+             lease_run, lease_holder, lease_fence, lease_expires (lease_run NULL: no lease))
     entries(session_id, position, entry_id, kind, data JSON)          PK (session_id, position)
     environment_changes(session_id, version, data JSON)               PK (session_id, version)
-    events(session_id, position, run_id, seq, kind, data JSON)        PK (session_id, position)
+    events(session_id, position, run_id, seq, kind, data JSON, event_id)
+                                  PK (session_id, position), UNIQUE (session_id, event_id)
     checkpoints(session_id, run_id, position, name, result)  PK (session_id, run_id, position)
 """
 
@@ -30,20 +36,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 from agent_flow.errors import StoreError, UserError
 from agent_flow.sessions._backend import (
-    _checkpoint_taken,
+    _INFO_COLUMNS,
+    _LEASE_COLUMNS,
+    _EventQuery,
     _exists,
     _Import,
+    _info_values,
     _not_found,
     _StaleError,
     _stepped,
@@ -51,86 +58,30 @@ from agent_flow.sessions._backend import (
     _Stored,
 )
 from agent_flow.sessions._base import _R, _OnWorker, _StoreBase
-from agent_flow.sessions._sqlite_schema import _MIGRATIONS, SCHEMA_VERSION
-from agent_flow.sessions._usage import (
-    USAGE_COLUMNS,
-    USAGE_FIELDS,
-    _assignments,
-    _Totals,
+from agent_flow.sessions._lease import _LeaseState, _new_event_ids, _writable
+from agent_flow.sessions._sqlite_lease import (
+    _claim,
+    _end_dead_run,
+    _release,
+    _renew,
+    _set_lease,
 )
-from agent_flow.sessions.models import Checkpoint, SessionInfo
+from agent_flow.sessions._sqlite_rows import (
+    _INSERT_CHANGE,
+    _INSERT_ENTRY,
+    _info_from_row,
+    _insert_checkpoints,
+    _insert_events,
+    _lease_state,
+    _timestamp,
+    _transaction,
+)
+from agent_flow.sessions._sqlite_schema import _MIGRATIONS, SCHEMA_VERSION
+from agent_flow.sessions._usage import _assignments, _Totals
+from agent_flow.sessions.models import Checkpoint, Lease, SessionInfo
 from agent_flow.sessions.protocol import default_store_path
 
 __all__ = ["SCHEMA_VERSION", "SQLiteSessionStore"]
-
-
-def _timestamp(moment: datetime) -> str:
-    """A fixed-width UTC ISO text, so that stored timestamps sort as text."""
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-#: The rows a step or an import appends.
-_INSERT_ENTRY = (
-    "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (?, ?, ?, ?, ?)"
-)
-_INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (?, ?, ?)"
-_INSERT_EVENT = (
-    "INSERT INTO events (session_id, position, run_id, seq, kind, data) VALUES (?, ?, ?, ?, ?, ?)"
-)
-
-_INSERT_CHECKPOINT = (
-    "INSERT INTO checkpoints (session_id, run_id, position, name, result) VALUES (?, ?, ?, ?, ?)"
-)
-
-_INFO_COLUMNS = (
-    "id, agent, title, status, created_at, updated_at, metadata, steps, entry_count, "
-    f"event_count, environment_version, task, {USAGE_COLUMNS}, owner"
-)
-
-
-def _info_from_row(row: sqlite3.Row) -> SessionInfo:
-    return SessionInfo(
-        id=row["id"],
-        agent=row["agent"],
-        title=row["title"],
-        status=row["status"],
-        created_at=datetime.fromisoformat(row["created_at"]),
-        updated_at=datetime.fromisoformat(row["updated_at"]),
-        steps=row["steps"],
-        entry_count=row["entry_count"],
-        event_count=row["event_count"],
-        environment_version=row["environment_version"],
-        metadata=json.loads(row["metadata"]),
-        task=row["task"],
-        **{name: row[name] for name in USAGE_FIELDS},
-        owner=row["owner"],
-    )
-
-
-def _insert_checkpoints(
-    conn: sqlite3.Connection, session_id: str, rows: tuple[Checkpoint, ...]
-) -> None:
-    try:
-        conn.executemany(
-            _INSERT_CHECKPOINT,
-            ((session_id, c.run_id, c.position, c.name, c.result) for c in rows),
-        )
-    except sqlite3.IntegrityError as err:
-        raise _checkpoint_taken(session_id, rows) from err
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection, *, write: bool) -> Iterator[None]:
-    # IMMEDIATE takes the write lock up front (waiting up to the busy timeout) rather than
-    # failing when a read transaction later tries to write; a plain BEGIN reads one snapshot.
-    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 class _SQLiteBackend:
@@ -219,27 +170,11 @@ class _SQLiteBackend:
     def _insert_session(
         conn: sqlite3.Connection, info: SessionInfo, revision: str, environment: str | None
     ) -> None:
+        values = (*_info_values(info, _timestamp), environment, revision)
         conn.execute(
             f"INSERT INTO sessions ({_INFO_COLUMNS}, environment, revision) "
-            f"VALUES ({', '.join(['?'] * 21)})",
-            (
-                info.id,
-                info.agent,
-                info.title,
-                info.status,
-                _timestamp(info.created_at),
-                _timestamp(info.updated_at),
-                json.dumps(info.metadata, separators=(",", ":")),
-                info.steps,
-                info.entry_count,
-                info.event_count,
-                info.environment_version,
-                info.task,
-                *_Totals.of(info).values(),
-                info.owner,
-                environment,
-                revision,
-            ),
+            f"VALUES ({', '.join(['?'] * len(values))})",
+            values,
         )
 
     def info(self, session_id: str) -> SessionInfo:
@@ -289,13 +224,24 @@ class _SQLiteBackend:
         sid = write.session_id
         with _transaction(conn, write=True):
             row = conn.execute(
-                f"SELECT {_INFO_COLUMNS}, revision FROM sessions WHERE id = ?", (sid,)
+                f"SELECT {_INFO_COLUMNS}, lease_holder, lease_expires, revision "
+                "FROM sessions WHERE id = ?",
+                (sid,),
             ).fetchone()
             if row is None:
                 raise _not_found(sid)
+            now = datetime.now(UTC)
+            state = _lease_state(row)
+            dead = _writable(sid, state, now, write.fence)
             if row["revision"] != write.expected_revision:
                 raise _StaleError
             info = _info_from_row(row)
+            if dead is not None:
+                # An expired lease, never released: end it, as a claim would, then write.
+                info = _end_dead_run(conn, info, state, now) or info
+                _set_lease(conn, sid, _LeaseState(None, None, state.fence, None))
+                info = info.model_copy(update={"lease_run": None})
+            ids = _new_event_ids(sid, write.events, write.fence, info.last_event_id)
             if write.keep_entries < info.entry_count:
                 conn.execute(
                     "DELETE FROM entries WHERE session_id = ? AND position >= ?",
@@ -321,18 +267,12 @@ class _SQLiteBackend:
                     _INSERT_CHANGE,
                     ((sid, version, data) for version, data in env.changes),
                 )
-            conn.executemany(
-                _INSERT_EVENT,
-                (
-                    (sid, info.event_count + i, e.run_id, e.seq, e.kind, e.data)
-                    for i, e in enumerate(write.events)
-                ),
-            )
+            _insert_events(conn, sid, info.event_count, write.events, ids)
             _insert_checkpoints(conn, sid, write.checkpoints)
-            after = _stepped(info, write)
+            after = _stepped(info, write, ids)
             conn.execute(
                 "UPDATE sessions SET status = ?, updated_at = ?, steps = ?, entry_count = ?, "
-                "event_count = ?, environment_version = ?, "
+                "event_count = ?, last_event_id = ?, environment_version = ?, "
                 f"{_assignments('?')}, "
                 "environment = COALESCE(?, environment), revision = ? WHERE id = ?",
                 (
@@ -341,6 +281,7 @@ class _SQLiteBackend:
                     after.steps,
                     after.entry_count,
                     after.event_count,
+                    after.last_event_id,
                     after.environment_version,
                     *_Totals.of(after).values(),
                     env.base if env is not None else None,
@@ -361,19 +302,33 @@ class _SQLiteBackend:
         rows = self._connection().execute(query, parameters).fetchall()
         return [_info_from_row(row) for row in rows]
 
-    def events(
-        self, session_id: str, offset: int, run_id: str | None, after_seq: int, limit: int | None
-    ) -> list[str]:
+    def claim(self, session_id: str, run_id: str, holder: str, ttl: float) -> Lease:
+        return _claim(self._connection(), session_id, run_id, holder, ttl)
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        return _renew(self._connection(), lease, ttl)
+
+    def release(self, lease: Lease) -> None:
+        _release(self._connection(), lease)
+
+    def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]:
         conn = self._connection()
-        query = "SELECT data FROM events WHERE session_id = ? AND position >= ?"
-        parameters: list[object] = [session_id, offset]
-        if run_id is not None:
-            query += " AND run_id = ? AND seq > ?"
-            parameters += [run_id, after_seq]
-        query += " ORDER BY position LIMIT ?"
-        parameters.append(-1 if limit is None else limit)
+        # Position and id orders agree (ids only grow): each query walks its own index.
+        if query.after_id is not None:
+            sql = "SELECT event_id, data FROM events WHERE session_id = ? AND event_id > ?"
+            parameters: list[object] = [session_id, query.after_id]
+            order = "event_id"
+        else:
+            sql = "SELECT event_id, data FROM events WHERE session_id = ? AND position >= ?"
+            parameters = [session_id, query.offset]
+            order = "position"
+        if query.run_id is not None:
+            sql += " AND run_id = ? AND seq > ?"
+            parameters += [query.run_id, query.after_seq]
+        sql += f" ORDER BY {order} LIMIT ?"
+        parameters.append(-1 if query.limit is None else query.limit)
         with _transaction(conn, write=False):
-            rows = conn.execute(query, parameters).fetchall()
+            rows = conn.execute(sql, parameters).fetchall()
             if (
                 not rows
                 and not conn.execute(
@@ -381,10 +336,10 @@ class _SQLiteBackend:
                 ).fetchone()
             ):
                 raise _not_found(session_id)
-        return [row[0] for row in rows]
+        return [(row[0], row[1]) for row in rows]
 
     def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool
+        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
     ) -> None:
         conn = self._connection()
         # Outside a transaction only: NORMAL in WAL mode commits without syncing the log.
@@ -393,10 +348,13 @@ class _SQLiteBackend:
             conn.execute("PRAGMA synchronous = NORMAL")
         try:
             with _transaction(conn, write=True):
-                if not conn.execute(
-                    "SELECT 1 FROM sessions WHERE id = ?", (session_id,)
-                ).fetchone():
+                row = conn.execute(
+                    f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
                     raise _not_found(session_id)
+                # An un-leased write leaves an expired lease be: checkpoints take no event id.
+                _writable(session_id, _lease_state(row), datetime.now(UTC), fence)
                 _insert_checkpoints(conn, session_id, rows)
         finally:
             if unsynced:
@@ -429,10 +387,8 @@ class _SQLiteBackend:
                 _INSERT_CHANGE,
                 ((sid, version, data) for version, data in session.changes),
             )
-            conn.executemany(
-                _INSERT_EVENT,
-                ((sid, i, e.run_id, e.seq, e.kind, e.data) for i, e in enumerate(session.events)),
-            )
+            ids = _new_event_ids(sid, session.events, None, -1)
+            _insert_events(conn, sid, 0, session.events, ids)
 
     def delete(self, session_id: str) -> None:
         conn = self._connection()

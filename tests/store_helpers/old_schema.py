@@ -1,21 +1,24 @@
-"""A store at the schema version before the current one, built by hand, with one session in it.
+"""A store at an earlier schema version, built by hand, with one session in it.
 
-`make_previous_version` runs every migration but the last on a `Backing`'s data (SQLite: the
-file; PostgreSQL: its schema), records that version as the stored one, and inserts a session
-row as that version's agent_flow wrote it; `stored_version` reads the version back. What a
-store of the current agent_flow does with it (migrate on open) is the test's business.
+`make_previous_version` runs every migration but the last `back` ones on a `Backing`'s data
+(SQLite: the file; PostgreSQL: its schema), records that version as the stored one, and
+inserts a session row (and, if asked, its events) as that version's agent_flow wrote them;
+`stored_version` reads the version back. What a store of the current agent_flow does with it
+(migrate on open) is the test's business.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from agent_flow.events import TextDelta, event_to_json
 from agent_flow.sessions import _pg_schema, _sqlite_schema
 from tests.store_helpers.backing import Backing
 from tests.store_helpers.postgres import URL
@@ -28,7 +31,27 @@ _COLUMNS = (
 _CREATED = "2025-06-01T12:00:00.000000+00:00"
 
 
-def _row(session_id: str) -> tuple[object, ...]:
+#: The events table's columns in every schema version since the first.
+_EVENT_COLUMNS = "session_id, position, run_id, seq, kind, data"
+
+
+def old_events(count: int) -> list[TextDelta]:
+    """The events `make_previous_version` stores (run ``old-run``, seq 0 on)."""
+    at = datetime.fromisoformat(_CREATED)
+    return [
+        TextDelta(run_id="old-run", seq=seq, timestamp=at, text=f"old {seq}")
+        for seq in range(count)
+    ]
+
+
+def _event_rows(session_id: str, count: int) -> list[tuple[object, ...]]:
+    return [
+        (session_id, position, e.run_id, e.seq, e.kind, event_to_json(e))
+        for position, e in enumerate(old_events(count))
+    ]
+
+
+def _row(session_id: str, events: int) -> tuple[object, ...]:
     return (
         session_id,
         "agent",
@@ -39,7 +62,7 @@ def _row(session_id: str) -> tuple[object, ...]:
         "{}",
         0,
         0,
-        0,
+        events,
         0,
         None,
         "r-old",
@@ -51,21 +74,30 @@ def _sqlite_path(backing: Backing) -> Path:
     return Path(backing.target.removeprefix("sqlite://"))
 
 
-async def make_previous_version(backing: Backing, session_id: str) -> int:
-    """Build `backing`'s store at the previous schema version holding `session_id`; return it."""
+async def make_previous_version(
+    backing: Backing, session_id: str, *, back: int = 1, events: int = 0
+) -> int:
+    """Build `backing`'s store `back` schema versions ago, holding `session_id`; return it.
+
+    The session has `events` events (`old_events`), stored at positions 0, 1, ...
+    """
     if backing.kind == "sqlite":
-        version = len(_sqlite_schema._MIGRATIONS) - 1
+        version = len(_sqlite_schema._MIGRATIONS) - back
         with contextlib.closing(sqlite3.connect(_sqlite_path(backing))) as raw, raw:
             for migration in _sqlite_schema._MIGRATIONS[:version]:
                 migration(raw)
             raw.execute(
                 f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 14)})",
-                _row(session_id),
+                _row(session_id, events),
+            )
+            raw.executemany(
+                f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                _event_rows(session_id, events),
             )
             raw.execute(f"PRAGMA user_version = {version}")
         return version
     assert backing.kind == "postgres", backing.kind
-    version = len(_pg_schema.MIGRATIONS) - 1
+    version = len(_pg_schema.MIGRATIONS) - back
     async with await psycopg.AsyncConnection.connect(URL, row_factory=dict_row) as conn:
         schema = sql.Identifier(backing.schema)
         await conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
@@ -76,8 +108,13 @@ async def make_previous_version(backing: Backing, session_id: str) -> int:
             await pg_migration(conn)
         await conn.execute(
             f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join(['%s'] * 14)})",
-            _row(session_id),
+            _row(session_id, events),
         )
+        async with conn.cursor() as many:
+            await many.executemany(
+                f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s)",
+                _event_rows(session_id, events),
+            )
         await conn.commit()
     return version
 

@@ -1,0 +1,78 @@
+"""The PostgreSQL store's row helpers: the statements it reuses and the rows it reads back.
+
+Shared by the backend (`postgres._PostgresBackend`) and its lease operations (`_pg_lease`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from agent_flow.sessions._backend import _EventRow, _info_of
+from agent_flow.sessions._lease import _LeaseState
+from agent_flow.sessions._pg_schema import _Conn
+from agent_flow.sessions.models import SessionInfo
+
+__all__ = [
+    "_INSERT_CHANGE",
+    "_INSERT_CHECKPOINT",
+    "_INSERT_ENTRY",
+    "_INSERT_EVENT",
+    "_info_from_row",
+    "_insert_events",
+    "_lease_state",
+]
+
+#: The rows a step or an import appends.
+_INSERT_ENTRY = (
+    "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (%s, %s, %s, %s, %s)"
+)
+_INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (%s, %s, %s)"
+_INSERT_EVENT = (
+    "INSERT INTO events (session_id, position, event_id, run_id, seq, kind, data) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+_INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
+    "VALUES (%s, %s, %s, %s, %s)"
+)
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+def _info_from_row(row: dict[str, Any]) -> SessionInfo:
+    return _info_of(row, _utc)
+
+
+def _lease_state(row: dict[str, Any]) -> _LeaseState:
+    """The lease of a row read with `_backend._LEASE_COLUMNS`."""
+    expires = row["lease_expires"]
+    return _LeaseState(
+        row["lease_run"],
+        row["lease_holder"],
+        row["lease_fence"],
+        _utc(expires) if expires is not None else None,
+    )
+
+
+async def _insert_events(
+    conn: _Conn,
+    session_id: str,
+    first_position: int,
+    events: Sequence[_EventRow],
+    ids: Sequence[int],
+) -> None:
+    """Append `events` with the ids `ids`, at positions from `first_position` on."""
+    if not events:
+        return
+    async with conn.cursor() as many:
+        await many.executemany(
+            _INSERT_EVENT,
+            [
+                (session_id, first_position + i, number, e.run_id, e.seq, e.kind, e.data)
+                for i, (e, number) in enumerate(zip(events, ids, strict=True))
+            ],
+        )
