@@ -529,6 +529,8 @@ class ContextManager:
 
         Raises:
             ModelError: A summarizing step's model failed.
+            CostLimitError: A summarizing step's call was refused by the running agent's cost
+                limit (that step leaves the history as it was).
         """
         budget = self.history_budget(current_task=current_task, tools=tools)
         _, sent, _ = self._history_costs(self.history.units())

@@ -26,7 +26,8 @@ AgentFlowError
 │   └── MCPServerError          an MCP server could not be started or reached
 │       └── MCPServerTimeoutError   it did not answer in time while starting
 ├── RunError                    an agent run ended abnormally
-│   └── OutputValidationError   the final answer never matched the output schema
+│   ├── OutputValidationError   the final answer never matched the output schema
+│   └── CostLimitError          a model call was not made: it could pass max_cost_usd
 └── StoreError                  the session store failed
     ├── SessionNotFoundError    no session has the given id
     └── SessionConflictError    another writer owns or kept changing the session being saved
@@ -53,6 +54,7 @@ __all__ = [
     "AgentFlowError",
     "ConfigError",
     "ContextBudgetError",
+    "CostLimitError",
     "DuplicateToolError",
     "EnvironmentValidationError",
     "IncompleteStreamError",
@@ -270,6 +272,26 @@ class OutputValidationError(RunError):
         self.problems = problems
 
 
+class CostLimitError(RunError):
+    """A model call was not made: its worst-case cost, with what the run spent, passes the limit.
+
+    Raised before the call (by the agent's gate, `agent_flow.llm.metering.admit_model_call`)
+    to a caller that calls a model on the agent's behalf, such as the summarizer while pruning;
+    the agent ends the run with stop reason ``cost_limit`` and this message.
+
+    Attributes:
+        limit: The run's ``max_cost_usd``.
+        spent: What the run's calls cost before this one, in US dollars.
+        estimate: The call's worst case: its counted prompt and its whole output allowance.
+    """
+
+    def __init__(self, message: str, *, limit: float, spent: float, estimate: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.spent = spent
+        self.estimate = estimate
+
+
 class StoreError(AgentFlowError):
     """The session store could not be read or written."""
 
@@ -287,11 +309,15 @@ class SessionBusyError(SessionConflictError):
 
     Attributes:
         run_id: The run that holds the lease.
+        holder: Who holds it (``pid@host`` for a `SessionRecorder`'s), when known.
+        fence: The lease's fencing number, when known (0 otherwise).
     """
 
-    def __init__(self, message: str, *, run_id: str) -> None:
+    def __init__(self, message: str, *, run_id: str, holder: str = "", fence: int = 0) -> None:
         super().__init__(message)
         self.run_id = run_id
+        self.holder = holder
+        self.fence = fence
 
 
 class LeaseLostError(SessionConflictError):

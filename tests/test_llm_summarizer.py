@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_flow import AgentConfig, AgentExecutor, ContextConfig
-from agent_flow.errors import ModelResponseError, UserError
+from agent_flow.errors import CostLimitError, ModelResponseError, UserError
 from agent_flow.events import AgentEvent, HistoryPruned
 from agent_flow.history import (
     SUMMARY_PREFIX,
@@ -22,7 +22,7 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.llm import LLMRequest, LLMSummarizer, Usage
-from agent_flow.llm.metering import ModelCallReport, listen_for_model_calls
+from agent_flow.llm.metering import ModelCallPlan, ModelCallReport, listen_for_model_calls
 from agent_flow.messages import ToolCall
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter
@@ -132,6 +132,34 @@ async def test_every_summary_call_is_reported_to_the_listener_and_none_without_o
     assert {(r.source, r.usage, r.finish_reason) for r in reports} == {
         ("summarizer", usage, "stop")
     }
+
+
+async def test_every_summary_call_asks_the_gate_first_and_a_refused_one_is_never_sent() -> None:
+    llm = FunctionLLM(lambda request: reply("a summary", usage=Usage(prompt_tokens=70)))
+    entries = [UserMessage(content=f"message {i} " + "x" * 200) for i in range(40)]
+    summarizer = LLMSummarizer(llm, counter=COUNTER, model="cheap", max_input_tokens=500)
+    plans: list[ModelCallPlan] = []
+    reports: list[ModelCallReport] = []
+
+    async def listen(report: ModelCallReport) -> None:
+        reports.append(report)
+
+    async def gate(plan: ModelCallPlan) -> None:
+        plans.append(plan)
+        if len(plans) == 3:
+            raise CostLimitError("no room", limit=1.0, spent=0.9, estimate=0.2)
+
+    with listen_for_model_calls(listen, gate=gate), pytest.raises(CostLimitError):
+        await summarizer.summarize(entries, max_tokens=100)
+
+    assert len(plans) == 3
+    assert len(llm.requests) == len(reports) == 2  # the third call was never made
+    for plan, request, report in zip(plans, llm.requests, reports, strict=False):
+        assert plan.source == "summarizer"
+        assert plan.requested_model == "cheap"
+        assert plan.prompt_tokens == COUNTER.count_messages(request.messages)
+        assert plan.max_tokens == request.max_tokens == 100
+        assert report.plan == plan
 
 
 async def test_one_huge_tool_result_is_cut_in_the_transcript() -> None:

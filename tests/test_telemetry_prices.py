@@ -160,12 +160,16 @@ async def test_a_run_with_an_unpriced_model_reports_an_unknown_cost() -> None:
 async def test_the_cost_limit_stops_the_run_before_the_call_that_could_pass_it() -> None:
     llm = FunctionLLM(_looping, model="gpt-4.1")  # $2 / $8 per million tokens
     spent_per_call = price_usage("gpt-4.1", USAGE)
+    # The first call shows that the server counts the prompt as 3,000 tokens, whatever
+    # agent_flow counts: later calls could cost that prompt plus the 1,000-token reserve.
+    worst = price_usage("gpt-4.1", Usage(prompt_tokens=3000, completion_tokens=1000))
     assert spent_per_call is not None
-    limit = 2.5 * spent_per_call
+    assert worst is not None
+    limit = 2 * spent_per_call + 0.9 * worst
     outcome = await _agent(llm, max_cost_usd=limit).run("add forever")
     assert outcome.stop_reason is StopReason.COST_LIMIT
-    # Two calls cost 2 x; a third could cost a whole prompt plus the 1,000-token reserve,
-    # which would pass 2.5 x: it is never made.
+    # Two calls cost 2 x; a third could cost `worst`, which would pass the limit: it is
+    # never made.
     assert len(llm.requests) == 2
     assert outcome.iterations == 3
     assert outcome.cost_usd == pytest.approx(2 * spent_per_call)

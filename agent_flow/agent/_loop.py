@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from agent_flow.agent._model_call import _base_url, _count_model_call, _model_name
+from agent_flow.agent._cost import _admit, _base_url, _Billing, _model_name, _past_limit
+from agent_flow.agent._model_call import _count_model_call
 from agent_flow.agent._steps import _model_step, _tool_step
 from agent_flow.agent.outcome import (
     ExecutionOutcome,
@@ -55,6 +56,7 @@ from agent_flow.agent.outcome import (
 )
 from agent_flow.errors import (
     AgentFlowError,
+    CostLimitError,
     RunError,
 )
 from agent_flow.events import (
@@ -97,6 +99,10 @@ class _Run:
     # Dollars of the calls with a known price, and each call's price (None: unknown).
     cost_usd: float = 0.0
     cost_per_call: list[float | None] = field(default_factory=list)
+    # What servers billed beyond what calls asked for, for the cost limit's estimates, and
+    # the last such call's report (see `agent_flow.agent._cost`).
+    billing: _Billing = field(default_factory=_Billing)
+    cost_overrun: str | None = None
     tool_uses: list[ToolUse] = field(default_factory=list)
     errors: list[RunErrorInfo] = field(default_factory=list)
     reprompts: int = 0
@@ -197,7 +203,9 @@ class _Run:
                 step = await _tool_step(self, step)
             if isinstance(step, Finish):
                 return step
-            await self._after_step()
+            stopped = await self._after_step()
+            if stopped is not None:
+                return stopped
 
     async def _refresh_mcp(self) -> None:
         """Before a model call: take up what MCP servers said changed since the last one."""
@@ -228,20 +236,26 @@ class _Run:
             config.max_total_tokens
         ):
             return Finish(StopReason.TOKEN_LIMIT)
-        # The summarizer's calls are not checked before they are made: stop after them.
-        if config.max_cost_usd is not None and self.cost_usd >= config.max_cost_usd:
-            return Finish(StopReason.COST_LIMIT)
-        return None
+        # Every call is admitted by its worst case; only a server billing more than it was
+        # asked for can bring the run to its limit.
+        return _past_limit(self)
 
-    async def _after_step(self) -> None:
-        """Step 9: prune, then save the completed step."""
-        # A summarizing strategy calls the model: those calls count like the agent's own.
-        with listen_for_model_calls(functools.partial(_count_model_call, self)):
-            report = await self.agent.context.prune_if_needed(tools=self.agent.offered_tools())
+    async def _after_step(self) -> Finish | None:
+        """Step 9: prune, then save the completed step; a `Finish` if pruning could not."""
+        # A summarizing strategy calls the model: those calls count like the agent's own, and
+        # each is admitted under the cost limit first (a refused step changes nothing).
+        try:
+            with listen_for_model_calls(
+                functools.partial(_count_model_call, self), gate=functools.partial(_admit, self)
+            ):
+                report = await self.agent.context.prune_if_needed(tools=self.agent.offered_tools())
+        except CostLimitError as err:
+            return Finish(StopReason.COST_LIMIT, text=str(err))
         if report is not None and report.changed:
             await self.emit(HistoryPruned, report=report)
         if self.recorder is not None:
             await self.recorder.step(self.agent.history, self.agent.environment)
+        return None
 
     async def _finish(self, finish: Finish) -> ExecutionOutcome:
         """Save and publish the run's end, end its subscriptions, and build the outcome."""

@@ -3,10 +3,10 @@
 `_call_model` streams (or completes) one request, relaying each chunk as an event, voiding
 an abandoned attempt's output when the client retries, and closing the stream however the
 call ends. `_count_model_call` adds a call's usage and cost to the run (the summarizer's
-calls too), and `_cost_limit_before_call` stops a run before a call whose worst case could
-pass the cost limit. `_checkpointed_call` is `_call_model` as a durable step when the run is
-durable (see `agent_flow._checkpoints`): its record is the completion (or the model error) and
-the events the call published, which a recovery publishes again, numbered as they were.
+calls too) and settles it against the cost limit it was admitted under (`agent._cost`).
+`_checkpointed_call` is `_call_model` as a durable step when the run is durable (see
+`agent_flow._checkpoints`): its record is the completion (or the model error) and the events
+the call published, which a recovery publishes again, numbered as they were.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_flow._checkpoints import checkpointed, current_step_runner
 from agent_flow._utils import conforms
-from agent_flow.agent.outcome import (
-    Finish,
-    StopReason,
-)
+from agent_flow.agent._cost import _price_call, _settle
 from agent_flow.config import AgentConfig
 from agent_flow.errors import (
     ConfigError,
@@ -55,7 +52,6 @@ from agent_flow.llm.base import (
     prompt_format_of,
 )
 from agent_flow.llm.metering import ModelCallReport
-from agent_flow.pricing import price_usage
 from agent_flow.prompt import PromptBreakdown
 
 if TYPE_CHECKING:
@@ -111,7 +107,7 @@ def _tools_not_counted(run: _Run, breakdown: PromptBreakdown, usage: Usage) -> s
 
 
 async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: int = 0) -> None:
-    """Count a model call in the run's usage (and so its limits) and publish it.
+    """Count a model call in the run's usage (and so its limits), publish it, and settle it.
 
     The agent's own calls come from `_model_step`; the summarizer's arrive while pruning,
     through `agent_flow.llm.metering` (see `_Run._after_step`).
@@ -137,68 +133,7 @@ async def _count_model_call(run: _Run, report: ModelCallReport, *, tool_calls: i
         cost_usd=cost,
         estimated=report.usage.estimated,
     )
-
-
-def _price_call(run: _Run, report: ModelCallReport) -> float | None:
-    """What one call cost, priced as the model that made it (``None``: unknown).
-
-    The model that answered is the one billed (``gpt-4o-mini-2024-07-18``); a name the price
-    data does not know (a proxy's alias) falls back to the model asked for. The agent's own
-    calls ask for its model; a summarizer's ask for its own, on its own server, and the
-    config's `pricing` (the agent model's prices) applies to them only if that is the same
-    model.
-    """
-    agent_model = _model_name(run.agent.llm)
-    requested = report.requested_model or agent_model
-    base_url = report.base_url or _base_url(run.agent.llm)
-    pricing = run.agent.config.pricing if requested == agent_model else None
-    for model in dict.fromkeys([report.model, requested]):
-        cost = price_usage(model, report.usage, pricing=pricing, base_url=base_url)
-        if cost is not None:
-            return cost
-    return None
-
-
-async def _cost_limit_before_call(run: _Run, prompt_tokens: int, allowed: int) -> Finish | None:
-    """Stop before a model call whose worst case would pass ``max_cost_usd``.
-
-    The worst case is the counted prompt with the whole output allowance used: a run stopped
-    here never spends more than its limit (as far as the counter counts what the provider
-    bills). A model without a known price cannot be held to a limit: that ends the run.
-    """
-    limit = run.agent.config.max_cost_usd
-    if limit is None:
-        return None
-    model = _model_name(run.agent.llm)
-    worst = price_usage(
-        model,
-        Usage(prompt_tokens=prompt_tokens, completion_tokens=allowed),
-        pricing=run.agent.config.pricing,
-        base_url=_base_url(run.agent.llm),
-    )
-    if worst is None:
-        err = ConfigError(
-            f"max_cost_usd is {limit} but the model {model!r} has no known price; set "
-            "pricing (input/output dollars per million tokens) in the agent's config"
-        )
-        await run._error(err, fatal=True)
-        return Finish(StopReason.ERROR, text=str(err))
-    if run.cost_usd + worst > limit:
-        return Finish(
-            StopReason.COST_LIMIT,
-            text=f"stopped before a model call that could cost ${worst:.6f}: with the "
-            f"${run.cost_usd:.6f} spent it would pass max_cost_usd (${limit})",
-        )
-    return None
-
-
-def _model_name(client: object) -> str:
-    return str(getattr(client, "model", "") or type(client).__name__)
-
-
-def _base_url(client: object) -> str | None:
-    url = getattr(client, "base_url", None)
-    return url if isinstance(url, str) and url else None
+    await _settle(run, report, cost)
 
 
 def _output_allowance(run: _Run, prompt_tokens: int) -> int:

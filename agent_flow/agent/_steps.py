@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agent_flow._types import JsonObject
+from agent_flow.agent._cost import _admit_or_stop
 from agent_flow.agent._model_call import (
     _CallState,
     _checkpointed_call,
-    _cost_limit_before_call,
     _count_model_call,
     _estimated_usage,
     _output_allowance,
@@ -61,7 +61,7 @@ from agent_flow.llm.base import (
     RetryNotice,
     prompt_format_of,
 )
-from agent_flow.llm.metering import ModelCallReport
+from agent_flow.llm.metering import ModelCallPlan, ModelCallReport
 from agent_flow.messages import ToolCall
 from agent_flow.tools import (
     ControlSignal,
@@ -113,7 +113,8 @@ async def _model_step(run: _Run) -> Step:
         )
         await run._error(no_room, fatal=True)
         return Finish(StopReason.CONTEXT_BUDGET, text=str(no_room))
-    over_budget = await _cost_limit_before_call(run, prompt.total_tokens, allowed)
+    plan = ModelCallPlan(source="agent", prompt_tokens=prompt.total_tokens, max_tokens=allowed)
+    over_budget = await _admit_or_stop(run, plan)
     if over_budget is not None:
         return over_budget
     request = LLMRequest(messages=prompt.messages, tools=prompt.tools, max_tokens=allowed)
@@ -162,6 +163,7 @@ async def _model_step(run: _Run) -> Step:
             finish_reason=completion.finish_reason,
             duration_ms=(time.perf_counter() - started) * 1000,
             model=completion.model,
+            plan=plan,
         ),
         tool_calls=len(completion.tool_calls),
     )

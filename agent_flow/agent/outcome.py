@@ -48,7 +48,9 @@ class StopReason(StrEnum):
     TOKEN_LIMIT = "token_limit"
     """The run used ``max_total_tokens``."""
     COST_LIMIT = "cost_limit"
-    """The run cost ``max_cost_usd``."""
+    """The next model call (the agent's or the summarizer's) could have passed
+    ``max_cost_usd``, so it was not made; or a server billed more than it was asked and the
+    run reached the limit (see `agent_flow.config.AgentConfig.max_cost_usd`)."""
     CONTEXT_BUDGET = "context_budget"
     """The fixed parts of the prompt no longer fit the budget."""
     STUCK = "stuck"

@@ -8,9 +8,12 @@ answer with the token counter if the model overruns — the result never exceeds
 span too long for one request is summarized in parts whose summaries are then summarized
 together (map-reduce), so the model's own context is never overrun either.
 
-Every model call is reported with `agent_flow.llm.metering.report_model_call` (source
-``"summarizer"``): an agent that prunes with a summarizer counts those calls in its usage, its
-``ModelResponded`` events and its token and cost limits, priced as the summarizer's own model.
+Every model call is admitted first with `agent_flow.llm.metering.admit_model_call` and
+reported after with `report_model_call` (source ``"summarizer"``): an agent that prunes with
+a summarizer holds each call to its cost limit before it is made (its counted transcript and
+its whole ``max_tokens``, priced as the summarizer's own model: a call that could pass the
+limit is not made, and the run stops with ``cost_limit``), and counts the calls in its usage,
+its ``ModelResponded`` events and its token and cost limits.
 A server that reports no usage gets the counter's counts of what was sent and received,
 marked ``estimated``: such a call is never counted as free.
 """
@@ -32,7 +35,12 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.llm.base import LLMClient, LLMRequest, Usage
-from agent_flow.llm.metering import ModelCallReport, report_model_call
+from agent_flow.llm.metering import (
+    ModelCallPlan,
+    ModelCallReport,
+    admit_model_call,
+    report_model_call,
+)
 from agent_flow.messages import ChatMessage
 from agent_flow.tokens import TokenCounter, default_counter
 
@@ -123,6 +131,9 @@ class LLMSummarizer:
         Raises:
             UserError: `max_tokens` is below 1.
             ModelError: The model call failed, or the model answered with no text.
+            CostLimitError: The running agent refused a call that could pass its
+                ``max_cost_usd`` (see `agent_flow.llm.metering.admit_model_call`).
+            ConfigError: The running agent has a cost limit and this model no known price.
         """
         if max_tokens < 1:
             raise UserError(f"a summary needs max_tokens >= 1, got {max_tokens}")
@@ -171,16 +182,25 @@ class LLMSummarizer:
             temperature=self.temperature,
             max_tokens=max_tokens,
         )
+        base_url = getattr(self.client, "base_url", None)
+        plan = ModelCallPlan(
+            source="summarizer",
+            prompt_tokens=self.counter.count_messages(request.messages),
+            max_tokens=max_tokens,
+            requested_model=self.model or getattr(self.client, "model", None) or None,
+            base_url=base_url if isinstance(base_url, str) and base_url else None,
+        )
+        # A running agent refuses a call that could pass its cost limit: it is never made.
+        await admit_model_call(plan)
         started = time.perf_counter()
         completion = await self.client.complete(request)
         usage = completion.usage
         if usage is None:  # the counter's counts, not 0: the call was made and billed
             usage = Usage(
-                prompt_tokens=self.counter.count_messages(request.messages),
+                prompt_tokens=plan.prompt_tokens,
                 completion_tokens=self.counter.count(completion.text),
                 estimated=True,
             )
-        base_url = getattr(self.client, "base_url", None)
         await report_model_call(
             ModelCallReport(
                 source="summarizer",
@@ -188,8 +208,9 @@ class LLMSummarizer:
                 finish_reason=completion.finish_reason,
                 duration_ms=(time.perf_counter() - started) * 1000,
                 model=completion.model,
-                requested_model=self.model or getattr(self.client, "model", None) or None,
-                base_url=base_url if isinstance(base_url, str) and base_url else None,
+                requested_model=plan.requested_model,
+                base_url=plan.base_url,
+                plan=plan,
             )
         )
         text = completion.text.strip()
