@@ -132,6 +132,11 @@ DURABLE_RECORD_ATTEMPTS: Final = 3
 DURABLE_RECORD_RETRY_SECONDS: Final = 1.0
 """The pause before such a recovery, times the attempt number."""
 
+DURABLE_CLAIM_WAIT_SECONDS: Final = 600.0
+"""How long a durable run waits for its session's claim (another execution of the run, or
+another run of the session, holding it) before it fails; a dead holder's claim expires within
+`SESSION_LEASE_SECONDS`."""
+
 DURABLE_SQLITE_FILE: Final = "durable.sqlite"
 """DBOS's system database beside the session store when ``[durable]`` names none."""
 
@@ -152,3 +157,13 @@ DURABLE_STATE_SECONDS: Final = 5.0
 
 #: The pruning strategies by name (`agent_flow.config.StrategyName` spells the same names).
 PRUNING_STRATEGIES: Final = ("elide_then_drop", "drop_oldest", "sliding_window", "summarize")
+
+
+# -- session ownership (SessionRecorder, the stores' leases) ----------------------------------
+
+SESSION_LEASE_SECONDS: Final = 30.0
+"""How long a run's claim on its session lasts unless renewed (every third of it).
+
+A process that dies leaves its claim to expire: another may run the session after at most
+this long. A run that cannot renew within it stops (its writes would be refused anyway).
+"""

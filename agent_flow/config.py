@@ -205,11 +205,19 @@ class AgentConfig(BaseModel):
             ``update_plan``.
         max_iterations: Model calls per run before it stops.
         max_total_tokens: Prompt + completion tokens per run before it stops.
-        max_cost_usd: Cost per run, in US dollars, that it never exceeds: the run stops
-            before a model call whose worst case (its counted prompt and the full output
-            allowance) would pass it. The model must be priced (genai-prices knows it, or
-            `pricing` is set); a run whose model has no known price stops with an error
-            rather than run unlimited.
+        max_cost_usd: Cost per run, in US dollars. Every model call, the summarizer's
+            included, is checked before it is made against its worst case: its counted prompt
+            and the whole output allowance it sends (``max_tokens``), priced as the model
+            asked for. A call that could take the run past the limit is not made, and the run
+            stops with ``cost_limit``. Only a server that bills more than it was asked can
+            pass the limit, and only by that one call's excess: one that counts more prompt
+            tokens than agent_flow's counter, answers as a pricier model, or writes past
+            ``max_tokens``. Such a call is reported (``warning_raised``, source ``cost``), and
+            later calls to that model are estimated as it billed. A failed attempt the
+            provider bills without reporting usage (a stream cut mid-answer, then retried) is
+            not counted. The model must be priced (genai-prices knows it, or `pricing` is
+            set): with a limit set, a call to a model with no known price is refused with a
+            `ConfigError`, ending the run with an error rather than running unlimited.
         pricing: Prices overriding genai-prices' data for this agent's model calls.
         output_schema: A JSON schema the final answer must match (JSON text).
         max_output_retries: Corrections asked for before a bad final answer ends the run.

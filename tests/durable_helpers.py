@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from agent_flow.agent import AgentExecutor
 from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
 from agent_flow.llm.base import LLMClient
 from agent_flow.sessions import open_store
@@ -93,7 +94,11 @@ async def wait_dead(proc: subprocess.Popen[bytes], seconds: float) -> None:
 
 @asynccontextmanager
 async def on_sqlite(
-    folder: Path, llm: LLMClient, tools: ToolExecutor
+    folder: Path,
+    llm: LLMClient,
+    tools: ToolExecutor,
+    *,
+    on_agent: Callable[[AgentExecutor], object] | None = None,
 ) -> AsyncIterator[tuple[SessionStore, DurableClient]]:
     """A worker in this process and a client, with DBOS and the sessions on SQLite in `folder`."""
     durable = DurableConfig(
@@ -107,6 +112,7 @@ async def on_sqlite(
             CONFIG,
             llm_factory=lambda _config: (llm, None),
             tools_factory=lambda _config: tools,
+            on_agent=on_agent,
         ),
         DurableClient(durable) as client,
     ):

@@ -282,11 +282,25 @@ async def test_chat_sends_each_line_to_one_session(
 
 
 def test_no_credentials_is_one_line_saying_what_to_do(tmp_path: Path) -> None:
-    result = invoke(["run", "task", "--model", "gpt-4o-mini", "--db", str(tmp_path / "d")])
+    db = str(tmp_path / "d")
+    result = invoke(["run", "task", "--model", "gpt-4o-mini", "--provider", "openai", "--db", db])
     assert result.code == 2
     assert result.err.count("\n") == 1
     assert "no API key: the environment variable OPENAI_API_KEY is not set" in result.err
     assert "--base-url" in result.err
+
+
+def test_no_base_url_is_never_a_silent_call_to_openai(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Even with a key at hand: "openai_compatible" means some other server, so the key must
+    # not go to OpenAI's public endpoint because the URL was forgotten.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-openai")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    result = invoke(["run", "task", "--model", "m", "--db", str(tmp_path / "d")])
+    assert result.code == 2
+    assert result.err.count("\n") == 1
+    assert "no base_url" in result.err and "--provider openai" in result.err
     named = invoke(["run", "task", "--model", "m", "--api-key-env", "MY_KEY"])
     assert named.code == 2 and "MY_KEY is not set" in named.err
 

@@ -31,20 +31,8 @@ from agent_flow.llm.base import LLMClient, LLMRequest, Usage
 from agent_flow.llm.metering import ModelCallPlan
 from agent_flow.pricing import price_usage
 from agent_flow.testing import FunctionLLM, ScriptedReply, call, reply
-from agent_flow.tools import tool
+from tests.helpers import add
 from tests.openai_server import OpenAIServer, RecordedRequest, Reply, completion_body, json_reply
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
 
 RESERVE = 1000
 

@@ -39,6 +39,38 @@ async def test_a_durable_run_completes_with_its_events_in_the_store(tmp_path: Pa
         assert [e.kind for e in state.entries].count("tool_result") == 3
 
 
+async def test_a_workers_run_joins_the_trace_of_the_request_that_enqueued_it(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the telemetry tests need the otel extra")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent_flow.agent import AgentExecutor
+    from agent_flow.telemetry import instrument
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    def traced(agent: AgentExecutor) -> object:
+        return instrument(agent, tracer_provider=provider, metrics=False)
+
+    llm, tools = model_and_tools(tmp_path, None)
+    async with on_sqlite(tmp_path, llm, tools, on_agent=traced) as (store, client):
+        info = await store.create(agent="durable")
+        with provider.get_tracer("caller").start_as_current_span("enqueue") as caller:
+            handle = await client.enqueue(info.id, "count 1")
+        await asyncio.wait_for(handle.outcome(), 60)
+    spans = exporter.get_finished_spans()
+    (agent_span,) = [span for span in spans if span.name.startswith("invoke_agent")]
+    assert agent_span.context.trace_id == caller.get_span_context().trace_id
+    assert agent_span.parent is not None
+    assert agent_span.parent.span_id == caller.get_span_context().span_id
+    provider.shutdown()
+
+
 @pytest.mark.timeout(180)
 async def test_sigkilled_workers_lose_no_run_and_repeat_no_tool_call(
     pg: tuple[str, str], workers: Workers, tmp_path: Path

@@ -189,3 +189,25 @@ async def test_an_agent_sends_the_system_prompt_of_its_llm_config() -> None:
     # Leaving a skill goes back to it.
     agent.activate_skill(None)
     assert agent.context.system_prompt_template == TERSE.system_prompt
+
+
+def test_openai_compatible_without_a_base_url_is_a_config_error_not_a_call_to_openai(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leave")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    for base_url in (None, ""):
+        config = LLMConfig(model="m", base_url=base_url)
+        with pytest.raises(ConfigError, match="openai_compatible"):
+            OpenAIClient.from_config(config)
+    # Said on purpose, OpenAI's own endpoint is fine; so is a URL from the environment.
+    assert LLMConfig(model="m", provider="openai").resolved_base_url() is None
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert LLMConfig(model="m").resolved_base_url() == "http://127.0.0.1:9/v1"
+
+
+def test_a_config_that_sends_no_key_reads_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leave")
+    config = LLMConfig(model="m", base_url="http://127.0.0.1:9/v1", send_key=False)
+    client = OpenAIClient.from_config(config)
+    assert client.sdk_client.api_key != "sk-must-not-leave"

@@ -89,7 +89,7 @@ def test_every_path_the_readme_names_exists() -> None:
     assert not any(name.startswith(("http", "/")) for name in names)
     root = README.parent
     # Files the reader creates themselves, named as examples of a flag's value.
-    theirs = {"agent.toml", "notes.txt", "summary.md"}
+    theirs = {"agent.toml", "notes.txt", "summary.md", "tokens.toml"}
     missing = sorted(name for name in names - theirs if not (root / name).exists())
     assert missing == [], f"the README names paths that do not exist: {missing}"
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.llm.base import LLMClient
 from agent_flow.server import ServerSettings, create_app
-from agent_flow.sessions import InMemorySessionStore, SQLiteSessionStore
+from agent_flow.sessions import InMemorySessionStore, SQLiteSessionStore, event_id
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import RiskLevel, ToolExecutor, ToolPolicy, tool
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
@@ -90,7 +90,7 @@ async def test_a_run_streams_its_events_numbered_and_an_approval_is_answered_ove
             sent = await client.post(f"/sessions/{sid}/messages", json={"message": "deploy it"})
             assert sent.status_code == 202
             run_id = sent.json()["run_id"]
-            assert sent.json()["first_event_id"] == 0
+            assert sent.json()["first_event_id"] == event_id(1, 0)
             before = await events.until("approval_required")
             # A second message while the run waits: 409 naming the running run.
             busy = await client.post(f"/sessions/{sid}/messages", json={"message": "again"})
@@ -106,9 +106,10 @@ async def test_a_run_streams_its_events_numbered_and_an_approval_is_answered_ove
             after = await events.until("run_finished")
         frames = before + after
         ids = [int(frame.id) for frame in frames if frame.id is not None]
-        assert ids == list(range(len(frames)))
+        # An id is the run's fence (its claim on the session: the first) and the event's seq.
+        assert ids == [event_id(1, seq) for seq in range(len(frames))]
         assert all(frame.json["run_id"] == run_id for frame in frames)
-        assert [f.json["seq"] for f in frames] == ids
+        assert [event_id(1, f.json["seq"]) for f in frames] == ids
         done = next(f for f in frames if f.event == "tool_call_completed").json
         assert done["content"] == "deployed to prod"
         assert frames[-1].json["final_text"] == "all done"
@@ -153,7 +154,7 @@ async def test_a_reconnect_with_last_event_id_gets_what_it_missed_then_the_live_
         # Three watchers at once: one resuming by header, one by query, one from the start.
         async with (
             stream(client, f"/sessions/{sid}/events", headers={"Last-Event-ID": last}) as resumed,
-            stream(client, f"/sessions/{sid}/events", after=2) as by_query,
+            stream(client, f"/sessions/{sid}/events", after=seen[2].id) as by_query,
             stream(client, f"/sessions/{sid}/events") as whole,
         ):
             missed = await resumed.until("approval_required")
@@ -164,7 +165,10 @@ async def test_a_reconnect_with_last_event_id_gets_what_it_missed_then_the_live_
             from_query = await by_query.until("run_finished") + await by_query.until("run_finished")
             everything = await whole.until("run_finished") + await whole.until("run_finished")
         ids = [int(f.id) for f in [*seen, *missed, *rest] if f.id is not None]
-        assert ids == list(range(len(ids)))  # no gap, no duplicate across the reconnect
+        # No gap, no duplicate across the reconnect: each run's ids follow its fence.
+        assert ids == [event_id(1, n) for n in range(len(run1))] + [
+            event_id(2, n) for n in range(len(ids) - len(run1))
+        ]
         assert [f.data for f in everything] == [f.data for f in [*seen, *missed, *rest]]
         assert [int(f.id) for f in from_query if f.id] == ids[3:]
         failed = next(f for f in rest if f.event == "tool_call_failed").json
@@ -205,14 +209,14 @@ async def test_cancel_ends_the_run_as_cancelled_and_409_when_idle(
     )
     async with serving(app) as client:
         sid = await _create(client)
-        idle = await client.post(f"/sessions/{sid}/cancel")
+        idle = await client.post(f"/sessions/{sid}/cancel", json={})
         assert idle.status_code == 409 and idle.json()["code"] == "not_running"
         async with stream(client, f"/sessions/{sid}/events") as events:
             run_id = (
                 await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
             ).json()["run_id"]
             await events.until("approval_required")
-            cancelled = await client.post(f"/sessions/{sid}/cancel")
+            cancelled = await client.post(f"/sessions/{sid}/cancel", json={})
             assert cancelled.status_code == 200 and cancelled.json()["run_id"] == run_id
             frames = await events.until("run_finished")
         assert frames[-1].json["stop_reason"] == "cancelled"
@@ -234,17 +238,17 @@ async def test_a_session_resumes_after_a_restart_and_exports_then_deletes(tmp_pa
         async with serving(app) as client:
             listed = (await client.get("/sessions")).json()["sessions"]
             assert [s["id"] for s in listed] == ["keep-me"]
-            resumed = await client.post("/sessions/keep-me/resume")
+            resumed = await client.post("/sessions/keep-me/resume", json={})
             assert resumed.status_code == 200 and resumed.json()["history"]["entries"] == 2
             async with stream(
                 client, "/sessions/keep-me/events", headers={"Last-Event-ID": first[-1].id or ""}
             ) as events:
                 sent = await client.post("/sessions/keep-me/messages", json={"message": "what?"})
-                assert sent.json()["first_event_id"] == len(first)
+                # The second run's claim took the next fence, in the store: after a restart
+                # too, its ids are above every id the first run handed out.
+                assert sent.json()["first_event_id"] == event_id(2, 0)
                 second = await events.until("run_finished")
-            assert [int(f.id or -1) for f in second] == list(
-                range(len(first), len(first) + len(second))
-            )
+            assert [int(f.id or -1) for f in second] == [event_id(2, n) for n in range(len(second))]
             prompt = [m.content for m in model.last_request.messages]
             assert "remember 42" in str(prompt) and "hi" in str(prompt)
             exported = await client.get("/sessions/keep-me/export")
@@ -344,7 +348,12 @@ async def test_the_real_openai_client_runs_and_no_key_appears_anywhere(
     monkeypatch.setenv("SERVER_TEST_KEY", secret)
     openai_server.script(sse_reply(text_chunks("hello from the wire")))
     config = _config(
-        llm={"model": "m", "base_url": openai_server.base_url, "api_key_env": "SERVER_TEST_KEY"}
+        llm={
+            "model": "m",
+            "models": ["other-model"],
+            "base_url": openai_server.base_url,
+            "api_key_env": "SERVER_TEST_KEY",
+        }
     )
     app = create_app(config, store=store)
     seen: list[str] = []
@@ -372,7 +381,8 @@ def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     from agent_flow.cli import main
 
     err = io.StringIO()
-    code = main(["serve", "--host", "0.0.0.0", "--db", str(tmp_path / "s.db")], stderr=err)
+    argv = ["serve", "--host", "0.0.0.0", "--no-token", "--db", str(tmp_path / "s.db")]
+    code = main(argv, stderr=err)
     assert code == 2
     assert "bearer token" in err.getvalue() and "0.0.0.0" in err.getvalue()
 
@@ -421,7 +431,7 @@ async def test_a_client_that_stops_reading_holds_up_neither_the_run_nor_other_wa
             await client.post(f"/sessions/{sid}/messages", json={"message": "talk"})
             frames = await reading.until("run_finished")
         ids = [int(frame.id) for frame in frames if frame.id is not None]
-        assert ids == list(range(len(frames))) and len(frames) > 200
+        assert ids == [event_id(1, n) for n in range(len(frames))] and len(frames) > 200
         body = (await _read_chunked_until(stalled, b"event: run_finished")).decode()
         connection.close()
         await connection.wait_closed()

@@ -89,7 +89,7 @@ def test_the_final_status_follows_the_stop_reason(reason: StopReason, status: st
 
 def test_every_stop_reason_leaves_a_session_status() -> None:
     statuses: set[SessionStatus] = {session_status(reason.value) for reason in StopReason}
-    assert statuses == {"completed", "waiting", "cancelled", "failed"}
+    assert statuses == {"completed", "waiting", "cancelled", "failed", "interrupted"}
 
 
 async def test_the_recorder_creates_the_session_once_and_saves_steps_then_the_end() -> None:

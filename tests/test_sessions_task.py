@@ -21,6 +21,7 @@ from agent_flow import AgentConfig, AgentExecutor
 from agent_flow.history import UserMessage
 from agent_flow.llm.base import LLMRequest
 from agent_flow.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
+from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM
 
 TASK = "Rename every `fetch_user` to `load_user` in src/, " + "keeping the tests green. " * 8
@@ -88,7 +89,11 @@ async def test_a_session_stopped_before_its_first_step_resumes_with_its_task(
         await called.wait()
         session_id = agent.session_id
         assert session_id is not None
-        # What a process killed now leaves behind, read by another process's store.
+        # What a process killed now leaves behind, read by another process's store: its
+        # claim on the session expires (a dead process renews nothing).
+        recorder = agent.recorder
+        assert isinstance(recorder, SessionRecorder) and recorder.lease is not None
+        await first.renew(recorder.lease, ttl=0)
         async with SQLiteSessionStore(db) as other:
             left = await other.load(session_id)
             assert left.entries == ()

@@ -34,6 +34,7 @@ from agent_flow.sessions import (
     SessionStore,
     event_id,
 )
+from agent_flow.sessions._lease import INTERRUPTED_SEQ
 from agent_flow.tokens import ApproxCounter
 from tests.store_helpers.backing import Backing
 from tests.store_helpers.fixtures import any_backing, backing, kind, store
@@ -260,9 +261,10 @@ async def test_a_claim_after_a_dead_holder_stores_its_run_as_interrupted(
     pairs = await store.events_with_ids(info.id)
     number, last = pairs[-1]
     assert isinstance(last, RunFinished)
-    assert (last.run_id, last.seq, last.stop_reason) == ("run-a", 3, "interrupted")
+    # Its end takes the last seq a run can have: above anything it handed out unsaved.
+    assert (last.run_id, last.seq, last.stop_reason) == ("run-a", INTERRUPTED_SEQ, "interrupted")
     assert (last.final_text, last.iterations, last.prompt_tokens, last.cost_usd) == ("", 0, 0, None)
-    assert number == event_id(dead.fence, 3)
+    assert number == event_id(dead.fence, INTERRUPTED_SEQ)
     seen = await store.info(info.id)
     assert (seen.status, seen.event_count, seen.last_event_id) == ("interrupted", 4, number)
     # The dead run's own writes are refused from now on.
@@ -294,13 +296,13 @@ async def test_the_dead_run_claiming_again_goes_on_and_nothing_is_ended(
     assert (await store.info(info.id)).status == "active"
 
 
-async def test_a_dead_run_without_events_ends_at_seq_zero(store: SessionStore) -> None:
+async def test_a_dead_run_without_events_ends_at_its_last_seq(store: SessionStore) -> None:
     info = await store.create()
     dead = await store.claim(info.id, run_id="run-a", holder="h", ttl=0)
     await store.claim(info.id, run_id="run-b", holder="h", ttl=HOUR)
     ((number, event),) = await store.events_with_ids(info.id)
     assert isinstance(event, RunFinished)
-    assert (event.seq, number) == (0, event_id(dead.fence, 0))
+    assert (event.seq, number) == (INTERRUPTED_SEQ, event_id(dead.fence, INTERRUPTED_SEQ))
 
 
 async def test_a_write_without_a_fence_ends_an_expired_lease_first(store: SessionStore) -> None:
@@ -316,7 +318,7 @@ async def test_a_write_without_a_fence_ends_an_expired_lease_first(store: Sessio
         ("tool", "text_delta"),
     ]
     ids = [number for number, _ in pairs]
-    assert ids[:2] == [event_id(1, 0), event_id(1, 1)]
+    assert ids[:2] == [event_id(1, 0), event_id(1, INTERRUPTED_SEQ)]
     assert ids[2:] == [ids[1] + 1, ids[1] + 2]
     seen = await store.info(info.id)
     assert (seen.lease_run, seen.lease_fence, seen.status) == (None, 1, "interrupted")

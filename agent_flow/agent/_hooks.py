@@ -47,6 +47,7 @@ class _EventHooks(ToolHooks):
             call_id=call.id,
             name=call.name,
             approved=response.approved,
+            decided_by=response.decided_by,
             reason=response.reason,
         )
 

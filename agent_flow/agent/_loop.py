@@ -147,7 +147,9 @@ class _Run:
         outside: asyncio.CancelledError | None = None
         try:
             if self.recorder is not None:
-                await self.recorder.start(agent=self.agent.config.name, task=message)
+                await self.recorder.start(
+                    agent=self.agent.config.name, task=message, run_id=self.run_id
+                )
             self._close_pending("the previous run ended before this call finished")
             self.agent.history.add(UserMessage(content=message))
             await self.emit(

@@ -167,7 +167,10 @@ class AgentExecutor:
             # Imported here: the recorder imports this package (a cycle at module level).
             from agent_flow.sessions.recorder import SessionRecorder
 
-            self.recorder = SessionRecorder(store, session_id)
+            recorder = SessionRecorder(store, session_id)
+            # A run that loses its claim on the session stops (its writes would be refused).
+            recorder.on_lease_lost = self.cancel
+            self.recorder = recorder
         self.skill: Skill | None = None
         self._offer = _ToolOffer()
         self._run: _Run | None = None

@@ -61,6 +61,9 @@ class StopReason(StrEnum):
     """The run was cancelled."""
     ERROR = "error"
     """A fatal error: bad credentials, an unreachable model, a refused request."""
+    INTERRUPTED = "interrupted"
+    """The process running it died (killed, crashed, lost its lease) before it ended; stored
+    by whoever next claims the session, never published by the run itself."""
 
 
 # -- steps ---------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ def _agent_config(
 def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
     """The model to call: the config's, with --model / --base-url / --api-key-env on top."""
     flags = LLMOverrides(
+        provider=getattr(args, "provider", None),
         model=args.model,
         base_url=args.base_url,
         api_key_env=args.api_key_env,
@@ -118,7 +119,10 @@ def _check_credentials(llm: LLMConfig, flag: str | None) -> None:
             f"{named}: the environment variable {llm.api_key_env} is not set; export it, or "
             f"leave out {named.split(' ')[0]} for a server that needs no key",
         )
-    base_url = llm.resolved_base_url() or os.environ.get("OPENAI_BASE_URL")
+    try:
+        base_url = llm.resolved_base_url()
+    except ConfigError as err:
+        raise _Failure(EXIT_USAGE, str(err)) from None
     key_env = llm.resolved_api_key_env()
     if base_url is None and not os.environ.get(key_env):
         hint = "" if llm.api_key_env else " (or name another variable with --api-key-env)"

@@ -17,6 +17,7 @@ from agent_flow._defaults import DEFAULT_REPLAY_MAX_WAIT
 from agent_flow.cli._exit import EXIT_USAGE, _Streams
 from agent_flow.cli._lab_args import add_lab_arguments
 from agent_flow.cli._prompt import EDITING_HELP
+from agent_flow.llm.config import PROVIDER_DEFAULTS
 from agent_flow.sessions import default_store_path
 
 _Handler = Callable[[argparse.Namespace, _Streams], Coroutine[None, None, int]]
@@ -84,7 +85,13 @@ def _agent_options() -> _Parser:
     model.add_argument(
         "--base-url",
         help="an OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 (default: "
-        "OPENAI_BASE_URL, else OpenAI)",
+        "OPENAI_BASE_URL; without either, give --provider)",
+    )
+    model.add_argument(
+        "--provider",
+        choices=sorted(PROVIDER_DEFAULTS),
+        help="the kind of server, filling in its base URL and key variable (e.g. openai for "
+        "OpenAI's own API; default openai_compatible, which needs a base URL)",
     )
     model.add_argument(
         "--api-key-env",
@@ -358,11 +365,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     serve.add_argument(
         "--token",
-        help="bearer token every request must carry (default $AGENT_FLOW_SERVER_TOKEN); "
-        "required unless bound to loopback",
+        help="bearer token every request must carry (default $AGENT_FLOW_SERVER_TOKEN, else a "
+        "random one, printed once in the inspector's address); its holder is the admin",
     )
     serve.add_argument(
-        "--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this origin"
+        "--tokens-file",
+        metavar="FILE",
+        help="a TOML file of [users.NAME] tables (token or token_sha256, admin): each user "
+        "sees only its own sessions (default $AGENT_FLOW_SERVER_TOKENS_FILE)",
+    )
+    serve.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without any token (loopback only; any local program or user may then "
+        "drive the agent)",
+    )
+    serve.add_argument(
+        "--server-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients reach the server by (repeatable; IP addresses and "
+        "localhost always work; '*' accepts any, only behind a proxy that checks Host)",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from this origin call the API (repeatable)",
+    )
+    serve.add_argument(
+        "--allow-client-endpoints",
+        action="store_true",
+        help="let a session name its own model endpoint (base_url); such a session sends "
+        "no key (default: only the configured endpoints)",
     )
     serve.add_argument(
         "--workspace-root",
@@ -392,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--executor-id", help="this worker's DBOS executor id (default: a new one per start)"
+    )
+    worker.add_argument(
+        "--otel",
+        action="store_true",
+        help="export every run as OpenTelemetry GenAI traces and metrics over OTLP/HTTP (as "
+        "serve's --otel; on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set); a run joins "
+        "the trace of the request that enqueued it",
     )
     worker.set_defaults(handler=_handler("agent_flow.cli._worker", "_worker_command"))
 

@@ -154,7 +154,8 @@ async def _open_session(
         agent.config = config
         agent.approval = approver
         if agent.recorder is None:
-            agent.recorder = SessionRecorder(store)
+            agent.recorder = recorder = SessionRecorder(store)
+            recorder.on_lease_lost = agent.cancel
         if tools.workspace is not None and not agent.environment.system.working_directory:
             agent.environment.update_section("system", working_directory=str(tools.workspace.root))
     else:
@@ -282,7 +283,9 @@ async def _forget_if_empty(session: _Session, *, fresh: bool) -> bool:
     except StoreError:
         return False  # a store that cannot say or delete keeps what it has
     # A later message in a chat starts a new session rather than writing to the deleted one.
-    agent.recorder = SessionRecorder(session.store)
+    recorder = SessionRecorder(session.store)
+    recorder.on_lease_lost = agent.cancel
+    agent.recorder = recorder
     return True
 
 

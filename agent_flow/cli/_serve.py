@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -12,12 +14,15 @@ from agent_flow.cli._build import _load_config
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli._run import _OTLP_ENDPOINTS
 from agent_flow.cli._sessions import _store
+from agent_flow.errors import ConfigError
 
 if TYPE_CHECKING:
     from agent_flow.durable import DurableClient
 
 #: Where ``serve`` reads the bearer token when ``--token`` is not given.
 TOKEN_VARIABLE = "AGENT_FLOW_SERVER_TOKEN"
+#: Where ``serve`` reads the tokens file when ``--tokens-file`` is not given.
+TOKENS_FILE_VARIABLE = "AGENT_FLOW_SERVER_TOKENS_FILE"
 
 
 async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
@@ -25,6 +30,7 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         import uvicorn
 
         from agent_flow.server import ServerSettings, create_app
+        from agent_flow.server._auth import Users
     except ImportError as err:
         raise _Failure(
             EXIT_USAGE,
@@ -32,17 +38,34 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
             "pip install 'agent-flow[server]'",
         ) from None
     token = args.token or os.environ.get(TOKEN_VARIABLE) or None
+    tokens_file = args.tokens_file or os.environ.get(TOKENS_FILE_VARIABLE) or None
+    if args.no_token and (token or tokens_file):
+        raise _Failure(
+            EXIT_USAGE,
+            "--no-token serves without tokens, but a token or tokens file is given (flags or "
+            f"{TOKEN_VARIABLE} / {TOKENS_FILE_VARIABLE}); drop one",
+        )
+    made_token = token is None and tokens_file is None and not args.no_token
+    if made_token:
+        token = secrets.token_urlsafe(24)
     try:
         settings = ServerSettings(
             host=args.host,
             port=args.port,
             token=token,
+            tokens_file=tokens_file,
+            server_names=tuple(args.server_name),
             cors_origins=tuple(args.cors_origin),
+            allow_client_endpoints=args.allow_client_endpoints,
             workspace_roots=tuple(args.workspace_root),
         )
+        if tokens_file is not None:
+            Users.from_file(Path(tokens_file))  # a broken file is a usage error, now
     except ValidationError as err:
         message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
         raise _Failure(EXIT_USAGE, message) from None
+    except ConfigError as err:
+        raise _Failure(EXIT_USAGE, str(err)) from None
 
     def warn(text: str) -> None:
         streams.stderr.write(f"agent-flow: warning: {text}\n")
@@ -67,6 +90,20 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
                     app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5
                 )
             )
+            # uvicorn binds in serve(); say where to go first, with the token made here (once,
+            # on stderr: it grants everything, so it goes nowhere else).
+            shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+            shown = f"[{shown}]" if ":" in shown else shown
+            address = f"http://{shown}:{settings.port}/"
+            if made_token:
+                streams.stderr.write(
+                    f"agent-flow: serving; open the inspector at {address}#token={token}\n"
+                    f"agent-flow: API clients send 'Authorization: Bearer {token}' (set "
+                    f"{TOKEN_VARIABLE} to choose it; --no-token serves without)\n"
+                )
+            else:
+                streams.stderr.write(f"agent-flow: serving; the inspector is at {address}\n")
+            streams.stderr.flush()
             await server.serve()
     finally:
         if export is not None:

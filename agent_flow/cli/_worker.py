@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from agent_flow.cli._build import _load_config
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
+from agent_flow.cli._run import _OTLP_ENDPOINTS
 from agent_flow.cli._sessions import _store
 
 
@@ -30,12 +32,26 @@ async def _worker_command(args: argparse.Namespace, streams: _Streams) -> int:
     if args.executor_id is not None:
         updates["executor_id"] = args.executor_id
     durable = durable.model_copy(update=updates)
-    async with (
-        _store(args) as store,
-        DurableWorker(durable, store, config, concurrency=args.concurrency) as worker,
-    ):
-        streams.stderr.write(
-            f"agent-flow: worker {worker.executor_id} executing runs from queue {durable.queue!r}\n"
-        )
-        await worker.serve_forever()
+    on_agent = None
+    export = None
+    if args.otel or any(os.environ.get(name) for name in _OTLP_ENDPOINTS):
+        # As `serve`: each run's spans join the trace of the request that enqueued it.
+        from agent_flow.telemetry import configure_otlp, instrument
+
+        export, on_agent = configure_otlp(), instrument
+    try:
+        async with (
+            _store(args) as store,
+            DurableWorker(
+                durable, store, config, concurrency=args.concurrency, on_agent=on_agent
+            ) as worker,
+        ):
+            streams.stderr.write(
+                f"agent-flow: worker {worker.executor_id} executing runs from queue "
+                f"{durable.queue!r}\n"
+            )
+            await worker.serve_forever()
+    finally:
+        if export is not None:
+            export.shutdown()  # flushes what is buffered
     return EXIT_OK

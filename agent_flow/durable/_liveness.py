@@ -7,6 +7,12 @@ while it recovers the owner's runs, so a restarted owner waits for that recovery
 before it starts (and finds nothing left to take back).
 
 - PostgreSQL system database: session-level advisory locks on one connection of this worker.
+  That connection can drop (a database restart or failover, ``pg_terminate_backend``, a
+  proxy's idle cut) and its locks with it: `Liveness.check` (called by the worker's watch on
+  every pass) finds a closed or broken connection, connects again and takes its own lock
+  again, so the worker is taken for dead only for that gap. A run its worker was wrongly taken
+  for dead for is still executed once at a time: the session's claim in the store
+  (`agent_flow.durable._workflow._claim`) makes a second execution wait for the first.
 - SQLite system database (one machine): ``flock`` on a file per executor beside it.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
@@ -25,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["Liveness", "liveness_for"]
 
 _KEY = "agent_flow_executor:"
+
+logger = logging.getLogger("agent_flow.durable")
 
 
 class Liveness(Protocol):
@@ -46,38 +55,78 @@ class Liveness(Protocol):
         """Release every lock (the process's own too)."""
         ...
 
+    async def check(self) -> None:
+        """Make sure this process still holds its own lock (reconnect and take it again)."""
+        ...
+
 
 class _PostgresLiveness:
     def __init__(self, url: str) -> None:
         self._url = url
         self._conn: AsyncConnection[tuple[object, ...]] | None = None
+        self._own: str | None = None
+        #: Times the connection was made again after it dropped (for tests and logs).
+        self.reconnects = 0
 
     async def _connection(self) -> AsyncConnection[tuple[object, ...]]:
         import psycopg  # the postgres extra, needed by a postgresql:// system database
 
-        if self._conn is None:
-            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
-        return self._conn
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            # Dropped: the locks went with it. Connect again and take our own back first.
+            self._conn = None
+            with contextlib.suppress(Exception):
+                await conn.close()
+            self.reconnects += 1
+            logger.warning("the liveness connection dropped; connecting again")
+        conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+        if self._own is not None:
+            await conn.execute(
+                "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (_KEY + self._own,)
+            )
+        self._conn = conn
+        return conn
+
+    async def _execute(self, sql: str, executor_id: str, *, fetch: bool = True) -> bool:
+        import psycopg
+
+        for attempt in (1, 2):
+            conn = await self._connection()
+            try:
+                cursor = await conn.execute(sql, (_KEY + executor_id,))
+                row = await cursor.fetchone() if fetch else None
+            except psycopg.OperationalError:
+                # The connection dropped (found only when used): close it, so the next
+                # attempt connects again and takes our own lock back, then tries once more.
+                with contextlib.suppress(Exception):
+                    await conn.close()
+                if attempt == 2:
+                    raise
+                continue
+            return bool(row and row[0])
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def hold(self, executor_id: str) -> None:
-        conn = await self._connection()
-        await conn.execute(
-            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (_KEY + executor_id,)
+        self._own = executor_id
+        if self._conn is None:
+            await self._connection()  # takes it
+            return
+        await self._execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", executor_id, fetch=False
         )
+
+    async def check(self) -> None:
+        await self._execute("SELECT %s::text IS NOT NULL", "")
 
     async def claim_if_dead(self, executor_id: str) -> bool:
-        conn = await self._connection()
-        cursor = await conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (_KEY + executor_id,)
+        return await self._execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", executor_id
         )
-        row = await cursor.fetchone()
-        return bool(row and row[0])
 
     async def release(self, executor_id: str) -> None:
-        conn = await self._connection()
-        await conn.execute(
-            "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (_KEY + executor_id,)
-        )
+        await self._execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", executor_id)
 
     async def aclose(self) -> None:
         if self._conn is not None:
@@ -114,6 +163,9 @@ class _FileLiveness:
         handle = self._held.pop(executor_id, None)
         if handle is not None:
             handle.close()  # closing the file releases its flock
+
+    async def check(self) -> None:
+        return None  # a flock lives as long as this process: nothing drops it
 
     async def aclose(self) -> None:
         for handle in self._held.values():

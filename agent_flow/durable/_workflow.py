@@ -2,6 +2,10 @@
 
 `run_workflow` is registered with DBOS under `WORKFLOW_NAME`. It
 
+0. claims the session for the run (`_claim`: `SessionStore.claim`, waiting while another
+   execution of the run or another run of the session holds it), so that at most one
+   execution writes, whatever DBOS believes about which worker lives: a stale execution's
+   writes carry a stale fencing number and are refused;
 1. reads the run's checkpoints (`SessionStore.checkpoints`): none for a new run, what a
    crashed attempt stored for a recovered one;
 2. takes the session's state as the run found it: position 0 of its checkpoints, recorded
@@ -32,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from agent_flow._checkpoints import STEP_RUNNER, StepRecordError
 from agent_flow._defaults import (
     DURABLE_CANCEL_CHECK_SECONDS,
+    DURABLE_CLAIM_WAIT_SECONDS,
     DURABLE_RECORD_ATTEMPTS,
     DURABLE_RECORD_RETRY_SECONDS,
 )
@@ -40,13 +45,13 @@ from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.config import AgentConfig
 from agent_flow.durable._steps import DurableReplayError, _StoreSteps
 from agent_flow.environment import Environment
-from agent_flow.errors import AgentFlowError
+from agent_flow.errors import AgentFlowError, SessionBusyError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History, HistoryEntry
 from agent_flow.llm.base import LLMClient
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
-from agent_flow.sessions.recorder import SessionRecorder
+from agent_flow.sessions.recorder import SessionRecorder, end_claim
 from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolExecutor
 
@@ -99,6 +104,9 @@ class Runtime:
         tools_factory: Builds a run's tools (default: from the config).
         cancel_check_seconds: How often, at most, a running run reads whether it was
             cancelled.
+        on_agent: Called with each run's agent once it is built, before it runs
+            (``agent_flow.telemetry.instrument`` traces it; the run's trace context, carried
+            from the request that enqueued it, makes its spans part of that trace).
     """
 
     store: SessionStore
@@ -106,6 +114,7 @@ class Runtime:
     llm_factory: LLMFactory | None = None
     tools_factory: ToolsFactory | None = None
     cancel_check_seconds: float = DURABLE_CANCEL_CHECK_SECONDS
+    on_agent: Callable[[AgentExecutor], object] | None = None
 
     def llm(self, config: AgentConfig) -> tuple[LLMClient, Callable[[], Awaitable[None]] | None]:
         """The model client of a run, and how to close it."""
@@ -138,8 +147,8 @@ class _ReplayRecorder:
     def session_id(self) -> str | None:
         return self._inner.session_id
 
-    async def start(self, *, agent: str, task: str) -> None:
-        await self._inner.start(agent=agent, task=task)
+    async def start(self, *, agent: str, task: str, run_id: str = "") -> None:
+        await self._inner.start(agent=agent, task=task, run_id=run_id)
 
     def record(self, event: AgentEvent) -> None:
         self._last = event.seq
@@ -215,7 +224,52 @@ async def _execute_recovering(runtime: Runtime, request: RunRequest) -> Executio
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+async def _claim(store: SessionStore, session_id: str, run_id: str) -> SessionRecorder:
+    """A recorder holding the session's claim for `run_id`, once no one else holds it.
+
+    Another execution of this run (a worker DBOS took for dead while it lived, or one cut from
+    the database) or another run of the session may hold the claim: this execution waits until
+    that one releases it or its claim expires (it then stops itself: it cannot renew). So at
+    most one execution of a run, and one run of a session, writes at a time, whatever the
+    network does. A claim left by an earlier attempt in this process is taken over at once.
+
+    Raises:
+        AgentFlowError: The claim stayed held for `DURABLE_CLAIM_WAIT_SECONDS`.
+    """
+    recorder = SessionRecorder(store, session_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DURABLE_CLAIM_WAIT_SECONDS
+    while True:
+        try:
+            await recorder.claim(run_id)
+            return recorder
+        except SessionBusyError as err:
+            if err.holder == recorder.holder and err.run_id == run_id and err.fence:
+                # This process's earlier attempt of the run: it is over (we are its retry).
+                await end_claim(store, session_id, err)
+                continue
+            if loop.time() >= deadline:
+                raise AgentFlowError(
+                    f"run {run_id} waited {DURABLE_CLAIM_WAIT_SECONDS:g}s for session "
+                    f"{session_id!r}, held by run {err.run_id} ({err.holder}); it was not run"
+                ) from err
+            logger.info("run %s waits for session %s: %s", run_id, session_id, err)
+            await asyncio.sleep(min(1.0, recorder.lease_seconds / 10))
+
+
 async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
+    store, session_id, run_id = runtime.store, request.session_id, request.run_id
+    # Claimed first: what this execution reads next is what the last holder left.
+    claimed = await _claim(store, session_id, run_id)
+    try:
+        return await _execute_claimed(runtime, request, claimed)
+    finally:
+        await claimed.release()
+
+
+async def _execute_claimed(
+    runtime: Runtime, request: RunRequest, claimed: SessionRecorder
+) -> ExecutionOutcome:
     store, session_id, run_id = runtime.store, request.session_id, request.run_id
     recorded = await store.checkpoints(session_id, run_id)
     if recorded and recorded[0].name == _SNAPSHOT:
@@ -242,8 +296,11 @@ async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
         )
         for entry in snapshot.entries:
             agent.history.add(entry)
-        recorder = agent.recorder
-        assert isinstance(recorder, SessionRecorder)
+        if runtime.on_agent is not None:
+            runtime.on_agent(agent)
+        # The recorder that holds the claim records the run (and stops it if it loses it).
+        recorder = claimed
+        recorder.on_lease_lost = agent.cancel
         if not recorded:
             recorder.checkpoint(first)  # saved with the run's first step
         saved = await _saved_through(store, session_id, run_id)

@@ -18,12 +18,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
 from dbos import DBOS
 
 from agent_flow import __version__
+from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.durable._liveness import Liveness, liveness_for
 from agent_flow.durable._workflow import LLMFactory, Runtime, ToolsFactory, install
@@ -59,6 +61,8 @@ class DurableWorker:
         tools_factory: Builds a run's tools (default: from the config).
         concurrency: Runs this worker executes at once (default:
             `DurableConfig.worker_concurrency`).
+        on_agent: Called with each run's agent before it runs (``agent_flow.telemetry.
+            instrument`` traces the runs; see `Runtime`).
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class DurableWorker:
         llm_factory: LLMFactory | None = None,
         tools_factory: ToolsFactory | None = None,
         concurrency: int | None = None,
+        on_agent: Callable[[AgentExecutor], object] | None = None,
     ) -> None:
         self.durable = durable
         self.executor_id = durable.executor_id or f"worker-{uuid.uuid4().hex[:12]}"
@@ -78,6 +83,7 @@ class DurableWorker:
             config=config if config is not None else AgentConfig(),
             llm_factory=llm_factory,
             tools_factory=tools_factory,
+            on_agent=on_agent,
         )
         self._concurrency = concurrency if concurrency is not None else durable.worker_concurrency
         self._liveness: Liveness | None = None
@@ -154,6 +160,10 @@ class DurableWorker:
     async def _recover_dead_workers(self) -> None:
         while True:
             try:
+                assert self._liveness is not None
+                # Our own lock first: a dropped connection is made again and the lock re-taken
+                # before we judge anyone else (see `_liveness`).
+                await self._liveness.check()
                 await self.recover_dead_workers()
             except Exception:  # a failed pass is retried at the next one
                 logger.exception("looking for the runs of dead workers failed")

@@ -10,6 +10,8 @@ The `EventBus` gives each subscriber its own bounded queue, consumed with ``asyn
 When a subscriber falls behind, its own policy decides, explicitly:
 
 - ``"wait"``: the publisher waits for room (back-pressure; the agent slows to the reader);
+  with ``max_wait`` it waits for a reader that fell behind at most that many seconds, then
+  drops as below until the reader has caught up (the server bounds every HTTP watcher so);
 - ``"drop_oldest"``: the oldest queued events are dropped and the subscriber later receives
   one `EventsDropped` event counting them, so a gap is never silent.
 

@@ -232,6 +232,7 @@ class ApprovalResolved(_Event):
     name: str
     approved: bool
     reason: str = ""
+    decided_by: str = Field(default="", description="Who answered (a server's user name).")
 
 
 class WarningRaised(_Event):

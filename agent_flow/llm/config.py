@@ -8,7 +8,11 @@ Without a named configuration the agent's settings stand alone and must at least
 model. `resolve_llm_config` applies exactly that; `LLMConfig.with_overrides` is its core.
 
 Secrets never live in a config: `api_key_env` names the environment variable that holds the
-key, and the key is read only when a client is built.
+key, and the key is read only when a client is built. A key goes only where the config points:
+``provider = "openai_compatible"`` (the default: "some other server") without a base URL is a
+`ConfigError` when a client is built, never a silent fall-back to OpenAI's public endpoint
+(`LLMConfig.resolved_base_url`); ``send_key = false`` sends no key at all (what a server does for
+an endpoint its client chose).
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ class LLMConfig(BaseModel):
             (``"auto"``; ``None`` or empty: send none).
         extra_body: Provider-specific request fields.
         system_prompt: A default system prompt agents using this config start from.
+        models: More models the clients of `agent-flow serve` may choose on this endpoint
+            (`model` is always allowed; a library user may call any).
+        send_key: Send the key read from `api_key_env` (``False``: send none, for an endpoint
+            that is not the operator's).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -106,10 +114,33 @@ class LLMConfig(BaseModel):
     tool_choice: str | None = "auto"
     extra_body: JsonObject = Field(default_factory=dict)
     system_prompt: str | None = None
+    models: tuple[str, ...] = ()
+    send_key: bool = True
+
+    def allowed_models(self) -> tuple[str, ...]:
+        """The models a server's client may choose here: `model`, then `models`."""
+        return (self.model, *(name for name in self.models if name != self.model))
 
     def resolved_base_url(self) -> str | None:
-        """The base URL to use: explicit, else the provider's default, else ``None`` (SDK's)."""
-        return self.base_url or PROVIDER_DEFAULTS[self.provider][0]
+        """The base URL requests go to (``None``: OpenAI's own, for ``openai`` and ``azure``).
+
+        Explicit, else the provider's default, else ``OPENAI_BASE_URL``; ``openai`` and
+        ``azure`` may leave it to the SDK.
+
+        Raises:
+            ConfigError: ``provider = "openai_compatible"`` and no base URL anywhere: the
+                request (and its key) would otherwise go to OpenAI's public endpoint.
+        """
+        url = self.base_url or PROVIDER_DEFAULTS[self.provider][0]
+        url = url or os.environ.get("OPENAI_BASE_URL") or None
+        if url is None and self.provider == "openai_compatible":
+            raise ConfigError(
+                f"model {self.model!r} has provider 'openai_compatible' but no base_url, so its "
+                "requests and key would go to OpenAI's public endpoint; set base_url (--base-url "
+                "URL, or OPENAI_BASE_URL), or set provider = 'openai' (--provider openai) to call "
+                "OpenAI"
+            )
+        return url
 
     def resolved_api_key_env(self) -> str:
         """The environment variable the key is read from."""
@@ -191,6 +222,8 @@ class LLMOverrides(BaseModel):
     tool_choice: str | None = None
     extra_body: JsonObject | None = None
     system_prompt: str | None = None
+    models: tuple[str, ...] | None = None
+    send_key: bool | None = None
 
 
 def resolve_llm_config(

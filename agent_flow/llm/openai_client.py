@@ -264,6 +264,8 @@ class OpenAIClient:
         return cls(
             config.model,
             base_url=config.resolved_base_url(),
+            # A config that sends no key (a client-chosen endpoint) never reads one.
+            api_key=None if config.send_key else _NO_KEY_PLACEHOLDER,
             api_key_env=config.resolved_api_key_env(),
             organization=config.organization,
             project=config.project,

@@ -36,6 +36,7 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 from ag_ui.encoder import EventEncoder
+from pydantic import Field
 
 from agent_flow.environment import Environment, EnvironmentChange
 from agent_flow.events import (
@@ -48,10 +49,18 @@ from agent_flow.events import (
     ToolCallFailed,
     ToolCallStarted,
 )
+from agent_flow.server.models import SESSION_ID_PATTERN
 
-__all__ = ["AgUiRun", "user_text"]
+__all__ = ["AgUiInput", "AgUiRun", "user_text"]
 
 _Json = Any
+
+
+class AgUiInput(RunAgentInput):
+    """`RunAgentInput` whose thread id is a session id (the OpenAPI document says so too)."""
+
+    thread_id: str = Field(pattern=SESSION_ID_PATTERN, max_length=128)
+    """The conversation this run belongs to: the id of its session."""
 
 
 def user_text(run_input: RunAgentInput) -> str | None:

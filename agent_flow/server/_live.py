@@ -1,8 +1,12 @@
 """One session as the server holds it: its bus, its agent, its run, its pending approvals.
 
-The numbering of the event stream lives here. An event's SSE id is its position in the
-session's stored event list (0 for the first event of the first run): a run whose first event
-follows ``n`` stored events numbers its events ``n + seq``. The events of the latest run are
+The numbering of the event stream lives here. An event's SSE id is its id in the store
+(`agent_flow.sessions.models.event_id`): ``fence * 2**32 + seq``, where ``fence`` is the
+fencing number of the run's claim on the session (one more for every run, across every process
+and crash) and ``seq`` the event's number in its run. So an id handed to a client is never
+handed out again, not even after a crash lost events the client saw: the next run's ids are
+all above it. Events stored before ids existed keep their positions as ids (all below
+``2**32``). The events of the latest run are
 also kept in memory, recorded *before* they are published (through `_BufferingRecorder`, the
 agent's `StepRecorder`), so a watcher that takes a copy of them and subscribes to the bus in
 one synchronous step misses nothing: an event is either in its copy, or published after its
@@ -32,6 +36,7 @@ from agent_flow.history import History
 from agent_flow.prompt import PromptBreakdown
 from agent_flow.server.models import SessionOptions
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
+from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
 __all__ = ["BATCH", "LiveSession", "Push"]
@@ -71,6 +76,17 @@ class LiveSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: Its runs execute in other processes: `watch` tails the store, not this bus.
     runs_elsewhere: bool = False
+    #: Closed by its owner (deleted or evicted): never handed out again.
+    closed: bool = False
+    #: When it was last used (``time.monotonic``), for eviction.
+    last_used: float = 0.0
+    #: The fencing number of this server's last claim on the session, or the store's when its
+    #: agent was built: a claim whose fence is not the next one finds the agent out of date.
+    fence: int = 0
+    #: The store's recorder of its agent (the claim on the session lives there).
+    recorder: SessionRecorder | None = None
+    #: The user who created it (None: stored before owners existed, or made without users).
+    owner: str | None = None
 
     @property
     def running(self) -> bool:
@@ -161,11 +177,14 @@ class LiveSession:
             last = after
             stop = recent[0][0] if recent else None
             if stop is None or stop > last + 1:
-                limit = None if stop is None else stop - (last + 1)
-                stored = await self.store.events(self.id, offset=last + 1, limit=limit)
-                for batch in _batches(list(enumerate(stored, start=last + 1))):
+                # The stored events before the latest run's (ids are sparse: read by id).
+                stored = await self.store.events_with_ids(self.id, after_id=last)
+                if stop is not None:
+                    stored = [(event_id, event) for event_id, event in stored if event_id < stop]
+                for batch in _batches(stored):
                     yield batch
-                last += len(stored)
+                if stored:
+                    last = stored[-1][0]
             fresh = [(event_id, event) for event_id, event in recent if event_id > last]
             for batch in _batches(fresh):
                 yield batch
@@ -219,16 +238,19 @@ class LiveSession:
         self, after: int, *, follow: bool, idle: float | None
     ) -> AsyncIterator[Sequence[tuple[int | None, AgentEvent]]]:
         """The stored events after `after` in batches, then (with `follow`) each step's as saved."""
-        position = after + 1
+        last = after
         wait = idle if idle is not None else TAIL_WAIT
         while True:
             if follow:
-                events = await self.store.wait_for_events(self.id, offset=position, wait=wait)
+                events = await self.store.wait_for_events_with_ids(
+                    self.id, after_id=last, wait=wait
+                )
             else:
-                events = await self.store.events(self.id, offset=position)
-            for batch in _batches(list(enumerate(events, start=position))):
+                events = await self.store.events_with_ids(self.id, after_id=last)
+            for batch in _batches(events):
                 yield batch
-            position += len(events)
+            if events:
+                last = events[-1][0]
             if not events and idle is not None:
                 yield []  # the keep-alive cue
             if not follow:
@@ -236,7 +258,7 @@ class LiveSession:
 
 
 def _batches(
-    numbered: list[tuple[int, AgentEvent]],
+    numbered: Sequence[tuple[int, AgentEvent]],
 ) -> Iterator[Sequence[tuple[int | None, AgentEvent]]]:
     """`numbered` (events with their ids) in slices of at most `BATCH`."""
     for first in range(0, len(numbered), BATCH):
@@ -254,8 +276,8 @@ class _BufferingRecorder:
     def session_id(self) -> str | None:
         return self._inner.session_id
 
-    async def start(self, *, agent: str, task: str) -> None:
-        await self._inner.start(agent=agent, task=task)
+    async def start(self, *, agent: str, task: str, run_id: str = "") -> None:
+        await self._inner.start(agent=agent, task=task, run_id=run_id)
 
     def record(self, event: AgentEvent) -> None:
         self._live.remember(event)

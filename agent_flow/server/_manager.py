@@ -7,6 +7,17 @@ It creates sessions in the store (their `SessionOptions` kept in the session's m
 a restarted server rebuilds the same agent), builds each session's agent on its first message
 with `AgentExecutor.resume` on a bus of the session's own, starts one run at a time per
 session, and answers approvals, cancellations and deletions.
+
+Ownership. A live session (its agent, model client, MCP subprocesses, run task) is changed
+only inside `SessionManager.owned`, which holds the session's lock: building its agent,
+starting a run, deleting it, evicting it and shutting down all go through it, one at a time.
+A session closed meanwhile (deleted or evicted) is never handed out again: `owned` loads a
+fresh one from the store (or answers 404 once it is deleted). Across processes, the session's
+claim in the store (`SessionStore.claim`, taken by the run's `SessionRecorder`) decides.
+
+Eviction. A live session whose last use is `ServerSettings.idle_seconds` old, or the least
+recently used beyond `ServerSettings.max_live_sessions`, is closed when idle (never while it
+runs); a later request rebuilds it from the store.
 """
 
 from __future__ import annotations
@@ -14,30 +25,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from agent_flow._defaults import SESSION_LEASE_SECONDS
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
-from agent_flow.errors import AgentFlowError, SessionNotFoundError
+from agent_flow.errors import AgentFlowError, SessionBusyError, SessionNotFoundError
+from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMClient
+from agent_flow.server._auth import ADMIN, User, audit_log
+from agent_flow.server._clients import ModelClients
+from agent_flow.server._errors import ApiError
 from agent_flow.server._live import LiveSession, buffering_recorder
+from agent_flow.server._options import session_config
 from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
-from agent_flow.sessions.models import SessionInfo
+from agent_flow.sessions._lease import INTERRUPTED_SEQ
+from agent_flow.sessions.models import Lease, SessionInfo, event_id
 from agent_flow.sessions.protocol import SessionStore
+from agent_flow.sessions.recorder import SessionRecorder, claim_session, default_holder
 from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalResponse, ToolExecutor
 
 if TYPE_CHECKING:
     from agent_flow.durable import DurableClient, RunHandle
 
-__all__ = ["ApiError", "LLMFactory", "SessionManager", "ToolsFactory"]
+__all__ = ["LLMFactory", "SessionManager", "ToolsFactory"]
 
 logger = logging.getLogger("agent_flow.server")
 
@@ -45,31 +64,6 @@ logger = logging.getLogger("agent_flow.server")
 LLMFactory = Callable[[AgentConfig], LLMClient]
 #: Builds the tool executor of a session from its config (default: from the config).
 ToolsFactory = Callable[[AgentConfig], ToolExecutor]
-
-
-class ApiError(Exception):
-    """A client's mistake, answered with `status` and an `ErrorBody`."""
-
-    def __init__(
-        self, status: int, code: str, message: str, *, field: str = "", run_id: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field or None
-        self.run_id = run_id or None
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # The default rebuilds from ``args`` (the message alone) and would lose the rest.
-        return (
-            _rebuild_api_error,
-            (self.status, self.code, self.message, self.field or "", self.run_id or ""),
-        )
-
-
-def _rebuild_api_error(status: int, code: str, message: str, field: str, run_id: str) -> ApiError:
-    return ApiError(status, code, message, field=field, run_id=run_id)
 
 
 class SessionManager:
@@ -97,89 +91,21 @@ class SessionManager:
         self._live: dict[str, LiveSession] = {}
         self._closers: dict[str, Callable[[], Awaitable[None]]] = {}
         self._loading = asyncio.Lock()
-
-    # -- configuration -------------------------------------------------------------------
+        #: One SDK client per model endpoint, shared by the sessions (closed at shutdown).
+        self.clients = ModelClients()
+        self._evicting: asyncio.Task[None] | None = None
+        self._closed = False
 
     def session_config(self, options: SessionOptions) -> AgentConfig:
-        """The server's agent config with a session's options applied.
-
-        Raises:
-            ApiError: 422 naming the option that is invalid.
-        """
-        data = self.config.model_dump(mode="json", exclude_unset=True)
-        if options.model is not None or options.base_url is not None:
-            overrides = dict(data.get("llm_overrides") or {})
-            if options.model is not None:
-                overrides["model"] = options.model
-            if options.base_url is not None:
-                if not options.base_url.startswith(("http://", "https://")):
-                    raise ApiError(
-                        422,
-                        "invalid_option",
-                        f"base_url {options.base_url!r} is not an http(s) URL",
-                        field="base_url",
-                    )
-                overrides["base_url"] = options.base_url
-            data["llm_overrides"] = overrides
-        if options.workspace is not None:
-            data["workspace"] = str(self._workspace(options.workspace))
-        if options.max_tokens is not None:
-            data["context"] = {**dict(data.get("context") or {}), "max_tokens": options.max_tokens}
-        try:
-            config = AgentConfig.model_validate(data)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise ApiError(
-                422, "invalid_config", f"the session's config is invalid at {where}: {first['msg']}"
-            ) from None
-        if options.skill is not None:
-            try:
-                config.skill(options.skill)
-            except AgentFlowError as err:
-                raise ApiError(422, "invalid_option", str(err), field="skill") from None
-        if self._llm_factory is None:
-            try:
-                config.resolved_llm()
-            except AgentFlowError as err:
-                raise ApiError(422, "invalid_option", str(err), field="model") from None
-        return config
-
-    def _workspace(self, requested: str) -> Path:
-        roots = [root.resolve() for root in self.settings.workspace_roots]
-        if not roots:
-            raise ApiError(
-                422,
-                "workspace_not_allowed",
-                "this server has no workspace roots, so a session cannot choose a workspace; "
-                "start it with --workspace-root DIR",
-                field="workspace",
-            )
-        try:
-            path = Path(requested).expanduser().resolve()
-        except (OSError, RuntimeError, ValueError):
-            path = None
-        if path is None or not any(path == root or path.is_relative_to(root) for root in roots):
-            raise ApiError(
-                422,
-                "workspace_not_allowed",
-                f"workspace {requested!r} is not under an allowed root "
-                f"({', '.join(str(root) for root in roots)})",
-                field="workspace",
-            )
-        if not path.is_dir():
-            raise ApiError(
-                422,
-                "workspace_not_allowed",
-                f"workspace {requested!r} is not a directory",
-                field="workspace",
-            )
-        return path
+        """The server's agent config with a session's options applied (422 when invalid)."""
+        return session_config(
+            self.config, options, self.settings, check_model=self._llm_factory is None
+        )
 
     # -- sessions ------------------------------------------------------------------------
 
-    async def create(self, request: CreateSession) -> SessionInfo:
-        """Create a session from `request` (its options validated first)."""
+    async def create(self, request: CreateSession, *, owner: str | None = None) -> SessionInfo:
+        """Create a session from `request` (its options validated first), owned by `owner`."""
         options = SessionOptions.model_validate(
             request.model_dump(include=set(SessionOptions.model_fields))
         )
@@ -198,28 +124,57 @@ class SessionManager:
             agent=self.config.name,
             title=request.title,
             metadata={"server_options": options.model_dump(mode="json", exclude_none=True)},
+            owner=owner,
         )
-        self._live[info.id] = self._new_live(info.id, options)
+        self._live[info.id] = self._new_live(info.id, options, owner)
         return info
 
-    def _new_live(self, session_id: str, options: SessionOptions) -> LiveSession:
+    def _new_live(self, session_id: str, options: SessionOptions, owner: str | None) -> LiveSession:
         return LiveSession(
             id=session_id,
             options=options,
+            owner=owner,
             store=self.store,
             approval_timeout=self.settings.approval_timeout,
             runs_elsewhere=self.durable is not None,
+            last_used=time.monotonic(),
         )
 
-    async def live(self, session_id: str) -> LiveSession:
+    async def live(self, session_id: str, user: User = ADMIN) -> LiveSession:
         """The loaded session `session_id`, loaded from the store if needed.
 
         Raises:
-            ApiError: 404 when no session has that id.
+            ApiError: 404 when no session has that id, or `user` may not see it (another
+                user's session is answered exactly as one that does not exist).
         """
-        live = self._live.get(session_id)
-        if live is not None:
-            return live
+        live = self._live.get(session_id) or await self._load(session_id)
+        if not user.may_see(live.owner):
+            audit_log("refused", status=404, code="not_owner", user=user.name, session=session_id)
+            raise _not_found(session_id)
+        live.last_used = time.monotonic()
+        self._start_evicting()
+        return live
+
+    @contextlib.asynccontextmanager
+    async def owned(self, session_id: str, user: User = ADMIN) -> AsyncIterator[LiveSession]:
+        """Hold the live session `session_id`: every change to a live session happens here.
+
+        Raises:
+            ApiError: 404 when no session has that id (or it was deleted meanwhile), or
+                `user` may not see it; 503 once the server is shutting down.
+        """
+        while True:
+            if self._closed:
+                raise ApiError(503, "shutting_down", "the server is shutting down; retry later")
+            live = await self.live(session_id, user)
+            async with live.lock:
+                if live.closed:
+                    continue  # evicted or deleted while we waited: load it again (or 404)
+                yield live
+                live.last_used = time.monotonic()
+                return
+
+    async def _load(self, session_id: str) -> LiveSession:
         async with self._loading:
             live = self._live.get(session_id)
             if live is not None:
@@ -230,8 +185,52 @@ class SessionManager:
                 options = SessionOptions.model_validate(stored if stored is not None else {})
             except ValidationError:
                 options = SessionOptions()
-            live = self._live[session_id] = self._new_live(session_id, options)
+            live = self._new_live(session_id, options, info.owner)
+            self._live[session_id] = live
+            if info.lease_run is not None and self.durable is None:
+                # Left claimed by a process that may have died: end its run if it did.
+                await self._recover(live)
             return live
+
+    async def _interrupted_end(
+        self, live: LiveSession, lease: Lease
+    ) -> list[tuple[int, AgentEvent]]:
+        """The ``interrupted`` end the claim `lease` stored for a dead run, with its id."""
+        dead = lease.interrupted_run
+        if dead is None:
+            return []
+        # The dead run held the fence before this one; its end is its last possible event.
+        live.bases[dead] = event_id(lease.fence - 1, 0)
+        last = event_id(lease.fence - 1, INTERRUPTED_SEQ)
+        return [
+            (found, event)
+            for found, event in await self.store.events_with_ids(live.id, after_id=last - 1)
+            if found == last
+        ]
+
+    async def _recover(self, live: LiveSession) -> None:
+        """End a run a dead process left claimed, so that its watchers learn it ended.
+
+        Only a claim of a process of this machine that is gone, or an expired one, is ended
+        (`claim_session`); a live run elsewhere keeps its session.
+        """
+        try:
+            lease = await claim_session(
+                self.store,
+                live.id,
+                run_id=f"recover-{uuid.uuid4().hex}",
+                holder=default_holder(),
+                ttl=1.0,
+            )
+        except (SessionBusyError, SessionNotFoundError):
+            return
+        try:
+            live.fence = lease.fence
+            for found, event in await self._interrupted_end(live, lease):
+                live.buffer = [(found, event)]
+                await live.bus.publish(event)
+        finally:
+            await self.store.release(lease)
 
     def loaded(self, session_id: str) -> LiveSession | None:
         """The session if the server has it loaded (None otherwise)."""
@@ -242,12 +241,15 @@ class SessionManager:
         try:
             return await self.store.info(session_id)
         except SessionNotFoundError:
-            raise ApiError(
-                404, "not_found", f"no session has the id {session_id!r}", field="session_id"
-            ) from None
+            raise _not_found(session_id) from None
 
-    async def agent(self, live: LiveSession) -> AgentExecutor:
-        """The session's agent, resumed from the store and started on first use."""
+    async def resume(self, session_id: str, user: User = ADMIN) -> AgentExecutor:
+        """The session's agent, resumed from the store and started now if it was not."""
+        async with self.owned(session_id, user) as live:
+            return await self._agent(live)
+
+    async def _agent(self, live: LiveSession) -> AgentExecutor:
+        """The session's agent, built on first use; the caller holds the session (`owned`)."""
         if live.agent is not None:
             return live.agent
         if self.durable is not None:
@@ -258,14 +260,15 @@ class SessionManager:
                 "send a message (POST /sessions/{id}/messages) and watch its events",
             )
         config = self.session_config(live.options)
+        # What the store holds now is what the agent is built from: a later claim whose fence
+        # is not the next one means another process wrote the session since (see `send`).
+        live.fence = (await self.info(live.id)).lease_fence
         close_llm: Callable[[], Awaitable[None]] | None = None
         if self._llm_factory is not None:
             llm = self._llm_factory(config)
         else:
-            from agent_flow.llm.openai_client import OpenAIClient
-
             try:
-                client = OpenAIClient.from_config(config.resolved_llm())
+                client = self.clients.client(config.resolved_llm())
             except AgentFlowError as err:
                 raise ApiError(422, "invalid_option", str(err), field="model") from None
             llm, close_llm = client, client.aclose
@@ -279,7 +282,8 @@ class SessionManager:
             approval=live.approve,
             bus=live.bus,
         )
-        if agent.recorder is not None:
+        if isinstance(agent.recorder, SessionRecorder):
+            live.recorder = agent.recorder
             agent.recorder = buffering_recorder(agent.recorder, live)
         try:
             await agent.start()
@@ -307,8 +311,7 @@ class SessionManager:
         Raises:
             ApiError: 404 for an unknown session, 409 (with its id) while a run is under way.
         """
-        live = await self.live(session_id)
-        async with live.lock:
+        async with self.owned(session_id) as live:
             if live.running:
                 raise ApiError(
                     409,
@@ -319,15 +322,54 @@ class SessionManager:
                 )
             if self.durable is not None:
                 return await self._enqueue(live, self.durable, message, trace)
-            agent = await self.agent(live)
-            base = (await self.info(session_id)).event_count
-            first = len(agent.history) == 0 and agent.environment.task.objective == ""
-            coroutine = agent.run(message) if first else agent.send(message)
-            run_id = agent.run_id
-            assert run_id is not None  # claimed by run/send just now
+            run_id = uuid.uuid4().hex
+            try:
+                # The session's claim, in the store, first: one run at a time across every
+                # process, and what this server reads next is what the last writer left.
+                lease = await claim_session(
+                    self.store,
+                    session_id,
+                    run_id=run_id,
+                    holder=default_holder(),
+                    ttl=SESSION_LEASE_SECONDS,
+                )
+            except SessionBusyError as err:
+                raise ApiError(
+                    409,
+                    "run_in_progress",
+                    f"session {session_id!r} is running {err.run_id} (in this or another "
+                    "process); wait for it to finish or cancel it",
+                    run_id=err.run_id,
+                ) from None
+            try:
+                if live.agent is not None and lease.fence != live.fence + 1:
+                    # Another process ran the session since this agent was built: its history
+                    # and environment are out of date. Build it again from the store.
+                    await self._drop_agent(live)
+                agent = await self._agent(live)
+                recorder = live.recorder
+                assert recorder is not None  # the server's agents always have a store
+                recorder.adopt(lease)
+                base = event_id(lease.fence, 0)
+                ended = await self._interrupted_end(live, lease)
+                first = len(agent.history) == 0 and agent.environment.task.objective == ""
+                coroutine = (
+                    agent.run(message, run_id=run_id)
+                    if first
+                    else agent.send(message, run_id=run_id)
+                )
+            except BaseException:
+                if live.recorder is not None and live.recorder.lease is lease:
+                    await live.recorder.release()
+                else:
+                    await self.store.release(lease)
+                raise
+            live.fence = lease.fence
             live.bases[run_id] = base
-            live.buffer = []
+            live.buffer = ended
             live.run_id = run_id
+            for _, event in ended:
+                await live.bus.publish(event)
             live.task = asyncio.create_task(_drive(session_id, coroutine, trace))
         return run_id, base
 
@@ -339,17 +381,29 @@ class SessionManager:
         trace: Mapping[str, str] | None,
     ) -> tuple[str, int]:
         config = self.session_config(live.options)
-        base = (await self.info(live.id)).event_count
+        info = await self.info(live.id)
+        if info.lease_run is not None:
+            # Claimed in the store by a run this server does not follow (a worker's, or
+            # another server's): answered as a run of its own would be.
+            raise ApiError(
+                409,
+                "run_in_progress",
+                f"session {live.id!r} is running {info.lease_run} (in another process); wait "
+                "for it to finish or cancel it",
+                run_id=info.lease_run,
+            )
         # The queued run carries the requester's trace to the worker that executes it.
         with attached_context(trace):
             handle = await durable.enqueue(live.id, message, config=config, run_id=uuid.uuid4().hex)
         self._handles[live.id] = handle
         live.run_id = handle.run_id
         live.task = asyncio.create_task(
-            _drive(live.id, until_finished(self.store, handle, base)),
+            _drive(live.id, until_finished(self.store, handle, info.event_count)),
             name=f"agent_flow.durable_run:{handle.run_id}",
         )
-        return handle.run_id, base
+        # Its worker claims the session with a fence above every earlier run's: each of its
+        # event ids is above every id stored now.
+        return handle.run_id, info.last_event_id + 1
 
     async def cancel(self, session_id: str) -> str:
         """Cancel the session's run and return its id (409 when none runs)."""
@@ -374,16 +428,66 @@ class SessionManager:
                 field="call_id",
             )
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, user: User = ADMIN) -> None:
         """Stop the session's run, release its agent, and delete it from the store."""
-        live = await self.live(session_id)
-        handle = self._handles.get(session_id)
-        if handle is not None and live.running:
-            await handle.cancel()
+        async with self.owned(session_id, user) as live:
+            handle = self._handles.get(session_id)
+            if handle is not None and live.running:
+                await handle.cancel()
+            await self._close(live)
+            with contextlib.suppress(SessionNotFoundError):
+                await self.store.delete(session_id)
+
+    async def _close(self, live: LiveSession) -> None:
+        """Release `live` and forget it; the caller holds it (`owned`, or the shutdown)."""
+        live.closed = True
+        if self._live.get(live.id) is live:
+            del self._live[live.id]
         await self._release(live)
-        self._live.pop(session_id, None)
-        with contextlib.suppress(SessionNotFoundError):
-            await self.store.delete(session_id)
+
+    # -- eviction ------------------------------------------------------------------------
+
+    def _start_evicting(self) -> None:
+        if self._evicting is None and not self._closed:
+            self._evicting = asyncio.get_running_loop().create_task(
+                self._evict_forever(), name="agent_flow.server.evict"
+            )
+
+    async def _evict_forever(self) -> None:
+        every = max(0.05, min(self.settings.idle_seconds / 4, 30.0))
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.evict()
+            except Exception:
+                logger.exception("evicting idle sessions failed")
+
+    async def evict(self, *, now: float | None = None) -> list[str]:
+        """Close the idle sessions that are too old or too many; return their ids.
+
+        A session is evicted when it is idle (no run, no approval waiting, nobody holding it)
+        and either unused for `ServerSettings.idle_seconds` or beyond the
+        `ServerSettings.max_live_sessions` most recently used ones. A later request loads it
+        again from the store.
+        """
+        now = time.monotonic() if now is None else now
+        by_use = sorted(self._live.values(), key=lambda live: live.last_used, reverse=True)
+        excess = max(0, len(by_use) - self.settings.max_live_sessions)
+        candidates = [
+            live
+            for rank, live in enumerate(by_use)
+            if now - live.last_used >= self.settings.idle_seconds or rank >= len(by_use) - excess
+        ]
+        evicted: list[str] = []
+        for live in candidates:
+            if live.running or live.approvals or live.lock.locked():
+                continue
+            async with live.lock:
+                if live.closed or live.running or live.approvals:
+                    continue
+                await self._close(live)
+                evicted.append(live.id)
+        return evicted
 
     async def _release(self, live: LiveSession) -> None:
         self._handles.pop(live.id, None)  # a durable run goes on in its worker
@@ -394,24 +498,41 @@ class SessionManager:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._drop_agent(live)
+        live.bus.close()
+
+    async def _drop_agent(self, live: LiveSession) -> None:
+        """Close the session's agent (its MCP servers, its model client); keep the session."""
         if live.agent is not None:
             try:
                 await live.agent.aclose()
             finally:
                 live.agent = None
+                live.recorder = None
                 closer = self._closers.pop(live.id, None)
                 if closer is not None:
                     await closer()
-        live.bus.close()
 
     async def aclose(self) -> None:
-        """Stop every run and release every agent (the store is the caller's)."""
+        """Stop every run and release every agent and client (the store is the caller's)."""
+        self._closed = True
+        if self._evicting is not None:
+            self._evicting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._evicting
         lives, self._live = list(self._live.values()), {}
         for live in lives:
             try:
-                await self._release(live)
+                async with live.lock:
+                    live.closed = True
+                    await self._release(live)
             except Exception:
                 logger.exception("releasing session %s failed", live.id)
+        await self.clients.aclose()
+
+
+def _not_found(session_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"no session has the id {session_id!r}", field="session_id")
 
 
 async def _drive(

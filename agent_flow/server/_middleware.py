@@ -1,53 +1,12 @@
-"""ASGI middleware of the service: the bearer token and the request body limit."""
+"""ASGI middleware of the service: the request body limit (the guard is `_auth`'s)."""
 
 from __future__ import annotations
 
-import hmac
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BearerTokenMiddleware", "BodyLimitMiddleware", "send_error"]
+from agent_flow.server._errors import send_error
 
-
-async def send_error(send: Send, status: int, code: str, message: str) -> None:
-    """Answer with `status` and an `ErrorBody` (for middleware, before any route runs)."""
-    body = json.dumps({"code": code, "message": message, "field": None, "run_id": None}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-_PUBLIC = frozenset({"/", "/static/inspector.js", "/static/inspector.css"})
-
-
-class BearerTokenMiddleware:
-    """Refuse every HTTP request without ``Authorization: Bearer <token>`` (401)."""
-
-    def __init__(self, app: ASGIApp, *, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if scope["method"] == "GET" and scope["path"] in _PUBLIC:
-            # The inspector's static files hold no data; the page asks for the token.
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self._expected):
-            await send_error(
-                send,
-                401,
-                "unauthorized",
-                "this server requires 'Authorization: Bearer <token>' with its token",
-            )
-            return
-        await self.app(scope, receive, send)
+__all__ = ["BodyLimitMiddleware"]
 
 
 class BodyLimitMiddleware:

@@ -2,6 +2,7 @@
 
 Routes (JSON unless said otherwise; every 4xx body is an `ErrorBody`):
 
+- ``GET /endpoints`` the model endpoints and models a session may choose;
 - ``POST /sessions`` create; ``GET /sessions`` list; ``GET /sessions/{id}`` read;
   ``DELETE /sessions/{id}`` delete;
 - ``POST /sessions/{id}/messages`` start a run (202 with its id; 409 while one runs);
@@ -11,6 +12,10 @@ Routes (JSON unless said otherwise; every 4xx body is an `ErrorBody`):
 - ``GET /sessions/{id}/export`` JSON lines;
 - ``POST /agui`` AG-UI (`agent_flow.server._agui`);
 - ``GET /`` the inspector page (``static/``; it calls the routes above).
+
+Before any route, `agent_flow.server._auth.GuardMiddleware` refuses foreign ``Host`` names,
+foreign ``Origin``s of state-changing requests and missing or unknown tokens; a session is
+seen only by the user who created it and by admins (another user's is a 404).
 """
 
 from __future__ import annotations
@@ -25,36 +30,34 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from ag_ui.core import RunAgentInput
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import (
-    HTMLResponse,
-    JSONResponse,
-    PlainTextResponse,
-    Response,
-    StreamingResponse,
-)
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from pydantic import WithJsonSchema
 
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment
 from agent_flow.events import ContextBuilt
 from agent_flow.history import History
-from agent_flow.server._agui import AgUiRun, user_text
+from agent_flow.server._agui import AgUiInput, AgUiRun, user_text
+from agent_flow.server._auth import GuardMiddleware, User, Users, audit_log, request_user
+from agent_flow.server._endpoints import EndpointList, endpoints
+from agent_flow.server._errors import ApiError, install_error_handlers
 from agent_flow.server._live import LiveSession
-from agent_flow.server._manager import ApiError, LLMFactory, SessionManager, ToolsFactory
-from agent_flow.server._middleware import BearerTokenMiddleware, BodyLimitMiddleware
+from agent_flow.server._manager import LLMFactory, SessionManager, ToolsFactory
+from agent_flow.server._middleware import BodyLimitMiddleware
+from agent_flow.server._openapi import EVENT_STREAM, Refusals, complete_document
 from agent_flow.server._sse import EventStreamResponse
 from agent_flow.server.models import (
+    EVENT_ID_PATTERN,
     SESSION_ID_PATTERN,
     ApprovalDecision,
     ApprovalView,
     CreateSession,
-    ErrorBody,
     HistorySummary,
     MessageAccepted,
+    NoOptions,
     RunCancelled,
     SendMessage,
     SessionList,
@@ -72,26 +75,24 @@ if TYPE_CHECKING:
 
 __all__ = ["create_app"]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text}
-    for status, text in (
-        (400, "Malformed request"),
-        (401, "Missing or wrong bearer token"),
-        (404, "Unknown session"),
-        (409, "Conflict with the session's state"),
-        (413, "Request body too large"),
-        (422, "Invalid field"),
-    )
-}
 SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN, max_length=128)]
+#: The body of cancel and resume (``{}``; an empty body with ``Content-Type: application/json``
+#: is taken as that too).
+Options = Annotated[NoOptions, Body(description="Nothing to choose: send `{}`.")]
+_NO_OPTIONS = NoOptions()
 
 
 async def _live_session(request: Request, session_id: SessionId) -> LiveSession:
     manager: SessionManager = request.app.state.manager
-    return await manager.live(session_id)
+    return await manager.live(session_id, request_user(request.scope))
+
+
+def _user(request: Request) -> User:
+    return request_user(request.scope)
 
 
 Live = Annotated[LiveSession, Depends(_live_session)]
+CurrentUser = Annotated[User, Depends(_user)]
 
 
 def create_app(
@@ -144,12 +145,26 @@ def create_app(
         summary="Stateful tool-using agents over HTTP, with live event streams.",
         version="0.1.0",
         lifespan=lifespan,
-        responses=_ERRORS,
     )
     app.state.manager = manager
+    users = Users.build(
+        token=settings.token.get_secret_value() if settings.token is not None else None,
+        tokens_file=settings.tokens_file,
+    )
+    refusals = Refusals(tokens=users is not None, max_body_bytes=settings.max_body_bytes)
+    # Without tokens only a JSON POST is taken (the guard's 415): the body-less actions
+    # document `{}` as required so that a client sends the header.
+    options_body = None if users is not None else {"requestBody": {"required": True}}
+    # Starlette runs the middleware added last first: CORS answers preflights, then the guard
+    # refuses foreign hosts, origins and tokens before a body is read.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
-    if settings.token is not None:
-        app.add_middleware(BearerTokenMiddleware, token=settings.token.get_secret_value())
+    app.add_middleware(
+        GuardMiddleware,
+        users=users,
+        server_names=(*settings.server_names, settings.host),
+        origins=settings.cors_origins,
+        routes=app.router.routes,
+    )
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -157,73 +172,143 @@ def create_app(
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
-    _install_error_handlers(app)
+    install_error_handlers(app)
 
-    @app.post("/sessions", status_code=201, response_model=SessionView)
-    async def create_session(body: CreateSession) -> SessionView:
-        """Create a session with the server's agent config and the given options."""
-        info = await manager.create(body)
-        return await _view(manager, await manager.live(info.id), info)
+    @app.post(
+        "/sessions",
+        status_code=201,
+        response_model=SessionView,
+        responses=refusals.of("POST", 409, 422),
+    )
+    async def create_session(body: CreateSession, user: CurrentUser) -> SessionView:
+        """Create a session with the server's agent config and the given options.
 
-    @app.get("/sessions", response_model=SessionList)
-    async def list_sessions(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> SessionList:
-        """List sessions, the most recently updated first."""
-        infos = await store.list(limit=limit)
+        It belongs to the caller: other users (but admins) see it as a 404. The model endpoint
+        is one of ``GET /endpoints`` (a ``base_url`` of the client's own only where the
+        server allows it: 422 ``client_endpoint_not_allowed`` otherwise).
+        """
+        info = await manager.create(body, owner=_owner(user, users))
+        return await _view(manager, await manager.live(info.id, user), info)
+
+    @app.get("/sessions", response_model=SessionList, responses=refusals.of("GET", 422))
+    async def list_sessions(
+        user: CurrentUser, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+    ) -> SessionList:
+        """List the caller's sessions (an admin's: every session), most recently updated first."""
+        infos = await store.list(limit=limit, owner=None if user.admin else user.name)
         return SessionList(sessions=[_summary(info, manager) for info in infos])
 
-    @app.get("/sessions/{session_id}", response_model=SessionView)
+    @app.get("/endpoints", response_model=EndpointList, responses=refusals.of("GET"))
+    async def list_endpoints() -> EndpointList:
+        """The model endpoints and models a session may choose (never their URLs or keys)."""
+        return endpoints(config, client_endpoints=settings.allow_client_endpoints)
+
+    @app.get(
+        "/sessions/{session_id}",
+        response_model=SessionView,
+        responses=refusals.of("GET", 404, 422),
+    )
     async def read_session(live: Live) -> SessionView:
         """Read a session: status, environment, history summary, last prompt, approvals."""
         return await _view(manager, live, await manager.info(live.id))
 
-    @app.delete("/sessions/{session_id}", status_code=204)
-    async def delete_session(live: Live) -> None:
+    @app.delete(
+        "/sessions/{session_id}",
+        status_code=204,
+        responses=refusals.of("DELETE", 404, 409, 422, 503),
+    )
+    async def delete_session(live: Live, user: CurrentUser) -> None:
         """Delete a session (its run is cancelled first)."""
-        await manager.delete(live.id)
+        await manager.delete(live.id, user)
+        audit_log("deleted", user=user.name, session=live.id, owner=live.owner)
 
-    @app.post("/sessions/{session_id}/messages", status_code=202, response_model=MessageAccepted)
+    @app.post(
+        "/sessions/{session_id}/messages",
+        status_code=202,
+        response_model=MessageAccepted,
+        responses=refusals.of("POST", 404, 409, 422, 503),
+    )
     async def send_message(live: Live, body: SendMessage, request: Request) -> MessageAccepted:
         """Start a run on a user message; answers at once (watch the events)."""
         run_id, first = await manager.send(live.id, body.message, trace=_trace_carrier(request))
         return MessageAccepted(session_id=live.id, run_id=run_id, first_event_id=first)
 
-    @app.post("/sessions/{session_id}/resume", response_model=SessionView)
-    async def resume_session(live: Live) -> SessionView:
+    @app.post(
+        "/sessions/{session_id}/resume",
+        response_model=SessionView,
+        responses=refusals.of("POST", 404, 409, 422, 503),
+        openapi_extra=options_body,
+    )
+    async def resume_session(live: Live, options: Options = _NO_OPTIONS) -> SessionView:
         """Load a stored session's agent now (e.g. after a restart; a message also does)."""
-        await manager.agent(live)
+        await manager.resume(live.id)
+        live = manager.loaded(live.id) or live
         return await _view(manager, live, await manager.info(live.id))
 
-    @app.post("/sessions/{session_id}/cancel", response_model=RunCancelled)
-    async def cancel_run(live: Live) -> RunCancelled:
+    @app.post(
+        "/sessions/{session_id}/cancel",
+        response_model=RunCancelled,
+        responses=refusals.of("POST", 404, 409, 422),
+        openapi_extra=options_body,
+    )
+    async def cancel_run(live: Live, options: Options = _NO_OPTIONS) -> RunCancelled:
         """Cancel the session's run (it ends as ``cancelled``)."""
         return RunCancelled(session_id=live.id, run_id=await manager.cancel(live.id))
 
-    @app.get("/sessions/{session_id}/approvals", response_model=list[ApprovalView])
+    @app.get(
+        "/sessions/{session_id}/approvals",
+        response_model=list[ApprovalView],
+        responses=refusals.of("GET", 404, 422),
+    )
     async def list_approvals(live: Live) -> list[ApprovalView]:
         """The tool calls waiting for approval."""
         return _approvals(live)
 
-    @app.post("/sessions/{session_id}/approvals/{call_id}", status_code=204, response_model=None)
+    @app.post(
+        "/sessions/{session_id}/approvals/{call_id}",
+        status_code=204,
+        response_model=None,
+        responses=refusals.of("POST", 404, 409, 422),
+    )
     async def answer_approval(
         live: Live,
         call_id: Annotated[str, Path(min_length=1, max_length=256)],
         body: ApprovalDecision,
+        user: CurrentUser,
     ) -> None:
-        """Approve or deny a waiting tool call (409 when it is not waiting)."""
-        await manager.answer(
-            live.id, call_id, ApprovalResponse(approved=body.approved, reason=body.reason)
-        )
+        """Approve or deny a waiting tool call (409 when it is not waiting).
+
+        The decision and who made it are logged and kept in the ``approval_resolved`` event.
+        """
+        decision = "approved" if body.approved else "denied"
+        try:
+            await manager.answer(
+                live.id,
+                call_id,
+                ApprovalResponse(approved=body.approved, reason=body.reason, decided_by=user.name),
+            )
+        except ApiError as err:
+            audit_log("approval", user=user.name, session=live.id, call=call_id, decision=err.code)
+            raise
+        audit_log("approval", user=user.name, session=live.id, call=call_id, decision=decision)
 
     @app.get(
         "/sessions/{session_id}/export",
-        response_class=PlainTextResponse,
-        responses={200: {"content": {"application/x-ndjson": {}}}},
+        # A plain `Response` has no media type of its own: the errors stay application/json.
+        response_class=Response,
+        responses={
+            200: {
+                "description": "The session as JSON lines",
+                "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+            },
+            **refusals.of("GET", 404, 422),
+        },
     )
-    async def export_session(live: Live) -> PlainTextResponse:
+    async def export_session(live: Live) -> Response:
         """The session as JSON lines (the library's export format)."""
         buffer = io.StringIO()
         await store.export(live.id, buffer)
-        return PlainTextResponse(buffer.getvalue(), media_type="application/x-ndjson")
+        return Response(buffer.getvalue(), media_type="application/x-ndjson")
 
     @app.get(
         "/sessions/{session_id}/events",
@@ -231,9 +316,10 @@ def create_app(
         response_model=None,
         responses={
             200: {
-                "description": "The session's events as Server-Sent Events",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
-            }
+                "description": "The session's events, as Server-Sent Events",
+                "content": EVENT_STREAM,
+            },
+            **refusals.of("GET", 400, 404, 422),
         },
     )
     async def stream_events(
@@ -246,8 +332,11 @@ def create_app(
 
         ``Last-Event-ID`` (or ``after``) resumes after that id: missed events come from the
         store, then live ones, with no gap and no duplicate. An ``events_dropped`` event
-        (no id) tells a client that fell behind under ``drop_oldest`` what it missed. An idle
-        stream gets a ``: ping`` comment every `ServerSettings.keepalive_seconds`.
+        (no id) tells a client that fell behind under ``drop_oldest`` what it missed. Under
+        ``wait`` the run waits for a client that fell behind only up to
+        `ServerSettings.watcher_max_wait` seconds; then its oldest events are dropped and an
+        ``events_dropped`` event tells it so, as under ``drop_oldest``. An idle stream gets a
+        ``: ping`` comment every `ServerSettings.keepalive_seconds`.
         """
         return EventStreamResponse(
             live,
@@ -256,6 +345,7 @@ def create_app(
             maxsize=settings.watcher_queue,
             follow=follow,
             idle=settings.keepalive_seconds,
+            max_wait=settings.watcher_max_wait,
         )
 
     @app.get("/", include_in_schema=False)
@@ -275,25 +365,20 @@ def create_app(
         "/agui",
         response_model=None,
         responses={
-            200: {"description": "AG-UI events (SSE)", "content": {"text/event-stream": {}}}
+            200: {"description": "AG-UI events (SSE)", "content": {"text/event-stream": {}}},
+            **refusals.of("POST", 404, 409, 422, 503),
         },
     )
-    async def agui_run(body: RunAgentInput, request: Request) -> StreamingResponse:
+    async def agui_run(body: AgUiInput, request: Request, user: CurrentUser) -> StreamingResponse:
         """AG-UI: run the thread's session on the last user message; stream AG-UI events.
 
         The thread id is the session id (a session is created for a new thread). The
         environment is the shared state: a ``STATE_SNAPSHOT`` first, then ``STATE_DELTA``
-        JSON Patches as it changes.
+        JSON Patches as it changes. The run waits for a client that stops reading only up to
+        `ServerSettings.watcher_max_wait` seconds; then its oldest events are dropped and a
+        ``CUSTOM`` event named ``events_dropped`` tells it so.
         """
         thread = body.thread_id
-        if not re.fullmatch(SESSION_ID_PATTERN, thread):
-            raise ApiError(
-                422,
-                "invalid_field",
-                f"threadId {thread!r} is not a valid session id; use 1 to 128 letters, digits "
-                "or '._:-', starting with a letter or digit",
-                field="threadId",
-            )
         message = user_text(body)
         if message is None:
             raise ApiError(
@@ -303,10 +388,14 @@ def create_app(
             try:
                 await manager.info(thread)
             except ApiError:
-                await manager.create(CreateSession(session_id=thread, title=message[:80]))
-        live = await manager.live(thread)
-        agent = await manager.agent(live)
-        subscription = live.bus.subscribe(policy="wait", maxsize=settings.watcher_queue)
+                await manager.create(
+                    CreateSession(session_id=thread, title=message[:80]), owner=_owner(user, users)
+                )
+        agent = await manager.resume(thread, user)
+        live = await manager.live(thread, user)
+        subscription = live.bus.subscribe(
+            policy="wait", maxsize=settings.watcher_queue, max_wait=settings.watcher_max_wait
+        )
         run = AgUiRun(thread, body.run_id, agent.environment)
         try:
             agent_run_id, _ = await manager.send(thread, message, trace=_trace_carrier(request))
@@ -319,7 +408,20 @@ def create_app(
             headers={"Cache-Control": "no-cache"},
         )
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = complete_document(
+                FastAPI.openapi(app), config=config, settings=settings, tokens=users is not None
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _owner(user: User, users: Users | None) -> str | None:
+    """Who owns what `user` creates: None on a server without users (the admin's)."""
+    return user.name if users is not None else None
 
 
 def _trace_carrier(request: Request) -> dict[str, str]:
@@ -343,16 +445,21 @@ def _static(name: str) -> str:
 
 
 def _resume_point(
-    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    after: Annotated[int | None, Query(ge=-1, description="Resume after this id.")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="Resume after this event id (-1: from the first event)."),
+        # Absent or an id: never null (checked here, to answer 400 with its own code).
+        WithJsonSchema({"type": "string", "pattern": EVENT_ID_PATTERN}),
+    ] = None,
+    after: Annotated[
+        int | None,
+        Query(ge=-1, description="Resume after this id (Last-Event-ID wins)."),
+        WithJsonSchema({"type": "integer", "minimum": -1}),
+    ] = None,
 ) -> int:
     if last_event_id is None:
         return -1 if after is None else after
-    try:
-        value = int(last_event_id)
-    except ValueError:
-        value = -2
-    if value < -1:
+    if not re.fullmatch(EVENT_ID_PATTERN, last_event_id):
         raise ApiError(
             400,
             "bad_last_event_id",
@@ -360,33 +467,7 @@ def _resume_point(
             "event received",
             field="Last-Event-ID",
         )
-    return value
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError) -> JSONResponse:
-        body = ErrorBody(code=err.code, message=err.message, field=err.field, run_id=err.run_id)
-        return JSONResponse(body.model_dump(), status_code=err.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid", "type": ""}
-        loc = [str(part) for part in first.get("loc", ())]
-        where = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
-        if first.get("type") == "json_invalid":
-            body = ErrorBody(
-                code="malformed_json",
-                message=f"the request body is not valid JSON ({first.get('msg')}); send JSON",
-                field=where or None,
-            )
-            return JSONResponse(body.model_dump(), status_code=400)
-        body = ErrorBody(
-            code="invalid_field",
-            message=f"{where or 'the request'}: {first.get('msg')}",
-            field=where or None,
-        )
-        return JSONResponse(body.model_dump(), status_code=422)
+    return int(last_event_id)
 
 
 def _summary(info: SessionInfo, manager: SessionManager) -> SessionSummary:

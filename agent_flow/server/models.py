@@ -18,6 +18,7 @@ __all__ = [
     "ErrorBody",
     "HistorySummary",
     "MessageAccepted",
+    "NoOptions",
     "RunCancelled",
     "SendMessage",
     "SessionList",
@@ -28,6 +29,8 @@ __all__ = [
 
 #: What a session id may look like (the stores' own rule).
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: What ``Last-Event-ID`` may hold: an event's id, or -1 (before the first event).
+EVENT_ID_PATTERN = r"^(-1|[0-9]{1,19})$"
 
 
 class ErrorBody(BaseModel):
@@ -44,8 +47,27 @@ class SessionOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(default=None, min_length=1, max_length=200)
-    base_url: str | None = Field(default=None, min_length=1, max_length=2000)
+    llm: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="A model endpoint of this server, by name (GET /endpoints); default: "
+        "the agent's own.",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="A model the endpoint allows (GET /endpoints); default: its first.",
+    )
+    base_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        pattern=r"^https?://",
+        description="Your own OpenAI-compatible endpoint (an http(s) URL), only where the "
+        "server allows client endpoints; such a session sends no key.",
+    )
     workspace: str | None = Field(default=None, min_length=1, max_length=4000)
     skill: str | None = Field(default=None, min_length=1, max_length=200)
     max_tokens: int | None = Field(default=None, ge=256, le=10_000_000)
@@ -56,6 +78,17 @@ class CreateSession(SessionOptions):
 
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     title: str = Field(default="", max_length=500)
+
+
+class NoOptions(BaseModel):
+    """The body of an action that takes no options: ``{}``.
+
+    Without tokens the server refuses a ``POST`` that is not ``Content-Type:
+    application/json`` (415), which a web page's form cannot send; so such an action takes
+    an empty JSON object (an empty body with that header is accepted too).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SendMessage(BaseModel):

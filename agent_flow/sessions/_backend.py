@@ -47,6 +47,8 @@ class _EventRow:
     seq: int
     kind: str
     data: str
+    #: The fence of the event's own run, when it is not the writer's (saved late).
+    fence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -218,6 +218,7 @@ class _StoreBase(_EventReads):
         status: SessionStatus | None = None,
         checkpoints: Sequence[Checkpoint] = (),
         fence: int | None = None,
+        event_fences: Mapping[str, int] | None = None,
     ) -> SessionInfo:
         """Save one step in one transaction: the history and environment now, the new events.
 
@@ -240,6 +241,9 @@ class _StoreBase(_EventReads):
             status: The new status, or None to keep it.
             checkpoints: A durable run's checkpoints made in the step (`Checkpoint`).
             fence: The writer's `Lease.fence`; None for a writer without a lease.
+            event_fences: The fences of the writer's earlier runs, by run id, for events of
+                theirs saved late (a failed save's, carried by the next one): such an event
+                keeps the id its own run gave it.
 
         Returns:
             The session's description after the step.
@@ -261,10 +265,15 @@ class _StoreBase(_EventReads):
             raise UserError(
                 f"status {status!r} is not a session status; use one of {sorted(_STATUSES)}"
             )
+        fences = event_fences or {}
         if fence is not None:
             for event in events:
-                event_id(fence, event.seq)  # refuses what has no id before anything is written
-        event_rows = tuple(_EventRow(e.run_id, e.seq, e.kind, event_to_json(e)) for e in events)
+                # Refuses what has no id before anything is written.
+                event_id(fences.get(event.run_id, fence), event.seq)
+        event_rows = tuple(
+            _EventRow(e.run_id, e.seq, e.kind, event_to_json(e), fences.get(e.run_id))
+            for e in events
+        )
         async with self._lock(session_id):
             for _ in range(_RETRIES):
                 tracked = self._tracked.get(session_id)

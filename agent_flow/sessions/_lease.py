@@ -28,13 +28,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 from agent_flow.errors import LeaseLostError, SessionBusyError, StoreError, UserError
 from agent_flow.events import RunFinished, event_to_json
 from agent_flow.sessions._backend import _EventRow
-from agent_flow.sessions.models import Lease, SessionInfo, event_id
+from agent_flow.sessions.models import EVENT_ID_RUN_BITS, Lease, SessionInfo, event_id
 
 __all__ = [
+    "INTERRUPTED_SEQ",
     "_LeaseState",
     "_check_ttl",
     "_claimed",
@@ -71,6 +73,11 @@ class _LeaseState:
 _MAX_TTL = 1e9
 
 
+#: The ``seq`` of the ``interrupted`` end a claim stores for a dead run: the largest the stores
+#: keep (a signed 32-bit column), above any event the dead run may have handed out unsaved.
+INTERRUPTED_SEQ: Final = (1 << (EVENT_ID_RUN_BITS - 1)) - 1
+
+
 def _check_ttl(ttl: float) -> None:
     """Refuse a time to live that is negative, too long or not a number.
 
@@ -87,6 +94,8 @@ def _busy(session_id: str, state: _LeaseState) -> SessionBusyError:
         f"session {session_id!r} is held by run {state.run!r} ({state.holder}) until "
         f"{state.expires.isoformat()}; wait for that run to end or its lease to expire",
         run_id=state.run,
+        holder=state.holder or "",
+        fence=state.fence,
     )
 
 
@@ -189,7 +198,7 @@ def _new_event_ids(
         return [last_event_id + 1 + i for i in range(len(events))]
     ids: list[int] = []
     for event in events:
-        new = event_id(fence, event.seq)
+        new = event_id(event.fence or fence, event.seq)
         if new <= (ids[-1] if ids else last_event_id):
             raise StoreError(
                 f"event seq {event.seq} of run {event.run_id!r} under fence {fence} would get id "
@@ -206,14 +215,18 @@ def _interruption(
 ) -> tuple[_EventRow, int, SessionInfo]:
     """The event ending `dead_run`, its id, and the session's description once it is stored.
 
-    `top_seq` is the highest ``seq`` stored for the run (None: no event). The event is the
-    run's next, identified under its lease's fence `dead_fence`.
+    `top_seq` is the highest ``seq`` stored for the run (None: no event). The event takes
+    the last ``seq`` a stored run can have (``2**31 - 1``: the stores keep ``seq`` in a signed
+    32-bit column) under the dead run's fence `dead_fence`:
+    the run may have handed out ids its process never saved (live events go out before their
+    step is saved), and this id is above every one of them, and below every later run's.
 
     Raises:
         StoreError: Its id would not be above the session's last id (never, while the lease
             was set: nobody else could write).
     """
-    seq = 0 if top_seq is None else top_seq + 1
+    del top_seq  # any stored seq is below the last one
+    seq = INTERRUPTED_SEQ
     final = RunFinished(
         run_id=dead_run,
         seq=seq,

@@ -143,6 +143,9 @@ class _PostgresBackend:
                 kwargs={"autocommit": True, "row_factory": dict_row},
                 connection_class=psycopg.AsyncConnection[dict[str, Any]],
                 name="agent_flow.sessions",
+                # A pooled connection is checked before it is handed out: one that a database
+                # restart or a proxy's idle cut closed is replaced, not used for a write.
+                check=AsyncConnectionPool.check_connection,
             )
             try:
                 await pool.open(wait=True, timeout=self._timeout)

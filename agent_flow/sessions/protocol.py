@@ -8,7 +8,7 @@ boundaries. The agent loop depends on `StepRecorder` only;
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Protocol, Self
@@ -74,6 +74,7 @@ class SessionStore(Protocol):
         status: SessionStatus | None = None,
         checkpoints: Sequence[Checkpoint] = (),
         fence: int | None = None,
+        event_fences: Mapping[str, int] | None = None,
     ) -> SessionInfo:
         """Save one step in one transaction: history, environment, new events and checkpoints.
 
@@ -328,11 +329,15 @@ class StepRecorder(Protocol):
         """The session written to (None until `start` created one)."""
         ...
 
-    async def start(self, *, agent: str, task: str) -> None:
-        """A run of `agent` starts on the user message `task`: create the session if none.
+    async def start(self, *, agent: str, task: str, run_id: str = "") -> None:
+        """A run `run_id` of `agent` starts on the user message `task`.
+
+        Create the session if there is none, and claim it for the run (`SessionStore.claim`)
+        unless the run holds it already.
 
         Raises:
             StoreError: The session cannot be created.
+            SessionBusyError: Another run holds the session.
         """
         ...
 

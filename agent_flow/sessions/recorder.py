@@ -4,6 +4,12 @@ The agent loop calls it at step boundaries and nowhere else (see `StepRecorder`)
 
 - creating the session when the first run starts (titled by that run's first message),
   unless it was given one (`AgentExecutor.resume` passes the resumed session's id);
+- the run's claim on the session (`SessionStore.claim`): taken before the run's first
+  write (or earlier, by `claim`, so that a server can refuse a second run at once), renewed
+  every third of its time to live while the run goes, carried as the fencing number of every
+  write, and released by the run's final save. A claim that cannot be renewed (the store says
+  another run holds the session, or it is unreachable until the claim expires) stops the run
+  through `on_lease_lost`; its later writes are refused by the store anyway;
 - the save after every completed step, with status ``active``;
 - the final save of a run, with the status its `RunFinished` event implies (completed,
   waiting, cancelled, or failed for limits and errors);
@@ -19,19 +25,93 @@ The agent loop calls it at step boundaries and nowhere else (see `StepRecorder`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import socket
 import textwrap
+import time
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from typing import TypeVar
 
+from agent_flow._defaults import SESSION_LEASE_SECONDS
 from agent_flow._eager import start_eagerly
 from agent_flow.agent.outcome import StopReason
 from agent_flow.environment import Environment
+from agent_flow.errors import LeaseLostError, SessionBusyError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
-from agent_flow.sessions.models import Checkpoint, SessionStatus
+from agent_flow.sessions.models import Checkpoint, Lease, SessionStatus
 from agent_flow.sessions.protocol import SessionStore
 
-__all__ = ["SessionRecorder", "session_status"]
+__all__ = [
+    "SessionRecorder",
+    "claim_session",
+    "default_holder",
+    "end_claim",
+    "session_status",
+]
+
+logger = logging.getLogger("agent_flow.sessions")
+
+
+def default_holder() -> str:
+    """Who this process is, in a lease: ``pid@host``."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+async def claim_session(
+    store: SessionStore, session_id: str, *, run_id: str, holder: str, ttl: float
+) -> Lease:
+    """`SessionStore.claim`, ending at once a claim held by a dead process of this machine.
+
+    A process of this machine that is gone (killed, crashed) holds its claim until it
+    expires; a restarted server need not wait for that: the claim is ended now (as it would
+    expire: the dead run gets its ``interrupted`` end) and the session claimed.
+
+    Raises:
+        SessionBusyError: A live process (or one of another machine) holds the session.
+    """
+    try:
+        return await store.claim(session_id, run_id=run_id, holder=holder, ttl=ttl)
+    except SessionBusyError as err:
+        if not _dead_here(err.holder) or not err.fence:
+            raise
+        await end_claim(store, session_id, err)
+        return await store.claim(session_id, run_id=run_id, holder=holder, ttl=ttl)
+
+
+async def end_claim(store: SessionStore, session_id: str, busy: SessionBusyError) -> None:
+    """Make the claim `busy` names expire now: only for a holder known to be gone.
+
+    Its run can no longer write (the next claim takes another fence) and, if it never ended,
+    gets its ``interrupted`` end from that claim. A claim renewed or taken since is left alone.
+    """
+    stale = Lease(
+        session_id=session_id,
+        run_id=busy.run_id,
+        holder=busy.holder,
+        fence=busy.fence,
+        expires_at=datetime.now(UTC),
+    )
+    with contextlib.suppress(LeaseLostError):
+        await store.renew(stale, ttl=0)
+
+
+def _dead_here(holder: str) -> bool:
+    """Whether `holder` (``pid@host``) names a process of this machine that no longer runs."""
+    pid, _, host = holder.partition("@")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
 
 _T = TypeVar("_T")
 
@@ -41,6 +121,7 @@ _STATUS_OF_REASON: dict[StopReason, SessionStatus] = {
     StopReason.CONVERSE: "completed",
     StopReason.WAITING_FOR_USER: "waiting",
     StopReason.CANCELLED: "cancelled",
+    StopReason.INTERRUPTED: "interrupted",
 }
 
 
@@ -64,15 +145,32 @@ class SessionRecorder:
     Args:
         store: Where the session lives.
         session_id: The session to write to; created when the first run starts if None.
+        holder: Who holds the run's claim (default: ``pid@host``).
+        lease_seconds: How long a claim lasts unless renewed.
     """
 
-    def __init__(self, store: SessionStore, session_id: str | None = None) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        session_id: str | None = None,
+        *,
+        holder: str | None = None,
+        lease_seconds: float = SESSION_LEASE_SECONDS,
+    ) -> None:
         self.store = store
         self._session_id = session_id
         self._pending: list[AgentEvent] = []
         self._checkpoints: list[Checkpoint] = []
         # Writes happen one at a time and in the order the loop asked for them.
         self._lock = asyncio.Lock()
+        self.holder = holder or default_holder()
+        self.lease_seconds = lease_seconds
+        self._lease: Lease | None = None
+        # The fences of this recorder's runs whose events may still wait for a save.
+        self._fences: dict[str, int] = {}
+        self._renewing: asyncio.Task[None] | None = None
+        #: Called when the run's claim is lost (the loop cancels the run).
+        self.on_lease_lost: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -90,20 +188,126 @@ class SessionRecorder:
         """Events recorded and not saved yet (kept after a failed write for the next one)."""
         return tuple(self._pending)
 
-    async def start(self, *, agent: str, task: str) -> None:
-        """Create the session for a run of `agent` on `task`, unless there is one.
+    @property
+    def lease(self) -> Lease | None:
+        """The claim of the run under way (None between runs)."""
+        return self._lease
+
+    async def start(self, *, agent: str, task: str, run_id: str = "") -> None:
+        """Create the session for a run of `agent` on `task` unless there is one; claim it.
 
         Raises:
             StoreError: The store cannot create it.
+            SessionBusyError: Another run holds the session.
         """
-        if self._session_id is not None:
-            return
-        title = textwrap.shorten(task, width=80, placeholder=" …")
-        async with self._lock:
-            info = await _to_the_end(
-                start_eagerly(self.store.create(agent=agent, title=title, task=task))
+        if self._session_id is None:
+            title = textwrap.shorten(task, width=80, placeholder=" …")
+            async with self._lock:
+                info = await _to_the_end(
+                    start_eagerly(self.store.create(agent=agent, title=title, task=task))
+                )
+            self._session_id = info.id
+        if run_id and (self._lease is None or self._lease.run_id != run_id):
+            await self.claim(run_id)
+
+    async def claim(self, run_id: str) -> Lease:
+        """Claim the session for the run `run_id` now (before it starts, for a server).
+
+        Raises:
+            UserError: The recorder has no session yet.
+            SessionBusyError: Another run holds the session (its id is in the error).
+        """
+        session_id = self._session_id
+        if session_id is None:
+            raise UserError("claim needs a session: pass session_id, or start a run first")
+        if self._lease is not None:
+            await self.release()
+        lease = await claim_session(
+            self.store, session_id, run_id=run_id, holder=self.holder, ttl=self.lease_seconds
+        )
+        self._hold(lease)
+        return lease
+
+    def adopt(self, lease: Lease) -> None:
+        """Hold `lease`, claimed by the caller for this recorder's session, as `claim` would.
+
+        For a server that claims before it builds the agent (so that it builds it from what
+        the last writer left).
+
+        Raises:
+            UserError: `lease` is for another session, or this recorder holds a claim.
+        """
+        if lease.session_id != self._session_id or self._lease is not None:
+            raise UserError(
+                f"cannot adopt the claim on session {lease.session_id!r}: this recorder writes "
+                f"{self._session_id!r} and holds {self._lease!r}"
             )
-        self._session_id = info.id
+        self._hold(lease)
+
+    def _hold(self, lease: Lease) -> None:
+        self._lease = lease
+        self._fences[lease.run_id] = lease.fence
+        self._renewing = asyncio.get_running_loop().create_task(
+            self._renew(), name=f"agent_flow.lease:{lease.session_id}"
+        )
+
+    async def release(self) -> None:
+        """Give up the claim (the run ended, or never started); stop renewing it."""
+        lease, self._lease = self._lease, None
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+        if lease is not None:
+            try:
+                await self.store.release(lease)
+            except StoreError as err:
+                # It expires by itself; the next claim then finds the run ended (it was saved).
+                logger.warning("releasing session %s failed: %s", lease.session_id, err)
+
+    async def _renew(self) -> None:
+        """Renew the claim every third of its life; stop the run once it is surely lost."""
+        every = self.lease_seconds / 3
+        while (lease := self._lease) is not None:
+            await asyncio.sleep(every)
+            deadline = time.monotonic() + every * 2  # before it can expire anywhere
+            while self._lease is lease:
+                try:
+                    self._lease = await self.store.renew(lease, ttl=self.lease_seconds)
+                    break
+                except LeaseLostError as err:
+                    logger.warning(
+                        "run %s lost session %s: %s", lease.run_id, lease.session_id, err
+                    )
+                    self._lost()
+                    return
+                except StoreError as err:
+                    if time.monotonic() >= deadline:
+                        logger.warning(
+                            "run %s could not renew its claim on session %s in time: %s",
+                            lease.run_id,
+                            lease.session_id,
+                            err,
+                        )
+                        self._lost()
+                        return
+                    await asyncio.sleep(min(1.0, every / 10))
+
+    def _lost(self) -> None:
+        if self.on_lease_lost is not None:
+            self.on_lease_lost()
+
+    def _fence(self) -> int | None:
+        return self._lease.fence if self._lease is not None else None
+
+    def _late_fences(self) -> dict[str, int]:
+        """The fences of earlier runs whose events wait for this save (a failed save's)."""
+        current = self._lease.run_id if self._lease is not None else None
+        waiting = {event.run_id for event in self._pending}
+        for run_id in [run for run in self._fences if run not in waiting and run != current]:
+            del self._fences[run_id]
+        return {run: fence for run, fence in self._fences.items() if run != current}
 
     def record(self, event: AgentEvent) -> None:
         """Keep `event` for the next save."""
@@ -132,7 +336,7 @@ class SessionRecorder:
                 del self._checkpoints[:saved]
 
             write = self.store.save_checkpoints(
-                session_id, self._checkpoints[:saved], synced=synced
+                session_id, self._checkpoints[:saved], synced=synced, fence=self._fence()
             )
             await _write(write, forget)
 
@@ -150,7 +354,10 @@ class SessionRecorder:
         Raises:
             StoreError: The store failed; `final` is dropped, other events stay recorded.
         """
-        await self._save(history, environment, (final,), session_status(final.stop_reason))
+        try:
+            await self._save(history, environment, (final,), session_status(final.stop_reason))
+        finally:
+            await self.release()
 
     async def _save(
         self,
@@ -178,6 +385,8 @@ class SessionRecorder:
                 events=[*self._pending, *extra],
                 status=status,
                 checkpoints=self._checkpoints[:kept],
+                fence=self._fence(),
+                event_fences=self._late_fences(),
             )
             await _write(write, forget)
 

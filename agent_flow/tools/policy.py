@@ -116,6 +116,8 @@ class ApprovalResponse(BaseModel):
 
     approved: bool
     reason: str = ""
+    #: Who answered, when known (the server's user name); kept in ``approval_resolved``.
+    decided_by: str = ""
 
 
 #: Answers approval requests: return ``True``/``False`` or an `ApprovalResponse` with a reason.

@@ -25,17 +25,27 @@ function showSpent() {
 }
 const $ = (id) => document.getElementById(id);
 
-function headers(json) {
+// `agent-flow serve` prints the page's address with its token after "#token=": the fragment
+// never leaves the browser (no server log, no Referer). Keep it for this tab, then drop it
+// from the address bar.
+const fromUrl = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromUrl) {
+  sessionStorage.setItem("agent_flow_token", fromUrl);
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+function headers(method) {
   const h = {};
   const token = sessionStorage.getItem("agent_flow_token");
   if (token) h["Authorization"] = "Bearer " + token;
-  if (json) h["Content-Type"] = "application/json";
+  // Every POST is JSON, an empty one too: a server without tokens refuses other POSTs.
+  if (method !== "GET") h["Content-Type"] = "application/json";
   return h;
 }
 
 async function api(method, path, body) {
   const response = await fetch(path, {
-    method, headers: headers(body !== undefined),
+    method, headers: headers(method),
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   if (response.status === 401) { $("token-box").hidden = false; throw new Error("token needed"); }
@@ -197,7 +207,7 @@ async function follow(id) {
   state.abort = controller;
   while (!controller.signal.aborted && state.session === id) {
     try {
-      const h = headers(false);
+      const h = headers("GET");
       if (state.lastId >= 0) h["Last-Event-ID"] = String(state.lastId);
       const response = await fetch(`sessions/${id}/events`, { headers: h, signal: controller.signal });
       if (!response.ok) throw new Error(`stream ${response.status}`);

@@ -1,0 +1,168 @@
+"""The one error shape of the service: `ApiError`, and the handlers that answer with `ErrorBody`.
+
+Every refusal, whoever makes it (a route, a middleware, FastAPI's validation, Starlette's
+router), is an `ErrorBody` with a stable ``code``:
+
+=====  ===========================================================================
+400    ``malformed_json``, ``bad_request``, ``bad_last_event_id``
+401    ``unauthorized`` (with ``WWW-Authenticate: Bearer``)
+403    ``forbidden_origin``
+404    ``not_found`` (an unknown route, or a session that is not the caller's)
+405    ``method_not_allowed`` (with ``Allow``)
+409    ``session_exists``, ``run_in_progress``, ``not_running``, ``not_waiting``, ...
+413    ``body_too_large``
+415    ``unsupported_media_type``
+421    ``unknown_host``
+422    ``invalid_field``, ``invalid_option``, ``invalid_config``, ``unknown_llm``, ...
+503    ``shutting_down``
+=====  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
+from starlette.types import Send
+
+from agent_flow.errors import SessionNotFoundError
+
+__all__ = ["ApiError", "install_error_handlers", "send_error"]
+
+audit = logging.getLogger("agent_flow.server.audit")
+
+#: Starlette's own refusals, by status: their code and sentence.
+_HTTP_CODES = {
+    400: ("bad_request", "the request could not be read (a body that is not UTF-8 JSON?)"),
+    404: ("not_found", "no route has this path; see /docs for the API"),
+    405: ("method_not_allowed", "this route does not take this method"),
+}
+
+
+class ApiError(Exception):
+    """A client's mistake, answered with `status` and an `ErrorBody`."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, field: str = "", run_id: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field or None
+        self.run_id = run_id or None
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The default rebuilds from ``args`` (the message alone) and would lose the rest.
+        return (
+            _rebuild_api_error,
+            (self.status, self.code, self.message, self.field or "", self.run_id or ""),
+        )
+
+
+def _rebuild_api_error(status: int, code: str, message: str, field: str, run_id: str) -> ApiError:
+    return ApiError(status, code, message, field=field, run_id=run_id)
+
+
+def _body(code: str, message: str, field: str | None = None, run_id: str | None = None) -> bytes:
+    return json.dumps(
+        {"code": code, "message": message, "field": field, "run_id": run_id}, ensure_ascii=False
+    ).encode()
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Answer with `status` and an `ErrorBody` (for middleware, before any route runs)."""
+    body = _body(code, message)
+    all_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
+    if status == 401:
+        all_headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _allowed_methods(request: Request) -> str:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches({**request.scope, "method": "GET"})
+            if match is not Match.NONE:
+                methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every `ApiError`, validation error and Starlette refusal with an `ErrorBody`."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(
+            {"code": err.code, "message": err.message, "field": err.field, "run_id": err.run_id},
+            status_code=err.status,
+        )
+
+    @app.exception_handler(SessionNotFoundError)
+    async def gone(request: Request, err: SessionNotFoundError) -> JSONResponse:
+        # Deleted by another request (or process) while this one was reading it.
+        return JSONResponse(
+            {"code": "not_found", "message": str(err), "field": "session_id", "run_id": None},
+            status_code=404,
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        code, message = _HTTP_CODES.get(err.status_code, ("http_error", str(err.detail)))
+        headers = dict(err.headers or {})
+        if err.status_code == 405:
+            # Starlette names the methods of the first route of this path only; a path served
+            # by several routes (GET and POST /sessions) allows all of theirs.
+            allowed = _allowed_methods(request) or headers.get("Allow", "")
+            headers["Allow"] = allowed
+            message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
+        return JSONResponse(
+            {"code": code, "message": message, "field": None, "run_id": None},
+            status_code=err.status_code,
+            headers=headers,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        errors = err.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid", "type": ""}
+        loc = [str(part) for part in first.get("loc", ())]
+        where = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+        if first.get("type") == "json_invalid":
+            return JSONResponse(
+                {
+                    "code": "malformed_json",
+                    "message": f"the request body is not valid JSON ({first.get('msg')}); "
+                    "send JSON",
+                    "field": where or None,
+                    "run_id": None,
+                },
+                status_code=400,
+            )
+        return JSONResponse(
+            {
+                "code": "invalid_field",
+                "message": f"{where or 'the request'}: {first.get('msg')}",
+                "field": where or None,
+                "run_id": None,
+            },
+            status_code=422,
+        )

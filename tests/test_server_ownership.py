@@ -1,0 +1,264 @@
+"""One owner per live session: a hypothesis state machine over the real HTTP routes.
+
+A real uvicorn (in a thread) serves sessions whose agents each start a real MCP server over
+stdio. The machine creates, messages, resumes, cancels, deletes and evicts sessions, one
+request at a time and two at once on the same session (the races that leaked agents and MCP
+subprocesses, or answered 500). After every step: no answer is a 5xx, every live agent is
+one running MCP subprocess and no more, and a deleted session is gone. At shutdown: none left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
+
+import httpx2
+import uvicorn
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.server import ServerSettings, create_app
+from agent_flow.server._manager import SessionManager
+from agent_flow.sessions import InMemorySessionStore
+from agent_flow.testing import FunctionLLM, reply
+from tests.helpers import stdio_server
+from tests.openai_server import OpenAIServer, sse_reply, text_chunks
+from tests.server_harness import serving, stream
+
+JSON = {"Content-Type": "application/json"}
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """The running processes whose environment carries `marker` (this test's MCP servers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            status = (entry / "stat").read_text()
+        except OSError:
+            continue
+        zombie = status.rsplit(")", 1)[-1].split()[0] == "Z"
+        if f"AF_OWNERSHIP_MARKER={marker}".encode() in environ and not zombie:
+            found.append(int(entry.name))
+    return found
+
+
+class _Server:
+    """The app on a real uvicorn in a thread, with the manager at hand."""
+
+    def __init__(self, marker: str, *, max_live: int) -> None:
+        server = stdio_server("basic", "basic_server.py", env={"AF_OWNERSHIP_MARKER": marker})
+        config = AgentConfig(context=ContextConfig(counter="approx"), mcp_servers=[server])
+        self.app = create_app(
+            config,
+            store=InMemorySessionStore(),
+            settings=ServerSettings(max_live_sessions=max_live),
+            llm_factory=lambda config: FunctionLLM(lambda request: reply("done")),
+        )
+        self.manager: SessionManager = self.app.state.manager
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        self.sock = sock
+        self.base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=lambda: self.loop.run_until_complete(self.server.serve(sockets=[sock])),
+            daemon=True,
+        )
+        self.thread.start()
+        self.client = httpx2.Client(base_url=self.base, timeout=60, headers=JSON)
+
+    def live_agents(self) -> int:
+        return sum(1 for live in list(self.manager._live.values()) if live.agent is not None)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        self.sock.close()
+        self.loop.close()
+
+
+_Request = tuple[str, str, dict[str, str] | None]
+
+
+async def _both(base: str, first: _Request, second: _Request) -> list[int]:
+    async with httpx2.AsyncClient(base_url=base, timeout=60, headers=JSON) as client:
+        answers = await asyncio.gather(
+            *(client.request(method, path, json=body) for method, path, body in (first, second))
+        )
+    return [answer.status_code for answer in answers]
+
+
+_OPS = {
+    "message": ("POST", "/sessions/{}/messages", {"message": "go"}),
+    "resume": ("POST", "/sessions/{}/resume", None),
+    "delete": ("DELETE", "/sessions/{}", None),
+    "cancel": ("POST", "/sessions/{}/cancel", None),
+    "read": ("GET", "/sessions/{}", None),
+}
+
+
+class Ownership(RuleBasedStateMachine):
+    """See the module doc."""
+
+    sessions = Bundle("sessions")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marker = uuid.uuid4().hex
+        self.server = _Server(self.marker, max_live=3)
+        self.deleted: set[str] = set()
+        self.statuses: list[int] = []
+
+    @rule(target=sessions)
+    def create(self) -> str:
+        answer = self.server.client.post("/sessions", json={})
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    @rule(session=sessions, op=st.sampled_from(sorted(_OPS)))
+    def one(self, session: str, op: str) -> None:
+        method, path, body = _OPS[op]
+        answer = self.server.client.request(method, path.format(session), json=body)
+        self.statuses.append(answer.status_code)
+        if op == "delete" and answer.status_code == 204:
+            self.deleted.add(session)
+        if op in ("message", "resume") and answer.status_code in (200, 202):
+            # The agent is built for real: its MCP server runs (the invariants count them).
+            assert self.server.live_agents() >= 1
+
+    @rule(
+        session=consumes(sessions),
+        ops=st.tuples(st.sampled_from(sorted(_OPS)), st.sampled_from(sorted(_OPS))),
+    )
+    def race(self, session: str, ops: tuple[str, str]) -> None:
+        first, second = ((m, p.format(session), b) for m, p, b in (_OPS[ops[0]], _OPS[ops[1]]))
+        statuses = asyncio.run(_both(self.server.base, first, second))
+        self.statuses += statuses
+        for op, status in zip(ops, statuses, strict=True):
+            if op == "delete" and status == 204:
+                self.deleted.add(session)
+
+    @rule()
+    def evict_everything_idle(self) -> None:
+        evicting = self.server.manager.evict(now=float("inf"))
+        asyncio.run_coroutine_threadsafe(evicting, self.server.loop).result(timeout=60)
+
+    @invariant()
+    def nothing_answers_5xx(self) -> None:
+        assert all(status < 500 for status in self.statuses), self.statuses
+
+    @invariant()
+    def each_live_agent_is_one_mcp_subprocess(self) -> None:
+        runs = [live for live in self.server.manager._live.values() if live.running]
+        if runs:
+            return  # a run in flight may be between building and closing; checked when idle
+        assert len(_marked_processes(self.marker)) == self.server.live_agents()
+
+    @invariant()
+    def deleted_sessions_are_gone(self) -> None:
+        for session in self.deleted:
+            assert self.server.client.get(f"/sessions/{session}").status_code == 404
+
+    def teardown(self) -> None:
+        self.server.close()
+        assert _marked_processes(self.marker) == []
+
+
+def test_every_change_to_a_live_session_has_one_owner() -> None:
+    run_state_machine_as_test(
+        Ownership,
+        settings=settings(
+            max_examples=8,
+            stateful_step_count=12,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+
+
+# -- eviction and shared clients --------------------------------------------------------------
+
+
+async def test_idle_sessions_beyond_the_limit_are_evicted_least_recent_first_and_come_back() -> (
+    None
+):
+    marker = uuid.uuid4().hex
+    server = stdio_server("basic", "basic_server.py", env={"AF_OWNERSHIP_MARKER": marker})
+    config = AgentConfig(context=ContextConfig(counter="approx"), mcp_servers=[server])
+    app = create_app(
+        config,
+        store=InMemorySessionStore(),
+        settings=ServerSettings(max_live_sessions=2),
+        llm_factory=lambda config: FunctionLLM(lambda request: reply("done")),
+    )
+    manager: SessionManager = app.state.manager
+    async with serving(app) as client:
+        ids = []
+        for _ in range(3):
+            sid = (await client.post("/sessions", json={})).json()["id"]
+            async with stream(client, f"/sessions/{sid}/events") as events:
+                await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
+                await events.until("run_finished")
+            ids.append(sid)
+        assert len(_marked_processes(marker)) == 3
+        evicted = await manager.evict()
+        assert evicted == [ids[0]]  # the least recently used, beyond the two kept
+        assert manager.loaded(ids[0]) is None
+        assert len(_marked_processes(marker)) == 2
+        # Unused for longer than idle_seconds: all go.
+        assert sorted(await manager.evict(now=float("inf"))) == sorted(ids[1:])
+        assert _marked_processes(marker) == []
+        # A later message rebuilds the session from the store, its history whole.
+        async with stream(client, f"/sessions/{ids[0]}/events", after=-1) as events:
+            again = await client.post(f"/sessions/{ids[0]}/messages", json={"message": "more"})
+            assert again.status_code == 202, again.text
+            await events.until("run_finished")
+            await events.until("run_finished")
+        view = (await client.get(f"/sessions/{ids[0]}")).json()
+        assert view["history"]["entries"] == 4
+        assert len(_marked_processes(marker)) == 1
+    assert _marked_processes(marker) == []
+
+
+async def test_sessions_on_one_endpoint_share_one_sdk_client(
+    openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARED_TEST_KEY", "sk-shared-0123456789")
+    openai_server.script(*(sse_reply(text_chunks(f"answer {n}")) for n in range(3)))
+    config = AgentConfig(
+        context=ContextConfig(counter="approx"),
+        llm={"model": "m", "base_url": openai_server.base_url, "api_key_env": "SHARED_TEST_KEY"},
+    )
+    app = create_app(config, store=InMemorySessionStore())
+    manager: SessionManager = app.state.manager
+    async with serving(app) as client:
+        for _ in range(3):
+            sid = (await client.post("/sessions", json={})).json()["id"]
+            async with stream(client, f"/sessions/{sid}/events") as events:
+                await client.post(f"/sessions/{sid}/messages", json={"message": "hi"})
+                await events.until("run_finished")
+        assert len(manager.clients) == 1
+    assert len(openai_server.requests) == 3
+    assert len(manager.clients) == 0  # closed at shutdown
