@@ -272,6 +272,20 @@ async def test_without_tokens_a_post_a_form_could_send_is_refused(content_type: 
         _error(ok, 409, "not_running")
 
 
+async def test_without_tokens_a_form_post_no_route_takes_is_405_with_allow() -> None:
+    app = create_app(_config(), store=InMemorySessionStore(), llm_factory=_scripted)
+    async with serving(app) as client:
+        sid = (await client.post("/sessions", json={})).json()["id"]
+        for path, allowed in ((f"/sessions/{sid}", "DELETE, GET"), ("/endpoints", "GET")):
+            response = await client.post(path, headers={"Content-Type": "text/plain"}, content=b"")
+            _error(response, 405, "method_not_allowed")
+            assert response.headers["allow"] == allowed
+        # The session is untouched, and a form POST a route does take is still refused.
+        assert (await client.get(f"/sessions/{sid}")).status_code == 200
+        refused = await client.post(f"/sessions/{sid}/cancel", content=b"")
+        _error(refused, 415, "unsupported_media_type")
+
+
 # -- tokens and users -----------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 FastAPI documents each route's parameters and bodies from its pydantic models. This module
 adds the rest, so that the document states what the server really does (``schemathesis run
---checks all`` holds the server to it, in ``tests/test_server_schema.py``):
+--checks all`` holds the server to it, in ``tests/test_server_fuzz.py``):
 
 - `Refusals`: every route's error responses, each an `ErrorBody` in ``application/json``:
   those of `agent_flow.server._auth.GuardMiddleware` before any route (400 without a
