@@ -17,8 +17,8 @@ table shows medians, and ``[min-max]`` of p99 over the repetitions.
 Reported: runs/s; CPU per model turn of the process that runs the agents (read from /proc;
 neither the model server's nor the clients' CPU is counted); event delivery latency p50/p99
 (the event's timestamp to the moment the chunk that carries it was read by the client); RSS
-growth per session; and whether every stream was complete and in order (ids 0..n-1, no gap,
-no duplicate, ending with ``run_finished``).
+growth per session; and whether every stream was complete and in order (the run's ids, its
+first id plus 0..n-1: no gap, no duplicate, ending with ``run_finished``).
 
 ``--profile DIR`` runs the HTTP server under cProfile and writes ``DIR/server_N.prof``;
 ``--diagnose`` adds the server's event-loop lag (how late a 5 ms timer fires: the time a
