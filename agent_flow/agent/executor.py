@@ -30,6 +30,7 @@ from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent._mcp import AgentMCP
 from agent_flow.agent._offer import _ToolOffer
+from agent_flow.agent._task import set_task
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.context import ContextManager
@@ -568,33 +569,11 @@ class AgentExecutor:
 
     async def _execute(self, run: _Run, message: str, *, objective: str | None) -> ExecutionOutcome:
         try:
-            self._set_task(objective)
+            set_task(self.environment, self.history, objective)
             return await run.execute(message)
         finally:
             if self._run is run:
                 self._run = None
-
-    def _set_task(self, objective: str | None) -> None:
-        task = self.environment.task
-        if objective is None:
-            if task.status is TaskStatus.WAITING:
-                self.environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
-            return
-        prepared = task.objective != "" and len(self.history) == 0
-        if prepared or objective == task.objective:
-            if task.status is not TaskStatus.IN_PROGRESS:
-                self.environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
-            return
-        # A new task: the plan made for the previous one no longer applies.
-        self.environment.update_section(
-            "task",
-            objective=objective,
-            status=TaskStatus.IN_PROGRESS.value,
-            plan=[],
-            steps_total=0,
-            steps_completed=0,
-            current_step=None,
-        )
 
     def _run_ended(self) -> None:
         """End the subscriptions of the run that ended: the whole bus only if it is ours."""

@@ -1,0 +1,37 @@
+"""What a run's user message does to the environment's task (``/task``), before the run starts.
+
+`set_task` is the one place a run moves ``/task/objective`` and ``/task/status``: a follow-up
+(`AgentExecutor.send`) takes a waiting task back up; a new task (`AgentExecutor.run`) replaces
+the objective and clears the previous task's plan, unless the task was prepared for it.
+"""
+
+from __future__ import annotations
+
+from agent_flow.environment import Environment, TaskStatus
+from agent_flow.history import History
+
+__all__ = ["set_task"]
+
+
+def set_task(environment: Environment, history: History, objective: str | None) -> None:
+    """Move ``/task`` for a run on a new task `objective` (None: a follow-up message)."""
+    task = environment.task
+    if objective is None:
+        if task.status is TaskStatus.WAITING:
+            environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
+        return
+    prepared = task.objective != "" and len(history) == 0
+    if prepared or objective == task.objective:
+        if task.status is not TaskStatus.IN_PROGRESS:
+            environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
+        return
+    # A new task: the plan made for the previous one no longer applies.
+    environment.update_section(
+        "task",
+        objective=objective,
+        status=TaskStatus.IN_PROGRESS.value,
+        plan=[],
+        steps_total=0,
+        steps_completed=0,
+        current_step=None,
+    )
