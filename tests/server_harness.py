@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +17,30 @@ from typing import Any
 
 import httpx2
 import uvicorn
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server in another process)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_command(config: str, db: str, port: int) -> list[str]:
+    """The command line of an `agent-flow serve` process without tokens, as a test starts it."""
+    return [
+        sys.executable,
+        "-m",
+        "agent_flow.cli",
+        "serve",
+        "--config",
+        config,
+        "--db",
+        db,
+        "--port",
+        str(port),
+        "--no-token",
+    ]
 
 
 @asynccontextmanager

@@ -35,7 +35,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import UserMessage
 from agent_flow.sessions import open_store
 from tests.openai_server import OpenAIServer, RecordedRequest, Reply, sse_reply, text_chunks
-from tests.server_harness import EventStream, stream
+from tests.server_harness import EventStream, free_port, serve_command, stream
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,12 +74,6 @@ STALLED = sse_reply(text_chunks(" ".join(f"w{n}" for n in range(40)), chunk_size
 
 
 # -- processes -----------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _running(pid: int) -> bool:
@@ -143,22 +136,10 @@ def _spawn(
     config: Path, store_url: str, log: Path, marker: str
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start `agent-flow serve` on a free port; its stderr goes to `log`."""
-    port = _free_port()
+    port = free_port()
     with log.open("wb") as errors:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agent_flow.cli",
-                "serve",
-                "--config",
-                str(config),
-                "--db",
-                store_url,
-                "--port",
-                str(port),
-                "--no-token",
-            ],
+            serve_command(str(config), store_url, port),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=errors,

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,33 +23,15 @@ import httpx2
 
 from agent_flow.sessions import SQLiteSessionStore, event_id
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
-from tests.server_harness import stream
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.server_harness import free_port, serve_command, stream
 
 
 @contextmanager
 def _serve(config: Path, db: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "CRASH_TEST_KEY": "sk-crash-test"}
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agent_flow.cli",
-            "serve",
-            "--config",
-            str(config),
-            "--db",
-            str(db),
-            "--port",
-            str(port),
-            "--no-token",
-        ],
+        serve_command(str(config), str(db), port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from agent_flow.server._auth import Users
 from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import ScriptedLLM, reply
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
-from tests.server_harness import serving, stream
+from tests.server_harness import free_port, serving, stream
 
 SECRET = "sk-operator-secret-0123456789"
 ALICE = "alice-token-0123456789abcdef"
@@ -437,14 +436,8 @@ async def test_refusals_deletions_and_decisions_are_audited(
 # -- serve makes a token ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_serve_makes_a_token_and_prints_the_inspector_address_once(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_FLOW_SERVER_TOKEN")}
     process = subprocess.Popen(
         [
