@@ -126,11 +126,16 @@ DURABLE_POLL_SECONDS: Final = 0.2
 DURABLE_CANCEL_CHECK_SECONDS: Final = 0.5
 """How often, at most, a running durable run reads whether it was cancelled (one status read)."""
 
-DURABLE_RECORD_ATTEMPTS: Final = 3
-"""Times a durable run is executed (recovered in place) when its store fails to record a step."""
+DURABLE_STORE_OUTAGE_SECONDS: Final = 300.0
+"""How long a durable run whose session store fails (a step not recorded, a claim lost to an
+outage, a read refused) keeps being recovered in place before its workflow fails."""
 
-DURABLE_RECORD_RETRY_SECONDS: Final = 1.0
-"""The pause before such a recovery, times the attempt number."""
+DURABLE_RECORD_RETRY_SECONDS: Final = 0.5
+"""The pause before the first such recovery; each next pause doubles, up to
+`DURABLE_RECORD_RETRY_MAX_SECONDS`."""
+
+DURABLE_RECORD_RETRY_MAX_SECONDS: Final = 10.0
+"""The longest pause between two recoveries of a run whose store fails."""
 
 DURABLE_CLAIM_WAIT_SECONDS: Final = 600.0
 """How long a durable run waits for its session's claim (another execution of the run, or
@@ -167,3 +172,7 @@ SESSION_LEASE_SECONDS: Final = 30.0
 A process that dies leaves its claim to expire: another may run the session after at most
 this long. A run that cannot renew within it stops (its writes would be refused anyway).
 """
+
+SERVER_CONTEXT_PROBE_SECONDS: Final = 2.0
+"""How long `run` and `chat` wait for a local model server to report its context size (a local
+server answers in milliseconds; one that does not answer leaves the budget as configured)."""

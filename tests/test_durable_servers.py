@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
 
+from agent_flow.agent import StopReason
 from agent_flow.durable import DurableClient, DurableConfig
+from agent_flow.events import RunFinished
 from agent_flow.llm.base import LLMClient
 from agent_flow.server import create_app
 from agent_flow.sessions import open_store
@@ -190,5 +193,17 @@ async def test_a_durable_servers_state_and_cancel_follow_the_run(tmp_path: Path)
         assert await client.handle(run_id, sid).state() == "cancelled"
         ran = counts_of(tmp_path, run_id)
         assert 1 <= len(ran) < 500
-        kinds = [e.kind for e in await store.events(sid, run_id=run_id)]
-        assert "run_finished" not in kinds
+        # The run ended as a cancelled run: its end is stored, and DBOS agrees.
+        events = await store.events(sid, run_id=run_id)
+        finished = [e for e in events if isinstance(e, RunFinished)]
+        assert [e.stop_reason for e in finished] == [StopReason.CANCELLED]
+        assert (await store.info(sid)).status == "cancelled"
+        outcome = await client.handle(run_id, sid).outcome()
+        assert outcome.stop_reason == StopReason.CANCELLED
+        assert len(outcome.tool_uses) == len(ran)
+    # Looking for the cancellation recorded no step of the workflow in DBOS's tables.
+    with sqlite3.connect(tmp_path / "dbos.sqlite") as db:
+        (steps,) = db.execute(
+            "SELECT count(*) FROM operation_outputs WHERE workflow_uuid = ?", (run_id,)
+        ).fetchone()
+    assert steps == 0

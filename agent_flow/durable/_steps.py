@@ -24,17 +24,19 @@ position: each step at a recorded position returns its record, after checking th
 same kind of step (else the run's code or config changed: `DurableReplayError`). Past the
 last record the run goes on live.
 
-DBOS cancels a workflow by marking it cancelled in its system database; a DBOS step would see
-that at its next check. These steps look every `DURABLE_CANCEL_CHECK_SECONDS` at most (one
-status read), and raise `DBOSWorkflowCancelledError` as a DBOS step would.
+DBOS cancels a workflow by marking it cancelled in its system database. These steps look every
+`DURABLE_CANCEL_CHECK_SECONDS` at most, with one status read that records nothing (a
+`DBOSClient` read, not `DBOS.get_workflow_status` inside the workflow, which would write a step
+row per look). A cancelled run is cancelled like any agent run (`AgentExecutor.cancel`): it
+ends with `StopReason.CANCELLED`, and its ``run_finished`` is stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from dbos import DBOS
 from dbos import error as dbos_error
 
 from agent_flow._checkpoints import StepRecordError
@@ -42,7 +44,11 @@ from agent_flow.errors import StoreError
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.recorder import SessionRecorder
 
-__all__ = ["DurableReplayError"]
+__all__ = ["DurableReplayError", "WorkflowStatus"]
+
+#: Reads a workflow's DBOS status ("PENDING", "CANCELLED", ...; None if unknown) without
+#: recording anything.
+WorkflowStatus = Callable[[str], Awaitable[str | None]]
 
 
 class DurableReplayError(StepRecordError):
@@ -61,6 +67,8 @@ class _StoreSteps:
         run_id: The run (its checkpoints' ``run_id`` and its DBOS workflow id).
         recorded: The run's checkpoints stored before (a recovery's), by position.
         cancel_check_seconds: How often, at most, a step reads whether the run was cancelled.
+        status: Reads the run's DBOS status.
+        on_cancel: Cancels the run (`AgentExecutor.cancel`).
         first: The position of the first step (positions before it are the workflow's own).
     """
 
@@ -73,14 +81,23 @@ class _StoreSteps:
         recorded: Sequence[Checkpoint],
         *,
         cancel_check_seconds: float,
+        status: WorkflowStatus,
+        on_cancel: Callable[[], None],
         first: int = 0,
     ) -> None:
+        self._status = status
+        self._on_cancel = on_cancel
         self._recorder = recorder
         self._run_id = run_id
         self._recorded = {c.position: c for c in recorded}
         self._next = first
         self._poll = cancel_check_seconds
         self._looked = time.monotonic()  # DBOS just started the workflow: not cancelled then
+
+    @property
+    def next_position(self) -> int:
+        """The position the next step would take."""
+        return self._next
 
     async def step(
         self,
@@ -119,8 +136,12 @@ class _StoreSteps:
         if now - self._looked < self._poll:
             return
         self._looked = now
-        status = await DBOS.get_workflow_status_async(self._run_id)
-        if status is not None and status.status == "CANCELLED":
-            raise dbos_error.DBOSWorkflowCancelledError(
-                f"Workflow {self._run_id} is cancelled. Aborting function."
-            )
+        if await self._status(self._run_id) != "CANCELLED":
+            return
+        self._on_cancel()
+        # In the run's own task the cancellation arrives here, and the run ends CANCELLED;
+        # a step in another task (none today: tools run one at a time) stops on the error.
+        await asyncio.sleep(0)
+        raise dbos_error.DBOSWorkflowCancelledError(
+            f"Workflow {self._run_id} is cancelled. Aborting function."
+        )

@@ -18,9 +18,14 @@
    usage and cost as the crashed process;
 4. records through a `_ReplayRecorder`: the events a replay publishes again that the store
    already has (same run id, same ``seq``) are not saved twice, nor are the step saves they
-   belong to.
+   belong to;
+5. stores the run's outcome as its last checkpoint (`OUTCOME_CHECKPOINT`): an execution that
+   finds it returns it at once, and `RunHandle.outcome` reads it where DBOS's status and the
+   run disagree (a cancel that landed after the run's last step).
 
-The run's outcome (`ExecutionOutcome` as JSON) is the workflow's result.
+The run's outcome (`ExecutionOutcome` as JSON) is the workflow's result. A run cancelled
+through DBOS ends like any cancelled agent run: ``run_finished`` with
+`StopReason.CANCELLED` is stored, and so is its outcome.
 """
 
 from __future__ import annotations
@@ -37,15 +42,16 @@ from agent_flow._checkpoints import STEP_RUNNER, StepRecordError
 from agent_flow._defaults import (
     DURABLE_CANCEL_CHECK_SECONDS,
     DURABLE_CLAIM_WAIT_SECONDS,
-    DURABLE_RECORD_ATTEMPTS,
+    DURABLE_RECORD_RETRY_MAX_SECONDS,
     DURABLE_RECORD_RETRY_SECONDS,
+    DURABLE_STORE_OUTAGE_SECONDS,
 )
 from agent_flow._types import JsonObject
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.config import AgentConfig
-from agent_flow.durable._steps import DurableReplayError, _StoreSteps
+from agent_flow.durable._steps import DurableReplayError, WorkflowStatus, _StoreSteps
 from agent_flow.environment import Environment
-from agent_flow.errors import AgentFlowError, SessionBusyError
+from agent_flow.errors import AgentFlowError, SessionBusyError, StoreError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History, HistoryEntry
 from agent_flow.llm.base import LLMClient
@@ -55,7 +61,7 @@ from agent_flow.sessions.recorder import SessionRecorder, end_claim
 from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalRequest, ApprovalResponse, ToolExecutor
 
-__all__ = ["WORKFLOW_NAME", "RunRequest", "Runtime", "run_workflow"]
+__all__ = ["OUTCOME_CHECKPOINT", "WORKFLOW_NAME", "RunRequest", "Runtime", "run_workflow"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +113,8 @@ class Runtime:
         on_agent: Called with each run's agent once it is built, before it runs
             (``agent_flow.telemetry.instrument`` traces it; the run's trace context, carried
             from the request that enqueued it, makes its spans part of that trace).
+        status: Reads a run's DBOS status without recording a step (the worker sets a
+            `DBOSClient` read; None: DBOS's own read, which records one per look).
     """
 
     store: SessionStore
@@ -115,6 +123,14 @@ class Runtime:
     tools_factory: ToolsFactory | None = None
     cancel_check_seconds: float = DURABLE_CANCEL_CHECK_SECONDS
     on_agent: Callable[[AgentExecutor], object] | None = None
+    status: WorkflowStatus | None = None
+
+    async def workflow_status(self, run_id: str) -> str | None:
+        """The DBOS status of `run_id` ("PENDING", "CANCELLED", ...; None if unknown)."""
+        if self.status is not None:
+            return await self.status(run_id)
+        found = await DBOS.get_workflow_status_async(run_id)
+        return found.status if found is not None else None
 
     def llm(self, config: AgentConfig) -> tuple[LLMClient, Callable[[], Awaitable[None]] | None]:
         """The model client of a run, and how to close it."""
@@ -157,11 +173,25 @@ class _ReplayRecorder:
 
     async def step(self, history: History, environment: Environment) -> None:
         if self._last > self._saved_through:
-            await self._inner.step(history, environment)
+            try:
+                await self._inner.step(history, environment)
+            except StoreError as err:
+                raise _unrecorded("a step", err) from err
 
     async def finish(self, history: History, environment: Environment, final: RunFinished) -> None:
         if final.seq > self._saved_through:
-            await self._inner.finish(history, environment, final)
+            try:
+                await self._inner.finish(history, environment, final)
+            except StoreError as err:
+                raise _unrecorded("its end", err) from err
+
+
+def _unrecorded(what: str, err: StoreError) -> StepRecordError:
+    """Stop a durable run where the store failed, as a crash would, to be recovered.
+
+    It does not go on (or end, failed) with what the store may not have.
+    """
+    return StepRecordError(f"the store did not record {what} of the run ({err})")
 
 
 async def _refuse_approval(request: ApprovalRequest) -> ApprovalResponse:
@@ -175,6 +205,8 @@ async def _refuse_approval(request: ApprovalRequest) -> ApprovalResponse:
 
 #: The name of a run's first checkpoint: the session as the run found it (`_Snapshot`).
 _SNAPSHOT = "session_snapshot"
+#: The name of a run's last checkpoint: its `ExecutionOutcome` as JSON.
+OUTCOME_CHECKPOINT = "run_outcome"
 
 
 async def _snapshot(store: SessionStore, session_id: str) -> str:
@@ -201,27 +233,37 @@ async def run_workflow(request_json: str) -> str:
 
 
 async def _execute_recovering(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
-    """`_execute`, executed again from its records when a step could not be recorded.
+    """`_execute`, executed again from its records while the session store fails.
 
-    A store that failed to record a step (`StepRecordError`) stopped the run where it was, as a
-    crash would; after a pause the run is recovered in this process from what the store holds,
-    up to `DURABLE_RECORD_ATTEMPTS` times. Then, or when a recovery meets steps that differ
-    from the records (`DurableReplayError`), the workflow fails with the reason (an
-    `AgentFlowError`: DBOS records the workflow as failed, `RunHandle.outcome` raises it).
+    A store that failed to record a step (`StepRecordError`), to renew the run's claim, or to
+    answer a read (`StoreError`: PostgreSQL restarting, a pooled connection broken) stopped
+    the run where it was, as a crash would. After a pause (doubling from
+    `DURABLE_RECORD_RETRY_SECONDS` up to `DURABLE_RECORD_RETRY_MAX_SECONDS`) the run is
+    recovered in this process from what the store holds, for up to
+    `DURABLE_STORE_OUTAGE_SECONDS`. Then, or when a recovery meets steps that differ from the
+    records (`DurableReplayError`), the workflow fails with the reason (an `AgentFlowError`:
+    DBOS records the workflow as failed, `RunHandle.outcome` raises it); a run left without
+    its end gets an ``interrupted`` one when its session is next opened.
     """
-    for attempt in range(1, DURABLE_RECORD_ATTEMPTS + 1):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DURABLE_STORE_OUTAGE_SECONDS
+    pause = DURABLE_RECORD_RETRY_SECONDS
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return await _execute(runtime, request)
         except DurableReplayError as err:
             raise AgentFlowError(str(err)) from err
-        except StepRecordError as err:
-            if attempt == DURABLE_RECORD_ATTEMPTS:
+        except (StepRecordError, StoreError) as err:
+            if isinstance(err, SessionBusyError) or loop.time() + pause > deadline:
                 raise AgentFlowError(
-                    f"{err} (gave up after {attempt} attempts to record the run's steps)"
+                    f"{err} (gave up after {attempt} attempts in "
+                    f"{DURABLE_STORE_OUTAGE_SECONDS:g}s to record the run's steps)"
                 ) from err
             logger.warning("%s; recovering the run from its records in this process", err)
-            await asyncio.sleep(DURABLE_RECORD_RETRY_SECONDS * attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, DURABLE_RECORD_RETRY_MAX_SECONDS)
 
 
 async def _claim(store: SessionStore, session_id: str, run_id: str) -> SessionRecorder:
@@ -267,11 +309,27 @@ async def _execute(runtime: Runtime, request: RunRequest) -> ExecutionOutcome:
         await claimed.release()
 
 
+async def _store_outcome(
+    recorder: SessionRecorder, run_id: str, outcome: ExecutionOutcome, position: int
+) -> None:
+    """Store the run's outcome as its last checkpoint (retried like a step's record)."""
+    recorder.checkpoint(Checkpoint(run_id, position, OUTCOME_CHECKPOINT, outcome.model_dump_json()))
+    try:
+        await recorder.save_checkpoints()
+    except StoreError as err:
+        raise StepRecordError(
+            f"run {run_id!r} ended, and its outcome could not be stored ({err})"
+        ) from err
+
+
 async def _execute_claimed(
     runtime: Runtime, request: RunRequest, claimed: SessionRecorder
 ) -> ExecutionOutcome:
     store, session_id, run_id = runtime.store, request.session_id, request.run_id
     recorded = await store.checkpoints(session_id, run_id)
+    if recorded and recorded[-1].name == OUTCOME_CHECKPOINT:
+        # The run ended before (its execution's outcome never reached DBOS): the same outcome.
+        return ExecutionOutcome.model_validate_json(recorded[-1].result)
     if recorded and recorded[0].name == _SNAPSHOT:
         first = recorded[0]
     else:  # a new run, or one that crashed before saving anything
@@ -310,6 +368,8 @@ async def _execute_claimed(
             run_id,
             recorded[1:],
             cancel_check_seconds=runtime.cancel_check_seconds,
+            status=runtime.workflow_status,
+            on_cancel=agent.cancel,
             first=1,
         )
         token = STEP_RUNNER.set(steps)
@@ -317,10 +377,13 @@ async def _execute_claimed(
             async with agent:
                 first_run = not snapshot.entries and agent.environment.task.objective == ""
                 if first_run:
-                    return await agent.run(request.message, run_id=run_id)
-                return await agent.send(request.message, run_id=run_id)
+                    outcome = await agent.run(request.message, run_id=run_id)
+                else:
+                    outcome = await agent.send(request.message, run_id=run_id)
         finally:
             STEP_RUNNER.reset(token)
+        await _store_outcome(recorder, run_id, outcome, steps.next_position)
+        return outcome
     finally:
         if close is not None:
             await close()

@@ -1,7 +1,9 @@
 """`DurableClient`: enqueue durable runs and await or poll their outcomes, from any process.
 
-A client talks to DBOS's system database only (`dbos.DBOSClient`): a server or a script
-enqueues runs without executing any; `DurableWorker` processes execute them.
+A client talks to DBOS's system database (`dbos.DBOSClient`): a server or a script
+enqueues runs without executing any; `DurableWorker` processes execute them. Given the
+workers' session store too, a client answers with the run's own record where DBOS's status
+cannot tell the whole truth (see `RunHandle.outcome`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from dbos import DBOS, DBOSClient
+from dbos import error as dbos_error
 
-from agent_flow.agent import ExecutionOutcome
+from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.config import AgentConfig
-from agent_flow.durable._workflow import WORKFLOW_NAME, RunRequest
+from agent_flow.durable._workflow import OUTCOME_CHECKPOINT, WORKFLOW_NAME, RunRequest
 from agent_flow.durable.config import DurableConfig
 from agent_flow.errors import RunError
+from agent_flow.sessions.protocol import SessionStore
 from agent_flow.telemetry.propagation import inject_context
 
 __all__ = ["DurableClient", "RunHandle", "RunState"]
@@ -39,8 +43,15 @@ _STATES: dict[str, RunState] = {
 class RunHandle:
     """One enqueued run: its id, its state, its outcome."""
 
-    def __init__(self, client: DBOSClient, run_id: str, session_id: str) -> None:
+    def __init__(
+        self,
+        client: DBOSClient,
+        run_id: str,
+        session_id: str,
+        store: SessionStore | None = None,
+    ) -> None:
         self._client = client
+        self._store = store
         self.run_id = run_id
         self.session_id = session_id
 
@@ -48,34 +59,62 @@ class RunHandle:
         return f"RunHandle(run_id={self.run_id!r}, session_id={self.session_id!r})"
 
     async def state(self) -> RunState:
-        """Where the run is now."""
+        """Where the run is now (for a cancelled run, what its stored outcome says, if known)."""
         handle: Any = await self._client.retrieve_workflow_async(self.run_id)
-        return _STATES.get((await handle.get_status()).status, "running")
+        state = _STATES.get((await handle.get_status()).status, "running")
+        if state == "cancelled":
+            stored = await self._stored_outcome()
+            if stored is not None and stored.stop_reason != StopReason.CANCELLED:
+                return "succeeded"  # the cancel came after the run's last step
+        return state
 
     async def cancel(self) -> None:
         """Cancel the run: it stops at a model or tool call within about half a second.
 
-        It reads the cancellation every `DURABLE_CANCEL_CHECK_SECONDS`; a call under way
-        finishes first. Its events stop there too, without a ``run_finished``; the session
-        keeps what its last completed step saved. Cancelling a run that is over changes
-        nothing.
+        A running run reads the cancellation every `DURABLE_CANCEL_CHECK_SECONDS`; a call
+        under way finishes first. It then ends as cancelled runs do: ``run_finished`` with
+        `StopReason.CANCELLED` is stored, and so is its outcome. A run still queued never
+        starts. Cancelling a run that is over changes nothing; one whose last step was under
+        way still ends as it would have (its stored outcome says so, and `outcome` returns it).
         """
         await self._client.cancel_workflow_async(self.run_id)
 
     async def outcome(self, *, poll_seconds: float = 0.1) -> ExecutionOutcome:
         """Wait for the run to end and return its outcome (the run's own, however it stopped).
 
+        For a cancelled run, the outcome its execution stored (`StopReason.CANCELLED`, or the
+        run's own end where the cancel came after its last step) when the client was given
+        the session store; DBOS keeps no result for a cancelled workflow.
+
         Raises:
-            RunError: The workflow itself failed (not the agent: its failures are outcomes).
+            RunError: The workflow itself failed (not the agent: its failures are outcomes),
+                or it was cancelled and no outcome is known (cancelled while queued, or the
+                client has no session store).
         """
         handle: Any = await self._client.retrieve_workflow_async(self.run_id)
         try:
             raw = await handle.get_result(polling_interval_sec=poll_seconds)
         except asyncio.CancelledError:
             raise
+        except dbos_error.DBOSAwaitedWorkflowCancelledError as err:
+            stored = await self._stored_outcome()
+            if stored is not None:
+                return stored
+            raise RunError(
+                f"durable run {self.run_id} was cancelled"
+                + ("" if self._store is not None else " (its outcome is in the session store)")
+            ) from err
         except Exception as err:
             raise RunError(f"durable run {self.run_id} failed: {err}") from err
         return ExecutionOutcome.model_validate_json(raw)
+
+    async def _stored_outcome(self) -> ExecutionOutcome | None:
+        if self._store is None:
+            return None
+        records = await self._store.checkpoints(self.session_id, self.run_id)
+        if records and records[-1].name == OUTCOME_CHECKPOINT:
+            return ExecutionOutcome.model_validate_json(records[-1].result)
+        return None
 
 
 class DurableClient:
@@ -83,10 +122,16 @@ class DurableClient:
 
     Creating one connects to the system database and creates DBOS's tables if they are
     missing (blocking, once per process start); start it before the workers.
+
+    Args:
+        durable: The deployment's durable settings.
+        store: The workers' session store (optional; the caller opens and closes it): the
+            outcome of a cancelled run is read there.
     """
 
-    def __init__(self, durable: DurableConfig) -> None:
+    def __init__(self, durable: DurableConfig, store: SessionStore | None = None) -> None:
         self.durable = durable
+        self.store = store
         # Runs may be enqueued before any worker started: create DBOS's tables if needed.
         DBOS.migrate(durable.resolved_url())
         self._client = DBOSClient(
@@ -123,11 +168,11 @@ class DurableClient:
             "app_version": _app_version(),
         }
         await self._client.enqueue_async(options, request.model_dump_json())
-        return RunHandle(self._client, request.run_id, session_id)
+        return RunHandle(self._client, request.run_id, session_id, self.store)
 
     def handle(self, run_id: str, session_id: str) -> RunHandle:
         """The handle of a run enqueued earlier (by any process)."""
-        return RunHandle(self._client, run_id, session_id)
+        return RunHandle(self._client, run_id, session_id, self.store)
 
     def close(self) -> None:
         """Release the client's connections to the system database."""

@@ -4,8 +4,9 @@ A worker launches DBOS in this process (its executor id, the deployment's system
 registers the queue with its concurrency limits, and executes the runs DBOS dequeues for it
 (`agent_flow.durable._workflow`). Every `DurableConfig.poll_seconds` it also looks at the
 runs pending on other executors: an executor whose liveness lock it can take is gone (see
-`agent_flow.durable._liveness`), and its runs are handed back to the queue through DBOS's
-recovery, then finished by whichever worker dequeues them, from their last recorded step.
+`agent_flow.durable._liveness`), and its runs are handed back to the queue
+(``DBOS.resume_workflows``, DBOS's public API), then finished by whichever worker dequeues
+them, from their last recorded step.
 
 Recovery is at-least-once for the step a crash interrupted (a model call is made again; a
 tool call runs again only if its tool is idempotent, see `ToolPolicy.idempotent`); every
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
-from dbos import DBOS
+from dbos import DBOS, DBOSClient
 
 from agent_flow import __version__
 from agent_flow.agent import AgentExecutor
@@ -88,12 +89,16 @@ class DurableWorker:
         self._concurrency = concurrency if concurrency is not None else durable.worker_concurrency
         self._liveness: Liveness | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._reader: DBOSClient | None = None
 
     async def start(self) -> None:
         """Take this worker's liveness lock, launch DBOS and start watching for dead workers."""
         url = self.durable.resolved_url()
         self._liveness = liveness_for(url)
         await self._liveness.hold(self.executor_id)
+        # Status reads outside any workflow: a run's cancellation checks record nothing.
+        self._reader = DBOSClient(system_database_url=url, application_name=self.durable.app_name)
+        self._runtime.status = self._status
         install(self._runtime)
         DBOS(config=dbos_config(self.durable, self.executor_id))
         # Launched from this event loop: DBOS runs the dequeued workflows on it.
@@ -116,6 +121,9 @@ class DurableWorker:
             self._watch = None
         await asyncio.to_thread(DBOS.destroy)
         install(None)
+        if self._reader is not None:
+            self._reader.destroy()
+            self._reader = None
         if self._liveness is not None:
             await self._liveness.aclose()
             self._liveness = None
@@ -131,6 +139,15 @@ class DurableWorker:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    async def _status(self, run_id: str) -> str | None:
+        assert self._reader is not None
+        try:
+            handle: Any = await self._reader.retrieve_workflow_async(run_id)
+            status = await handle.get_status()
+        except Exception:  # not found (deleted): nothing to cancel
+            return None
+        return str(status.status)
 
     async def serve_forever(self) -> None:
         """Execute runs until cancelled."""
@@ -148,9 +165,19 @@ class DurableWorker:
             if not await self._liveness.claim_if_dead(owner):
                 continue
             try:
-                handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [owner])
+                # Read again under the lock: only runs still pending on the dead executor.
+                runs = await DBOS.list_workflows_async(
+                    status="PENDING",
+                    executor_id=owner,
+                    app_version=f"agent_flow-{__version__}",
+                    load_input=False,
+                    load_output=False,
+                )
+                ids = [run.workflow_id for run in runs]
+                if ids:
+                    await DBOS.resume_workflows_async(ids, queue_name=self.durable.queue)
                 logger.warning(
-                    "executor %s is gone: %d run(s) handed back to the queue", owner, len(handles)
+                    "executor %s is gone: %d run(s) handed back to the queue", owner, len(ids)
                 )
                 recovered.append(owner)
             finally:

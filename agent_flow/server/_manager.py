@@ -83,6 +83,8 @@ class SessionManager:
         self.config = config
         self._on_agent = on_agent
         self.durable = durable
+        if durable is not None and durable.store is None:
+            durable.store = store  # a cancelled run's outcome is read there
         self._handles: dict[str, RunHandle] = {}
         self.store = store
         self.settings = settings

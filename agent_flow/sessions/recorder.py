@@ -171,6 +171,8 @@ class SessionRecorder:
         self._renewing: asyncio.Task[None] | None = None
         #: Called when the run's claim is lost (the loop cancels the run).
         self.on_lease_lost: Callable[[], None] | None = None
+        # The claim it could not renew in time: writes under it are refused from then on.
+        self._lost_lease: Lease | None = None
 
     def __repr__(self) -> str:
         return (
@@ -246,6 +248,7 @@ class SessionRecorder:
 
     def _hold(self, lease: Lease) -> None:
         self._lease = lease
+        self._lost_lease = None
         self._fences[lease.run_id] = lease.fence
         self._renewing = asyncio.get_running_loop().create_task(
             self._renew(), name=f"agent_flow.lease:{lease.session_id}"
@@ -280,7 +283,7 @@ class SessionRecorder:
                     logger.warning(
                         "run %s lost session %s: %s", lease.run_id, lease.session_id, err
                     )
-                    self._lost()
+                    self._lost(lease)
                     return
                 except StoreError as err:
                     if time.monotonic() >= deadline:
@@ -290,15 +293,24 @@ class SessionRecorder:
                             lease.session_id,
                             err,
                         )
-                        self._lost()
+                        self._lost(lease)
                         return
                     await asyncio.sleep(min(1.0, every / 10))
 
-    def _lost(self) -> None:
+    def _lost(self, lease: Lease) -> None:
+        # Another execution may claim the session once the claim expired: this one writes
+        # nothing more under it, even where the store would still take the stale fence.
+        self._lost_lease = lease
         if self.on_lease_lost is not None:
             self.on_lease_lost()
 
     def _fence(self) -> int | None:
+        lost = self._lost_lease
+        if lost is not None and self._lease is lost:
+            raise LeaseLostError(
+                f"run {lost.run_id} could not renew its claim on session {lost.session_id!r} "
+                "in time; it writes nothing more"
+            )
         return self._lease.fence if self._lease is not None else None
 
     def _late_fences(self) -> dict[str, int]:
