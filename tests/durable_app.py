@@ -6,6 +6,7 @@ Each run's message is ``count N``: the model calls ``count`` N times (one call p
 then answers ``done``. Every execution of the tool appends one line to
 ``COUNTS_DIR/<run's session>.txt`` (the side-effect counter). With ``KILL_AT``, the process
 SIGKILLs itself at its KILL_AT-th model call: a crash at a random point between steps.
+``DURABLE_APP_PAUSE`` (seconds) makes each tool call take that long, so runs stay in flight.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def model_and_tools(
 
 
 async def main(store_url: str, system_url: str, counts: str, executor: str, kill: str) -> None:
-    llm, tools = model_and_tools(Path(counts), int(kill) if kill else None)
+    pause = float(os.environ.get("DURABLE_APP_PAUSE", "0"))
+    llm, tools = model_and_tools(Path(counts), int(kill) if kill else None, pause=pause)
     durable = DurableConfig(
         enabled=True, system_database_url=system_url, executor_id=executor, poll_seconds=0.1
     )
