@@ -4,12 +4,16 @@
 `_apply_delete`), each validated against the type at its location only, checks the schemas,
 and undoes the applied steps in reverse if anything fails. Each step returns an `_Applied`:
 what changed, and how to put it back.
+
+The type at a location comes from the section models, and below ``/extensions/<name>`` from
+the extension's registered model, when it has one (`typed`: name → model); other extensions
+hold free JSON.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -52,12 +56,29 @@ def _reinsert(
     return undo
 
 
-def _set_at(state: JsonObject, parts: tuple[str, ...], data: JsonValue, pointer: str) -> _Applied:
+#: Extension name → the model its value must fit (see `Environment.register_extension`).
+_Typed = Mapping[str, Any]
+
+
+def _type_below(tp: Any, parts: tuple[str, ...], depth: int, pointer: str, typed: _Typed) -> Any:
+    """The type at ``parts[depth]`` (a child of `tp`): an extension's model when registered."""
+    if depth == 1 and parts[0] == "extensions" and parts[1] in typed:
+        return typed[parts[1]]
+    return _child_type(tp, parts[depth], pointer)
+
+
+def _set_at(
+    state: JsonObject,
+    parts: tuple[str, ...],
+    data: JsonValue,
+    pointer: str,
+    typed: _Typed,
+) -> _Applied:
     """Write `data` at `parts` (below the root) inside `state`; missing objects are created."""
     node: JsonValue = state
     tp: Any = _State
     for depth, part in enumerate(parts[:-1]):
-        child_tp = _child_type(tp, part, pointer)
+        child_tp = _type_below(tp, parts, depth, pointer, typed)
         if isinstance(node, dict):
             if part not in node:
                 return _create_parents(node, parts, depth, child_tp, data, pointer)
@@ -71,7 +92,7 @@ def _set_at(state: JsonObject, parts: tuple[str, ...], data: JsonValue, pointer:
             )
         tp = child_tp
     last = parts[-1]
-    target_tp = _child_type(tp, last, pointer)
+    target_tp = _type_below(tp, parts, len(parts) - 1, pointer, typed)
     if isinstance(node, dict):
         container = node
         normalized = _validate_typed(target_tp, data, pointer)
@@ -129,7 +150,7 @@ def _create_parents(
     return _Applied("set", parts, None, _copy(new), functools.partial(container.pop, parts[depth]))
 
 
-def _apply_delete(state: JsonObject, pointer: str) -> _Applied:
+def _apply_delete(state: JsonObject, pointer: str, typed: _Typed) -> _Applied:
     """Remove the value at `pointer` from `state` (a dict entry or an array item)."""
     parts = _parse(pointer)
     if not parts:
@@ -139,7 +160,7 @@ def _apply_delete(state: JsonObject, pointer: str) -> _Applied:
     node: JsonValue = state
     tp: Any = _State
     for depth, part in enumerate(parts[:-1]):
-        tp = _child_type(tp, part, pointer)
+        tp = _type_below(tp, parts, depth, pointer, typed)
         if isinstance(node, dict):
             if part not in node:
                 raise PointerError(

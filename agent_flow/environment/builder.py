@@ -17,7 +17,7 @@ class EnvironmentBuilder:
     """Collects the parts of an `Environment`; every method returns the builder.
 
     ``Environment.builder().system(SystemState(...)).task(TaskState(...))
-    .extension("datasets", {...}).extension_schema("datasets", {...}).build()``
+    .extension("dataset", Dataset(...)).extension_model("dataset", Dataset).build()``
     """
 
     def __init__(self) -> None:
@@ -25,6 +25,7 @@ class EnvironmentBuilder:
         self._extensions: dict[str, BaseModel | JsonValue] = {}
         self._schema: JsonObject | None = None
         self._extension_schemas: dict[str, JsonObject] = {}
+        self._extension_models: dict[str, type[BaseModel]] = {}
         self._max_changes = DEFAULT_MAX_CHANGES
 
     def system(self, value: SystemState | JsonObject) -> Self:
@@ -62,6 +63,11 @@ class EnvironmentBuilder:
         self._extension_schemas[name] = schema
         return self
 
+    def extension_model(self, name: str, model: type[BaseModel]) -> Self:
+        """Hold extension `name` to a pydantic model (see `Environment.register_extension`)."""
+        self._extension_models[name] = model
+        return self
+
     def max_changes(self, limit: int) -> Self:
         """Keep at most `limit` changes in the change log (default `DEFAULT_MAX_CHANGES`)."""
         self._max_changes = limit
@@ -71,8 +77,8 @@ class EnvironmentBuilder:
         """Return the Environment (validated against its models and schemas).
 
         Raises:
-            UserError: A section does not fit its model or a schema is invalid.
-            EnvironmentValidationError: The state breaks a schema.
+            UserError: A section does not fit its model, or a schema or model is invalid.
+            EnvironmentValidationError: The state breaks a schema or an extension model.
         """
         sections = self._sections
         return Environment(
@@ -83,5 +89,6 @@ class EnvironmentBuilder:
             extensions=self._extensions,
             schema=self._schema,
             extension_schemas=self._extension_schemas,
+            extension_models=self._extension_models,
             max_changes=self._max_changes,
         )

@@ -16,14 +16,21 @@ Writes. Every write goes through `Environment.set`, `Environment.delete`,
 (``env.task = ...``); there is no other way to change the state, so every change is recorded.
 A write into a typed section is validated (in strict JSON mode) against the type at its
 location only, so adding a file to a workspace of 10,000 files validates one `FileInfo`, not
-the workspace. Optional JSON schemas (one for the whole state, one per extension) are checked
-after the write; a write that fails any check is undone, and the state, the version and the
-change log stay exactly as they were.
+the workspace. An extension registered with a pydantic model (`register_extension`) is typed
+the same way below ``/extensions/<name>``, and after each write that touches it the whole
+extension is validated against its model too. Optional JSON schemas (one for the whole state,
+one per extension) are checked after the write; a write that fails any check is undone, and
+the state, the version and the change log stay exactly as they were.
 
 Errors. A malformed pointer, or one that names nothing, raises `PointerError`; a value that is
 not JSON, deleting a typed field or a section, or a negative limit raises `UserError`; a value
 that does not fit a typed section, a schema, or the model given to `get_extension` raises
 `EnvironmentValidationError`.
+
+Persistence. `to_json` keeps the state, the change log and the JSON schemas; a registered
+extension model is kept as its JSON schema, so a copy read back with `from_json` still refuses
+a wrong write (checked by that schema) and reads the extension back with the model once it is
+registered again.
 
 An Environment is not thread-safe: use it from one thread (one agent loop) at a time.
 """
@@ -31,14 +38,14 @@ An Environment is not thread-safe: use it from one thread (one agent loop) at a 
 from __future__ import annotations
 
 import functools
-import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast, overload
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow.environment import _saved
 from agent_flow.environment._pointer import (
     _adapter,
     _brief,
@@ -52,7 +59,14 @@ from agent_flow.environment._pointer import (
     _validation_problem,
 )
 from agent_flow.environment._renderer import _Renderer
-from agent_flow.environment._schemas import _check_schemas, _make_validator
+from agent_flow.environment._saved import DEFAULT_MAX_CHANGES
+from agent_flow.environment._schemas import (
+    _check_model,
+    _check_models,
+    _check_schemas,
+    _make_validator,
+    _model_schema,
+)
 from agent_flow.environment._snapshots import _freeze
 from agent_flow.environment._writes import _Applied, _apply_delete, _set_at
 from agent_flow.environment.render import RenderReport
@@ -75,9 +89,6 @@ if TYPE_CHECKING:
     from agent_flow.environment.builder import EnvironmentBuilder
 
 __all__ = ["DEFAULT_MAX_CHANGES", "Environment"]
-
-#: How many changes an Environment keeps by default; older ones are dropped first.
-DEFAULT_MAX_CHANGES: Final = 10_000
 
 
 _M = TypeVar("_M")
@@ -103,6 +114,11 @@ class Environment:
     fields at once, all or nothing), ``env.task = TaskState(...)`` (a property setter is a
     set of ``/task``), ``env.set_extension(name, value)``.
 
+    Typed extensions: ``env.register_extension("dataset", Dataset)`` holds extension
+    ``dataset`` to the pydantic model ``Dataset``: every write to it is validated (a wrong
+    one raises `EnvironmentValidationError` and changes nothing), and
+    ``env.get_extension("dataset")`` returns a ``Dataset``.
+
     Args:
         system: The system section (model or JSON object); defaults to an empty one.
         task: The task section.
@@ -114,12 +130,14 @@ class Environment:
             every write, so prefer `extension_schemas` where they suffice.
         extension_schemas: JSON schemas by extension name; an extension, when present, must
             satisfy its schema after every write.
+        extension_models: Pydantic models by extension name, as `register_extension`
+            registers them.
         max_changes: How many changes `changes` keeps; the oldest are dropped first.
 
     Raises:
         UserError: A section does not fit its model, a schema is invalid, or `max_changes`
             is negative.
-        EnvironmentValidationError: The initial state breaks a schema.
+        EnvironmentValidationError: The initial state breaks a schema or an extension model.
     """
 
     def __init__(
@@ -132,6 +150,7 @@ class Environment:
         extensions: Mapping[str, BaseModel | JsonValue] | None = None,
         schema: JsonObject | None = None,
         extension_schemas: Mapping[str, JsonObject] | None = None,
+        extension_models: Mapping[str, type[BaseModel]] | None = None,
         max_changes: int = DEFAULT_MAX_CHANGES,
     ) -> None:
         raw: JsonObject = {}
@@ -156,6 +175,8 @@ class Environment:
             version=0,
             changes=(),
         )
+        for name, model in (extension_models or {}).items():
+            self.register_extension(name, model)
 
     def _init(
         self,
@@ -188,6 +209,7 @@ class Environment:
             name: _make_validator(s, f"extension {name!r}")
             for name, s in self._extension_schemas.items()
         }
+        self._extension_models: dict[str, type[BaseModel]] = {}
         self._views: dict[str, tuple[int, BaseModel]] = {}
         self._renderer = _Renderer()
         _check_schemas(
@@ -208,20 +230,19 @@ class Environment:
         return EnvironmentBuilder()
 
     def to_json(self) -> str:
-        """Return the state, version, schemas, change limit and change log as JSON text."""
-        payload = {
-            "format": 1,
-            "version": self._version,
-            "state": self._state,
-            "schema": self._schema,
-            "extension_schemas": self._extension_schemas,
-            "max_changes": self._log.maxlen,
-            "changes": [
-                {"version": c.version, "op": c.op, "pointer": c.pointer, "old": c.old, "new": c.new}
-                for c in self._log
-            ],
-        }
-        return json.dumps(payload, separators=(",", ":"))
+        """Return the state, version, schemas, change limit and change log as JSON text.
+
+        A registered extension model is saved as its JSON schema (see the module doc).
+        """
+        schemas = {name: _model_schema(model) for name, model in self._extension_models.items()}
+        return _saved.dump(
+            version=self._version,
+            state=self._state,
+            schema=self._schema,
+            extension_schemas={**schemas, **self._extension_schemas},
+            changes=self._log,
+            max_changes=self._log.maxlen,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Environment:
@@ -231,13 +252,7 @@ class Environment:
             UserError: `text` is not an environment written by `to_json`.
             EnvironmentValidationError: The stored state breaks its stored schemas.
         """
-        try:
-            snapshot = _Snapshot.model_validate(json.loads(text))
-        except (ValueError, ValidationError) as err:
-            raise UserError(
-                f"the text {_brief(text)} is not an environment saved by Environment.to_json "
-                f"({err}); pass to_json output unchanged"
-            ) from err
+        snapshot = _saved.load(text)
         env = cls.__new__(cls)
         env._init(
             snapshot.state,
@@ -263,8 +278,13 @@ class Environment:
 
     @property
     def extension_schemas(self) -> dict[str, JsonObject]:
-        """Copies of the per-extension JSON schemas."""
+        """Copies of the per-extension JSON schemas (see `extension_models` for the models)."""
         return {name: cast(JsonObject, _copy(s)) for name, s in self._extension_schemas.items()}
+
+    @property
+    def extension_models(self) -> dict[str, type[BaseModel]]:
+        """The registered extension models, by extension name."""
+        return dict(self._extension_models)
 
     def get(self, pointer: str) -> JsonValue:
         """Return a copy of the value at `pointer` (``""`` is the whole state).
@@ -333,13 +353,31 @@ class Environment:
         self._views[name] = (version, view)
         return view
 
-    def get_extension(self, name: str, model: type[_M]) -> _M:
+    @overload
+    def get_extension(self, name: str) -> BaseModel: ...
+
+    @overload
+    def get_extension(self, name: str, model: type[_M]) -> _M: ...
+
+    def get_extension(self, name: str, model: type[_M] | None = None) -> _M | BaseModel:
         """Return extension `name` validated as `model` (a pydantic model or any type).
+
+        Without `model`, the extension's registered model is used (`register_extension`).
 
         Raises:
             PointerError: There is no extension `name`.
+            UserError: No `model` is given and none is registered for `name`.
             EnvironmentValidationError: The stored data does not fit `model`.
         """
+        if model is None:
+            registered = self._extension_models.get(name)
+            if registered is None:
+                raise UserError(
+                    f"extension {name!r} has no registered model; pass one "
+                    f"(get_extension({name!r}, Model)) or register it first "
+                    f"(register_extension({name!r}, Model))"
+                )
+            return self.get_extension(name, registered)
         pointer = _pointer(["extensions", name])
         data = _locate(self._state, pointer)
         try:
@@ -389,7 +427,9 @@ class Environment:
                 its default instead).
             EnvironmentValidationError: The removal would break a schema.
         """
-        return self._transact([functools.partial(_apply_delete, self._state, pointer)])[0]
+        return self._transact(
+            [functools.partial(_apply_delete, self._state, pointer, self._extension_models)]
+        )[0]
 
     def update_section(self, name: TypedSectionName, **fields: object) -> list[EnvironmentChange]:
         """Set several fields of a typed section at once: all succeed or none does.
@@ -417,9 +457,44 @@ class Environment:
 
         Raises:
             UserError: The value is not JSON.
-            EnvironmentValidationError: The value breaks the extension's or the state's schema.
+            EnvironmentValidationError: The value breaks the extension's registered model, its
+                schema or the state's schema.
         """
         return self.set(_pointer(["extensions", name]), value)
+
+    def register_extension(self, name: str, model: type[BaseModel]) -> None:
+        """Hold extension `name` to the pydantic `model`, for every write from now on.
+
+        Every write that touches ``/extensions/<name>`` (the whole value or a field inside it,
+        by `set`, `set_extension`, `delete`, or a write of ``/extensions`` or the whole state)
+        is validated against `model` in strict JSON mode, as a typed section is: a value of the
+        wrong type (``"12"`` for an ``int``), a missing required field or a failing validator
+        of the model raises `EnvironmentValidationError` and the write is undone. A field
+        inside the extension is written by pointer as in a typed section
+        (``env.set("/extensions/dataset/rows", 12)``), and ``get_extension(name)`` returns the
+        model. Registering is not a change: the version and the change log stay as they are.
+        Registering the same name again replaces its model.
+
+        Cost: each write that touches the extension validates all of it (the writes to other
+        parts of the environment cost nothing more).
+
+        Raises:
+            UserError: `model` is not a pydantic model class.
+            EnvironmentValidationError: The extension exists and does not fit `model`.
+        """
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise UserError(
+                f"register_extension({name!r}, ...) needs a pydantic model class, got "
+                f"{_brief(model)}; for other types read with get_extension({name!r}, type)"
+            )
+        extensions = cast(JsonObject, self._state["extensions"])
+        if name in extensions:
+            _check_model(name, extensions[name], model)
+        self._extension_models[name] = model
+        if self._extension_schemas.get(name) == _model_schema(model):
+            # The model's own schema, saved by to_json: the model checks more, and alone.
+            del self._extension_schemas[name]
+            del self._extension_validators[name]
 
     def _transact(self, actions: Sequence[Callable[[], _Applied]]) -> list[EnvironmentChange]:
         applied: list[_Applied] = []
@@ -427,6 +502,7 @@ class Environment:
             for action in actions:
                 applied.append(action())
             _check_schemas(self._state, self._validator, self._extension_validators, applied)
+            _check_models(self._state, self._extension_models, applied)
         except BaseException:
             for step in reversed(applied):
                 step.undo()
@@ -460,7 +536,7 @@ class Environment:
                 self._state = old_state
 
             return _Applied("set", parts, old_state, _copy(normalized), restore)
-        return _set_at(self._state, parts, data, pointer)
+        return _set_at(self._state, parts, data, pointer, self._extension_models)
 
     # -- rendering -----------------------------------------------------------------------
 
@@ -512,17 +588,3 @@ class Environment:
     def __repr__(self) -> str:
         present = [name for name in RENDER_ORDER if self._state[name] != _DEFAULT_STATE[name]]
         return f"<Environment version={self._version} sections={present}>"
-
-
-class _Snapshot(BaseModel):
-    """The shape of `Environment.to_json` output."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    format: Literal[1]
-    version: int = Field(ge=0)
-    state: JsonObject
-    schema_: JsonObject | None = Field(default=None, alias="schema")
-    extension_schemas: dict[str, JsonObject] = Field(default_factory=dict)
-    max_changes: int = Field(default=DEFAULT_MAX_CHANGES, ge=0)
-    changes: list[EnvironmentChange] = Field(default_factory=list)

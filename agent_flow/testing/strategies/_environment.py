@@ -12,8 +12,9 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from hypothesis import reject
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agent_flow._types import JsonValue
 from agent_flow.environment import (
@@ -192,15 +193,20 @@ def pointer_writes(draw: st.DrawFn) -> tuple[str, JsonValue]:
     return f"/system/resources/{_escape(key)}", draw(_texts(30))
 
 
-def extension_values(model: type[BaseModel]) -> st.SearchStrategy[BaseModel]:
+@st.composite
+def extension_values(draw: st.DrawFn, model: type[BaseModel]) -> BaseModel:
     """Instances of your own extension model, built from its field types.
 
     Required fields are drawn from their annotations (`hypothesis.strategies.builds`);
-    fields with defaults keep them. Register a strategy for a field type hypothesis cannot
-    infer with `hypothesis.strategies.register_type_strategy`, or pass your own strategy to
-    `environments` instead of the model.
+    fields with defaults keep them. Drawn values the model's own validators refuse are
+    discarded (hypothesis draws again). Register a strategy for a field type hypothesis
+    cannot infer with `hypothesis.strategies.register_type_strategy`, or pass your own
+    strategy to `environments` instead of the model.
     """
-    return st.builds(model)
+    try:
+        return draw(st.builds(model))
+    except ValidationError:
+        reject()  # a value the model's validators refuse is not one a run could hold
 
 
 #: What `environments` accepts per extension: a pydantic model, or a strategy of values.
@@ -225,7 +231,9 @@ def environments(
         max_text: The longest string.
         writes: The most pointer writes applied after building (recorded as changes).
         extensions: Your own extensions, always present: name → pydantic model (drawn with
-            `extension_values`) or a strategy of values (a model or JSON).
+            `extension_values`, and registered with `Environment.register_extension`, so a
+            handler that writes a value of the wrong type raises as it would in a run), or a
+            strategy of values (a model or JSON, not registered).
         free_extensions: Also add up to three untyped extensions of any JSON (off when
             your code expects only its own).
     """
@@ -245,8 +253,12 @@ def environments(
         ).items():
             builder.extension(name, value)
     for name, spec in (extensions or {}).items():
-        strategy = spec if isinstance(spec, st.SearchStrategy) else extension_values(spec)
-        builder.extension(name, draw(strategy, label=f"extension {name}"))
+        if isinstance(spec, st.SearchStrategy):
+            builder.extension(name, draw(spec, label=f"extension {name}"))
+        else:
+            builder.extension(name, draw(extension_values(spec), label=f"extension {name}"))
+            # Registered as an agent's would be: a wrong write raises, as it would in a run.
+            builder.extension_model(name, spec)
     env = builder.build()
     typed = {_escape(name) for name in extensions or {}}
     for pointer, value in draw(st.lists(pointer_writes(), max_size=writes)):
