@@ -1,11 +1,19 @@
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
 from agent_flow._types import JsonValue
+from agent_flow.agent import AgentExecutor
+from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.environment import Environment, FileInfo
 from agent_flow.messages import ToolCall
+from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import (
     TOOL_RESULTS_EXTENSION,
     HandlerRegistry,
@@ -17,6 +25,7 @@ from agent_flow.tools import (
     parse_text_tree,
     record_latest_result,
     search_results_handler,
+    tool,
     workspace_tools,
 )
 
@@ -288,3 +297,116 @@ def test_a_raising_handler_is_reported_and_later_handlers_still_run() -> None:
         )
     ]
     assert [c.pointer for c in report.changes] == ["/extensions/ok"]
+
+
+# -- the agent's entry point: agent.handlers and @agent.handler -------------------------------
+
+
+def test_the_handler_decorator_registers_the_function_and_returns_it_unchanged() -> None:
+    registry = HandlerRegistry()
+
+    @registry.handler("get_*")
+    def weather(env: Environment, call: ToolCall, result: ToolResult) -> None:
+        env.set("/extensions/weather", result.content)
+
+    assert registry.handlers_for("get_weather") == [("get_*", weather)]
+    assert registry.handlers_for("other") == []
+
+
+@tool(blocking=False)
+def get_weather(city: str) -> dict[str, JsonValue]:
+    """The weather in a city.
+
+    Args:
+        city: The city.
+    """
+    return {"city": city, "celsius": len(city)}
+
+
+@tool(blocking=False)
+def search(query: str) -> list[dict[str, str]]:
+    """Search the web.
+
+    Args:
+        query: What to look for.
+    """
+    return [{"title": query, "snippet": f"all about {query}"}]
+
+
+@tool(blocking=False)
+def count_words(text: str) -> int:
+    """Count the words of a text.
+
+    Args:
+        text: The text.
+    """
+    return len(text.split())
+
+
+_ARGUMENTS: dict[str, dict[str, JsonValue]] = {
+    "get_weather": {"city": "Paris"},
+    "search": {"query": "parsers"},
+    "count_words": {"text": "a b c"},
+}
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: int
+
+
+def weather_agent(tools_called: list[str]) -> AgentExecutor:
+    llm = ScriptedLLM(
+        [reply(tool_calls=[call(name, **_ARGUMENTS[name])]) for name in tools_called] + ["done"]
+    )
+    agent = AgentExecutor(
+        llm,
+        config=AgentConfig(control_tools=False, context=ContextConfig(max_tokens=8000)),
+    )
+    agent.tools.register_all([get_weather, search, count_words])
+    agent.environment.register_extension("weather", Weather)
+    return agent
+
+
+@settings(max_examples=25)
+@given(tools_called=st.lists(st.sampled_from(sorted(_ARGUMENTS)), max_size=4))
+def test_an_agents_own_handler_runs_beside_the_built_in_ones(tools_called: list[str]) -> None:
+    """One line on the agent adds a handler; the built-in handlers keep their tools."""
+    agent = weather_agent(tools_called)
+
+    @agent.handler("get_weather")
+    def weather(env: Environment, call: ToolCall, result: ToolResult) -> None:
+        env.set_extension("weather", Weather.model_validate(result.data))
+
+    assert agent.handlers is agent.tools.handlers
+    outcome = asyncio.run(agent.run("Weather, then notes."))
+    assert outcome.errors == ()
+    env = agent.environment
+    assert env.has("/extensions/weather") == ("get_weather" in tools_called)
+    if "get_weather" in tools_called:
+        assert env.get_extension("weather") == Weather(city="Paris", celsius=5)
+    # The built-in search handler and the default record still run for the other tools.
+    assert ("all about parsers" in "".join(env.knowledge.discovered_facts)) == (
+        "search" in tools_called
+    )
+    records = f"/extensions/{TOOL_RESULTS_EXTENSION}"
+    recorded = env.get(records) if env.has(records) else {}
+    assert isinstance(recorded, dict)
+    assert set(recorded) == set(tools_called) - {"get_weather", "search"}
+
+
+async def test_a_handler_writing_the_wrong_type_into_a_typed_extension_is_reported() -> None:
+    agent = weather_agent(["get_weather"])
+
+    @agent.handler("get_weather")
+    def weather(env: Environment, call: ToolCall, result: ToolResult) -> None:
+        env.set("/extensions/weather", {"city": "Paris", "celsius": "5"})  # the wrong type
+
+    warnings = agent.subscribe(kinds=["warning_raised"])
+    outcome = await agent.run("Weather.")
+    assert [e.type for e in outcome.errors] == ["EnvironmentValidationError"]
+    assert "Weather" in outcome.errors[0].message
+    assert "celsius" in outcome.errors[0].message
+    assert not agent.environment.has("/extensions/weather")
+    messages = [event.message async for event in warnings]  # type: ignore[attr-defined]
+    assert any("result handler" in m and "get_weather" in m for m in messages)

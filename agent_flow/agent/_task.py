@@ -3,14 +3,15 @@
 `set_task` is the one place a run moves ``/task/objective`` and ``/task/status``: a follow-up
 (`AgentExecutor.send`) takes a waiting task back up; a new task (`AgentExecutor.run`) replaces
 the objective and clears the previous task's plan, unless the task was prepared for it.
+`take_up_unstarted` does the same for a session resumed before its first step was saved.
 """
 
 from __future__ import annotations
 
 from agent_flow.environment import Environment, TaskStatus
-from agent_flow.history import History
+from agent_flow.history import History, UserMessage
 
-__all__ = ["set_task"]
+__all__ = ["set_task", "take_up_unstarted"]
 
 
 def set_task(environment: Environment, history: History, objective: str | None) -> None:
@@ -35,3 +36,13 @@ def set_task(environment: Environment, history: History, objective: str | None) 
         steps_completed=0,
         current_step=None,
     )
+
+
+def take_up_unstarted(environment: Environment, history: History, task: str) -> None:
+    """Resume a session stopped before its first step was saved with the `task` it was made for.
+
+    The task becomes the first message, and the objective unless one was set.
+    """
+    history.add(UserMessage(content=task))
+    if environment.task.objective == "":
+        environment.update_section("task", objective=task, status=TaskStatus.IN_PROGRESS.value)

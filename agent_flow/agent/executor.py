@@ -30,20 +30,21 @@ from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent._mcp import AgentMCP
 from agent_flow.agent._offer import _ToolOffer
-from agent_flow.agent._task import set_task
+from agent_flow.agent._task import set_task, take_up_unstarted
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.context import ContextManager
-from agent_flow.environment import Environment, TaskStatus
+from agent_flow.environment import Environment
 from agent_flow.errors import UserError
 from agent_flow.events import AgentEvent, BackpressurePolicy, EventBus, Subscription
-from agent_flow.history import History, UserMessage
+from agent_flow.history import History
 from agent_flow.llm.base import LLMClient, prompt_format_of
 from agent_flow.messages import ToolDefinition
 from agent_flow.pricing import preload
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.tools import ApprovalCallback, ToolExecutor, control_tools
 from agent_flow.tools.filters import ToolFilter
+from agent_flow.tools.handlers import HandlerRegistry, ResultHandler
 
 if TYPE_CHECKING:
     from agent_flow.tools.mcp import MCPServers
@@ -388,12 +389,7 @@ class AgentExecutor:
         history = state.history(counter=_make_counter(settings)[0])
         environment = state.environment if state.environment is not None else Environment()
         if state.info.task and not state.entries:
-            # Stopped before its first step was saved: take up the task it was created for.
-            history.add(UserMessage(content=state.info.task))
-            if environment.task.objective == "":
-                environment.update_section(
-                    "task", objective=state.info.task, status=TaskStatus.IN_PROGRESS.value
-                )
+            take_up_unstarted(environment, history, state.info.task)
         return cls(
             llm,
             config=settings,
@@ -419,6 +415,18 @@ class AgentExecutor:
     def history(self) -> History:
         """The agent's transcript."""
         return self.context.history
+
+    @property
+    def handlers(self) -> HandlerRegistry:
+        """The tool executor's result handlers: ``agent.handlers.register("tool", fn)`` adds one.
+
+        The built-in ones (`HandlerRegistry.with_defaults`) keep running for the other tools.
+        """
+        return self.tools.handlers
+
+    def handler(self, pattern: str) -> Callable[[ResultHandler], ResultHandler]:
+        """Register the decorated function as a result handler: ``@agent.handler("tool")``."""
+        return self.tools.handlers.handler(pattern)
 
     @property
     def store(self) -> SessionStore | None:

@@ -1,5 +1,9 @@
 """Result handlers: how tool results update the Environment.
 
+An agent's handlers are ``agent.handlers``, the registry of its tool executor, which starts
+with the built-in handlers below: add yours with ``agent.handlers.register("tool", fn)`` or
+``@agent.handler("tool")``, and the built-in ones keep running for the other tools.
+
 A `HandlerRegistry` maps tool names (exact names or globs such as ``"*_search"``) to
 functions ``handler(environment, call, result)`` that write to the environment through its
 pointer API. After a turn's calls have run, the executor applies, for each successful result
@@ -133,6 +137,19 @@ class HandlerRegistry:
     def register(self, pattern: str, handler: ResultHandler) -> None:
         """Run `handler` for results of tools whose registered name matches `pattern`."""
         self._handlers.append((pattern, handler))
+
+    def handler(self, pattern: str) -> Callable[[ResultHandler], ResultHandler]:
+        """Register the decorated function for `pattern` and return it unchanged.
+
+        ``@registry.handler("load_csv")`` above ``def dataset_loaded(env, call, result)``
+        is ``registry.register("load_csv", dataset_loaded)``.
+        """
+
+        def register(handler: ResultHandler) -> ResultHandler:
+            self.register(pattern, handler)
+            return handler
+
+        return register
 
     def handlers_for(self, tool_name: str) -> list[tuple[str, ResultHandler]]:
         """The ``(pattern, handler)`` pairs that apply to `tool_name`, in registration order."""
