@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_flow.errors import (
     IncompleteStreamError,
@@ -14,6 +16,7 @@ from agent_flow.llm import (
     Completion,
     LLMRequest,
     OpenAIClient,
+    RetryNotice,
     StreamEvent,
     TextChunk,
     ThinkingChunk,
@@ -381,24 +384,82 @@ async def test_a_tool_call_stream_cut_before_its_finish_reason_is_an_error_not_a
 
 
 @pytest.mark.parametrize("corrupt", ["{not json", '{"choices": [', b"\xff\xfe not utf-8"])
-async def test_a_chunk_that_is_not_valid_json_raises_malformed_chunk_error(
+async def test_a_chunk_that_is_not_valid_json_raises_a_retryable_malformed_chunk_error(
     openai_server: OpenAIServer, client: OpenAIClient, corrupt: str | bytes
 ) -> None:
     chunks: list[object] = list(text_chunks("fine so far"))
     chunks.insert(2, corrupt)
     openai_server.script(sse_reply(chunks))
+    client.max_retries = 0
 
-    with pytest.raises(MalformedChunkError, match="chunk 3 of the stream"):
+    with pytest.raises(MalformedChunkError, match="chunk 3 of the stream") as caught:
         await collect(client.stream(HELLO))
+    assert caught.value.retryable
 
 
-async def test_a_chunk_that_is_json_but_not_an_object_raises_malformed_chunk_error(
+async def test_a_chunk_that_is_json_but_not_an_object_raises_a_retryable_malformed_chunk_error(
     openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:
     openai_server.script(sse_reply(["[1, 2, 3]"]))
+    client.max_retries = 0
 
-    with pytest.raises(MalformedChunkError, match="not an object"):
+    with pytest.raises(MalformedChunkError, match="not an object") as caught:
         await collect(client.stream(HELLO))
+    assert caught.value.retryable
+
+
+# The README's "Retries": a stream cut or corrupted mid-answer is tried again. The faulty
+# attempt streams some of its chunks first, then ends without a finish reason, or sends a
+# chunk that is not JSON (or JSON that is not an object).
+_FAULTS = {
+    "cut": ("IncompleteStreamError", lambda good: sse_reply(good, done=False)),
+    "corrupt": ("MalformedChunkError", lambda good: sse_reply([*good, "{not json"])),
+    "not an object": ("MalformedChunkError", lambda good: sse_reply([*good, "[1]"])),
+}
+
+
+@settings(max_examples=24)
+@given(
+    fault=st.sampled_from(sorted(_FAULTS)),
+    streamed=st.integers(min_value=0, max_value=5),
+    answer=st.text(alphabet="abcxyz ", min_size=1, max_size=12).filter(str.strip),
+)
+async def test_a_stream_cut_or_corrupted_mid_answer_is_tried_again_and_its_chunks_voided(
+    fault: str, streamed: int, answer: str
+) -> None:
+    error_type, faulty = _FAULTS[fault]
+    first = text_chunks("the first try", chunk_size=3, finish_reason=None, usage=None)
+    async with OpenAIServer() as server:
+        server.script(faulty(first[:streamed]), sse_reply(text_chunks(answer)))
+        async with OpenAIClient("m", base_url=server.base_url, api_key="k") as client:
+            client.retry_base_delay = 0.001
+            events = await collect(client.stream(HELLO))
+        requests = len(server.requests)
+
+    (notice,) = [e for e in events if isinstance(e, RetryNotice)]
+    assert (notice.attempt, notice.max_attempts, notice.error_type) == (1, 3, error_type)
+    before = events[: events.index(notice)]
+    # The voided chunks are exactly those the faulty attempt streamed, and said to be.
+    assert notice.discarded == any(isinstance(e, TextChunk) and e.text for e in before)
+    assert texts(before) == "the first try"[: 3 * max(0, streamed - 1)]
+    assert texts(events[events.index(notice) :]) == answer
+    completion = events[-1]
+    assert isinstance(completion, Completion)
+    assert completion.text == answer.strip()
+    assert requests == 2
+
+
+async def test_the_same_corrupt_chunk_twice_is_not_tried_a_third_time(
+    openai_server: OpenAIServer, client: OpenAIClient
+) -> None:
+    corrupt = sse_reply([*text_chunks("so far", finish_reason=None, usage=None), "{not"])
+    openai_server.script(corrupt, corrupt, sse_reply(text_chunks("never asked")))
+    client.retry_base_delay = 0.001
+
+    with pytest.raises(MalformedChunkError, match="identical request failed identically") as caught:
+        await collect(client.stream(HELLO))
+    assert caught.value.attempts == 2
+    assert len(openai_server.requests) == 2
 
 
 async def test_an_error_event_inside_a_stream_raises_model_response_error(

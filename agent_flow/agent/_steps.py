@@ -134,9 +134,7 @@ async def _model_step(run: _Run) -> Step:
                 return Finish(StopReason.ERROR, text=str(err))
             await run._error(err, fatal=False)
             await _retrying(
-                run,
-                call,
-                RetryNotice(attempt=attempt, max_attempts=attempts, delay=0.0, reason=str(err)),
+                run, call, RetryNotice.after(err, attempt=attempt, max_attempts=attempts, delay=0.0)
             )
     assert completion is not None
     usage = completion.usage

@@ -24,7 +24,7 @@ from agent_flow._defaults import (
     RETRY_BASE_DELAY,
     RETRY_MAX_DELAY,
 )
-from agent_flow.errors import ModelError, ModelServerError
+from agent_flow.errors import MalformedChunkError, ModelError, ModelServerError
 
 __all__ = ["RetryPolicy", "Timeouts", "parse_retry_after"]
 
@@ -87,7 +87,7 @@ class RetryPolicy:
         self.max_attempts = retries + 1
         self.base_delay = base_delay
         self.max_delay = max_delay
-        self._last_failure: tuple[int, str] | None = None
+        self._last_failure: tuple[object, str] | None = None
 
     def delay(self, err: ModelError, attempt: int) -> float | None:
         """Return the seconds to wait before attempt ``attempt + 1``, or ``None`` to give up.
@@ -122,11 +122,19 @@ class RetryPolicy:
         return backoff * (0.5 + 0.5 * random.random())
 
     def _repeats(self, err: ModelError) -> bool:
-        """Whether `err` is an HTTP 500 identical to the previous attempt's."""
-        if not isinstance(err, ModelServerError) or err.status_code != 500:
+        """Whether `err` repeats the previous attempt's failure exactly.
+
+        Compared: an HTTP 500 by its body, a corrupt chunk by where and what it was.
+        """
+        if isinstance(err, ModelServerError) and err.status_code == 500:
+            failure: tuple[object, str] | None = (err.status_code, repr(err.body))
+        elif isinstance(err, MalformedChunkError):
+            failure = ("corrupt chunk", str(err))
+        else:
+            failure = None
+        if failure is None:
             self._last_failure = None
             return False
-        failure = (err.status_code, repr(err.body))
         repeated = failure == self._last_failure
         self._last_failure = failure
         return repeated

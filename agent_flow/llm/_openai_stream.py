@@ -5,9 +5,10 @@ the server refused: a server that rejects ``stream_options`` gets the stream req
 without it (once; remembered), and a model the server cannot stream for while tools are
 offered is asked without streaming (remembered per model). `read_stream` reads an opened
 stream: a server that ignored ``stream`` is read as one JSON answer, a connection lost after
-the finish reason costs only the usage, and a corrupt chunk is an error, never a silently
-shorter answer. Each workaround has a stable code and one sentence (`WARNINGS`) for the
-`StreamWarning` that reports it.
+the finish reason costs only the usage, and a corrupt chunk is a (retryable) error, never a
+silently shorter answer. Each workaround has a stable code and one sentence (`WARNINGS`) for
+the `StreamWarning` that reports it, when it is learned: the stream-with-tools fallback is
+said once per client and model, not on every call that takes it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import openai
 from openai import AsyncStream
 
 from agent_flow._types import JsonObject
-from agent_flow.errors import IncompleteStreamError, MalformedChunkError, ModelTimeoutError
-from agent_flow.llm._openai_wire import Assembler
+from agent_flow.errors import IncompleteStreamError, ModelTimeoutError
+from agent_flow.llm._openai_wire import Assembler, corrupt_chunk
 from agent_flow.llm.base import StreamEvent, StreamWarning
 
 __all__ = [
@@ -48,8 +49,8 @@ WARNINGS = {
         "token usage may be missing from streamed answers"
     ),
     STREAM_WITH_TOOLS_UNSUPPORTED: (
-        "the server cannot stream an answer when tools are offered, so this answer was "
-        "requested without streaming"
+        "the server cannot stream an answer when tools are offered, so this client asks "
+        "without streaming whenever tools are offered (answers arrive whole)"
     ),
     CONNECTION_LOST_AFTER_ANSWER: (
         "the connection closed after the answer was complete but before the stream ended; "
@@ -132,8 +133,7 @@ class StreamSupport:
             openai.OpenAIError: As the SDK raised it (the client translates it).
         """
         if "tools" in fields and fields["model"] in self._no_stream_with_tools:
-            codes.append(STREAM_WITH_TOOLS_UNSUPPORTED)
-            return None
+            return None  # said when it was learned: once per client and model
         try:
             return await self._open(post, fields, codes)
         except _StreamWithToolsRejected:
@@ -187,7 +187,7 @@ async def read_stream(
 
     Raises:
         openai.OpenAIError: As the SDK raised it (the client translates it).
-        MalformedChunkError: A chunk is not valid JSON.
+        MalformedChunkError: A chunk is not valid JSON (retryable).
         IncompleteStreamError: The stream ended without a finish reason.
     """
     try:
@@ -223,7 +223,7 @@ async def read_stream(
                 )
             events, completion = assembler.finish(warnings=notes)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise MalformedChunkError(
+        raise corrupt_chunk(
             f"chunk {assembler.chunks + 1} of the stream from {where} is not valid "
             f"JSON ({_excerpt(err)}); the answer cannot be trusted"
         ) from err

@@ -33,6 +33,7 @@ from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
 __all__ = [
     "Assembler",
+    "corrupt_chunk",
     "encode_body",
     "message_to_wire",
     "messages_to_wire",
@@ -42,6 +43,18 @@ __all__ = [
 
 _STANDARD_CHOICES = frozenset({"auto", "none", "required"})
 _EMPTY_FENCE = re.compile(r"```[\w-]*\s*```")
+
+
+def corrupt_chunk(message: str) -> MalformedChunkError:
+    """The error of a stream chunk that is not a JSON object: retryable.
+
+    A corrupt chunk is most often the transport's doing (a proxy, a connection cut inside a
+    line), so it is tried again like a cut stream; the same corruption of the same request
+    twice in a row is not tried a third time (`RetryPolicy`).
+    """
+    err = MalformedChunkError(message)
+    err.retryable = True
+    return err
 
 
 def message_to_wire(message: ChatMessage) -> JsonObject:
@@ -262,7 +275,7 @@ class Assembler:
             MalformedChunkError: The chunk is not a JSON object.
         """
         if not isinstance(chunk, dict):
-            raise MalformedChunkError(
+            raise corrupt_chunk(
                 f"a stream chunk was a JSON {type(chunk).__name__}, not an object: "
                 f"{json.dumps(chunk)[:200]}"
             )

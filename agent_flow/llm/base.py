@@ -235,6 +235,8 @@ class RetryNotice(BaseModel):
             jittered backoff).
         reason: What went wrong, one sentence.
         discarded: Whether chunks of the abandoned attempt were streamed (and are void).
+        error_type: The failed attempt's error class (e.g. ``"ModelServerError"``).
+        status_code: Its HTTP status, when the server answered with one.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -245,6 +247,30 @@ class RetryNotice(BaseModel):
     delay: float
     reason: str
     discarded: bool = False
+    error_type: str | None = None
+    status_code: int | None = None
+
+    @classmethod
+    def after(
+        cls,
+        err: Exception,
+        *,
+        attempt: int,
+        max_attempts: int,
+        delay: float,
+        discarded: bool = False,
+    ) -> RetryNotice:
+        """The notice of a retry after attempt `attempt` failed with `err`."""
+        status = getattr(err, "status_code", None)
+        return cls(
+            attempt=attempt,
+            max_attempts=max_attempts,
+            delay=delay,
+            reason=str(err),
+            discarded=discarded,
+            error_type=type(err).__name__,
+            status_code=status if isinstance(status, int) else None,
+        )
 
 
 #: Told of each retry of a non-streamed call (`LLMClient.complete`) made in this context;

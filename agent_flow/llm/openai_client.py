@@ -11,8 +11,9 @@ Built on the official SDK's `AsyncOpenAI` (connections, HTTP), with what real se
   `agent_flow.llm._openai_retry`); streams announce each retry with a `RetryNotice`.
 - Failures end in a precise `ModelError` subclass (see `agent_flow.llm._openai_errors`): a
   stream that stops without a finish reason raises `IncompleteStreamError`, a connection
-  dropped mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError`; never a
-  silently truncated answer (a connection lost after the finish reason loses only usage).
+  dropped mid-answer `ModelConnectionError`, a corrupt chunk `MalformedChunkError` (all three
+  retryable: the attempt is tried again); never a silently truncated answer (a connection
+  lost after the finish reason loses only usage).
 - Servers that reject ``stream_options`` get the stream requested again without it; servers
   that cannot stream with tools (refusing with an HTTP error, or after an HTTP 200) get a
   non-streamed request (see `agent_flow.llm._openai_stream`), reported as `StreamWarning`s.
@@ -417,12 +418,11 @@ class OpenAIClient:
                 delay = policy.delay(err, attempt)
                 if delay is None:
                     raise
-                reason = str(err)
-            if (listener := RETRY_LISTENER.get()) is not None:
-                total = policy.max_attempts
-                await listener(
-                    RetryNotice(attempt=attempt, max_attempts=total, delay=delay, reason=reason)
+                notice = RetryNotice.after(
+                    err, attempt=attempt, max_attempts=policy.max_attempts, delay=delay
                 )
+            if (listener := RETRY_LISTENER.get()) is not None:
+                await listener(notice)
             await asyncio.sleep(delay)
 
     async def _complete_once(self, request: LLMRequest) -> Completion:
@@ -481,14 +481,14 @@ class OpenAIClient:
                 delay = policy.delay(err, attempt)
                 if delay is None:
                     raise
-                reason = str(err)
-            yield RetryNotice(
-                attempt=attempt,
-                max_attempts=policy.max_attempts,
-                delay=delay,
-                reason=reason,
-                discarded=streamed,
-            )
+                notice = RetryNotice.after(
+                    err,
+                    attempt=attempt,
+                    max_attempts=policy.max_attempts,
+                    delay=delay,
+                    discarded=streamed,
+                )
+            yield notice
             await asyncio.sleep(delay)
 
     async def _stream_once(self, request: LLMRequest) -> AsyncGenerator[StreamEvent, None]:
