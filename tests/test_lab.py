@@ -35,12 +35,15 @@ from agent_flow.history import (
 )
 from agent_flow.lab import (
     Candidate,
+    ProbeResult,
     RecordedSession,
     load_export,
     load_session,
+    render_html,
     render_table,
     run_lab,
 )
+from agent_flow.lab.report import format_cost
 from agent_flow.llm.base import Usage
 from agent_flow.messages import ToolCall
 from agent_flow.pricing import price_usage
@@ -77,7 +80,9 @@ def fact_handler(env: Environment, call_: ToolCall, result: ToolResult) -> None:
     env.set("/knowledge/discovered_facts/-", f"day {day} has marker MARK-{day:02d}")
 
 
-async def record(store: SQLiteSessionStore, *, max_tokens: int = 100_000) -> str:
+async def record(
+    store: SQLiteSessionStore, *, max_tokens: int = 100_000, model: str = "gpt-4o-mini"
+) -> str:
     """Run a scripted agent that reads DAYS logs under `max_tokens`; return its session id."""
     handlers = HandlerRegistry.with_defaults()
     handlers.register("read_day", fact_handler)
@@ -89,7 +94,7 @@ async def record(store: SQLiteSessionStore, *, max_tokens: int = 100_000) -> str
     )
     script = [reply(f"Day {d}.", tool_calls=[call("read_day", day=d)]) for d in range(1, DAYS + 1)]
     agent = AgentExecutor(
-        ScriptedLLM([*script, reply("All days read.")], model="gpt-4o-mini"),
+        ScriptedLLM([*script, reply("All days read.")], model=model),
         config=AgentConfig(max_iterations=DAYS + 2),
         tools=ToolExecutor([read_day], handlers=handlers),
         context=context,
@@ -248,6 +253,80 @@ async def test_cost_is_priced_per_step_and_unknown_for_an_unknown_model(
     assert priced.candidates[0].cost_usd == pytest.approx(known.tokens / 1_000_000)
 
 
+async def test_one_unpriced_session_leaves_the_known_part_of_the_cost_in_view(
+    store: SQLiteSessionStore,
+) -> None:
+    priced = await load_session(store, await record(store))
+    local = await load_session(store, await record(store, model="my-local-gguf"))
+    alone = (await run_lab([priced], [candidate("c", 100_000, DropOldest())])).candidates[0]
+    both = (await run_lab([priced, local], [candidate("c", 100_000, DropOldest())])).candidates[0]
+    assert alone.cost_usd is not None and alone.unpriced_steps == 0
+    # The total is not known, but the part that is still is, and how much is missing.
+    assert both.cost_usd is None
+    assert both.cost_known_usd == pytest.approx(alone.cost_usd)
+    assert both.unpriced_steps == len(local.steps)
+    shown = format_cost(both.cost_known_usd, both.unpriced_steps, both.steps)
+    assert shown == f"≥ {format_cost(alone.cost_usd, 0, alone.steps)} + unknown"
+    report = await run_lab([priced, local], [candidate("c", 100_000, DropOldest())])
+    assert shown in render_table(report) and shown in render_html(report)
+    only_local = await run_lab([local], [candidate("c", 100_000, DropOldest())])
+    row = render_table(only_local).splitlines()[1]
+    assert " unknown " in row and "≥" not in row
+
+
+@given(
+    known=st.floats(0, 1000, allow_nan=False),
+    steps=st.integers(0, 50),
+    data=st.data(),
+)
+def test_a_cost_says_unknown_only_for_what_is_unknown(
+    known: float, steps: int, data: st.DataObject
+) -> None:
+    unpriced = data.draw(st.integers(0, steps))
+    text = format_cost(known, unpriced, steps)
+    if steps == 0:
+        assert text == "-"
+    elif unpriced == steps:
+        assert text == "unknown"
+    else:
+        amount = float(text.removeprefix("≥ ").removeprefix("$").split(" ")[0])
+        assert amount == pytest.approx(known, rel=1e-3, abs=1e-6)
+        assert text.startswith("≥ $") == (unpriced > 0)
+        assert text.endswith(" + unknown") == (unpriced > 0)
+
+
+async def test_each_probe_is_followed_on_its_own_under_each_candidate(
+    store: SQLiteSessionStore,
+) -> None:
+    session = await load_session(store, await record(store))
+    report = await run_lab(
+        [session],
+        [candidate("drop", 1500, DropOldest()), candidate("roomy", 100_000, DropOldest())],
+        probes=["MARK-01 disk 1", "MARK-06 disk 6", "never said"],
+    )
+    drop, roomy = report.candidates
+    # Day 1's answer arrives before step 2: the session holds it at steps 2-7 (six steps).
+    assert roomy.probes[0] == ProbeResult(
+        probe="MARK-01 disk 1", steps_available=6, steps_visible=6, sessions=1, visible_at_end=1
+    )
+    steps = drop.sessions[0].steps
+    shown = [s.step for s in steps if "probe:1" in s.visible]
+    assert drop.probes[0].steps_visible == len(shown) and shown == [2, 3]  # pruned at step 4
+    assert (drop.probes[0].sessions, drop.probes[0].visible_at_end) == (1, 0)
+    assert drop.probes[1].visible_at_end == 1
+    assert drop.probes[2] == ProbeResult(
+        probe="never said", steps_available=0, steps_visible=0, sessions=0, visible_at_end=0
+    )
+    table = render_table(report)
+    header, *rows = table.split("\n\nPROBE", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert header.split() == ["drop", "roomy"]
+    assert rows == [
+        '"MARK-01 disk 1"  2/6 steps, lost at end  6/6 steps, kept at end',
+        '"MARK-06 disk 6"  1/1 steps, kept at end  1/1 steps, kept at end',
+        '"never said"      never present           never present',
+    ]
+
+
 # -- sessions and candidates built in code ------------------------------------------------
 
 
@@ -370,6 +449,38 @@ async def test_a_bigger_budget_never_retains_fewer_answers_when_pruning_to_the_b
     few, many = (c.sessions[0].steps for c in report.candidates)
     for a, b in zip(few, many, strict=True):
         assert set(a.visible) <= set(b.visible)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    budget=st.integers(900, 4000),
+    strategy=STRATEGIES,
+    data=st.data(),
+)
+async def test_a_probe_is_present_from_the_step_after_its_answer_and_visible_at_most_then(
+    sizes: list[int], budget: int, strategy: str, data: st.DataObject
+) -> None:
+    numbers = data.draw(st.lists(st.integers(1, len(sizes)), min_size=1, max_size=3))
+    probes = [f"marker-{n} word" for n in numbers]
+    session = RecordedSession.from_entries(turns(sizes))
+    report = await run_lab(
+        [session],
+        [
+            candidate("c", budget, make_strategy(strategy), counter="approx"),
+            candidate("roomy", 1_000_000, DropOldest(), counter="approx"),
+        ],
+        probes=probes,
+    )
+    tight, roomy = report.candidates
+    steps = len(session.steps)
+    for number, result, everything in zip(numbers, tight.probes, roomy.probes, strict=True):
+        # Call `number`'s answer is in the history from step number + 1 on, whatever the budget.
+        assert result.steps_available == everything.steps_available == steps - number
+        assert everything.steps_visible == everything.steps_available
+        assert result.steps_visible <= result.steps_available
+        assert result.sessions == everything.sessions == 1
+        last = tight.sessions[0].steps[-1]
+        assert result.visible_at_end == (f"probe:{numbers.index(number) + 1}" in last.visible)
 
 
 async def test_a_step_whose_pinned_history_outgrows_the_budget_ends_the_replay_there() -> None:

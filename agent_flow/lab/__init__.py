@@ -6,7 +6,8 @@ under each candidate with agent_flow's own `ContextManager`, then reports per ca
 tokens sent per step and in total, the estimated cost, how often it pruned and summarized, the
 history units it left out, and **retention**: which facts (the environment's facts, the
 answers of earlier tool calls, and probe strings you give) the model could still see at each
-step.
+step. Each probe also gets its own row and curve: at which steps, under which candidate, the
+prompt still held it.
 
     sessions = [load_export("run.jsonl"), await load_session(store, "abc123")]
     candidates = [
@@ -41,6 +42,7 @@ from agent_flow.lab.report import (
     CandidateResult,
     Fact,
     LabReport,
+    ProbeResult,
     ReaskedAnswer,
     SessionResult,
     StepResult,
@@ -53,6 +55,7 @@ __all__ = [
     "Fact",
     "LabFile",
     "LabReport",
+    "ProbeResult",
     "ReaskedAnswer",
     "RecordedSession",
     "RecordedStep",

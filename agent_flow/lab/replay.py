@@ -39,6 +39,7 @@ from agent_flow.lab.report import (
     CandidateResult,
     Fact,
     LabReport,
+    ProbeResult,
     ReaskedAnswer,
     SessionResult,
     StepResult,
@@ -305,7 +306,23 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _candidate_result(candidate: Candidate, sessions: Sequence[SessionResult]) -> CandidateResult:
+def _probe_result(number: int, probe: str, sessions: Sequence[SessionResult]) -> ProbeResult:
+    """How the probe numbered `number` (1-based, as `_Facts` names it) fared in `sessions`."""
+    id = f"probe:{number}"
+    steps = [s for session in sessions for s in session.steps]
+    lasts = [session.steps[-1] for session in sessions if session.steps]
+    return ProbeResult(
+        probe=probe,
+        steps_available=sum(id in s.available for s in steps),
+        steps_visible=sum(id in s.visible for s in steps),
+        sessions=sum(id in last.available for last in lasts),
+        visible_at_end=sum(id in last.visible for last in lasts),
+    )
+
+
+def _candidate_result(
+    candidate: Candidate, sessions: Sequence[SessionResult], probes: Sequence[str] = ()
+) -> CandidateResult:
     steps = [s for session in sessions for s in session.steps]
     costs = [session.cost_usd for session in sessions]
     return CandidateResult(
@@ -332,6 +349,11 @@ def _candidate_result(candidate: Candidate, sessions: Sequence[SessionResult]) -
         units_omitted=sum(s.units_omitted for s in steps),
         retention_final=_mean([s.final_retention for s in sessions]),
         retention_mean=_mean([s.retention for s in steps]),
+        cost_known_usd=sum(session.cost_known_usd for session in sessions),
+        unpriced_steps=sum(session.unpriced_steps for session in sessions),
+        probes=tuple(
+            _probe_result(number, probe, sessions) for number, probe in enumerate(probes, 1)
+        ),
     )
 
 
@@ -369,12 +391,13 @@ async def run_lab(
             await replay_session(s, candidate, probes=probes, model=model, pricing=pricing)
             for s in sessions
         ]
-        results.append(_candidate_result(candidate, replayed))
+        results.append(_candidate_result(candidate, replayed, probes))
     notes = [
         "tokens are counted as agent_flow sends them; the tool schemas are not stored, so "
         "their recorded cost is added to each prompt (and kept free in its budget)",
         "cost: the candidate's prompt tokens plus the completion tokens each step recorded, "
-        "priced from genai-prices' data (or --pricing); unknown means the model has no price",
+        "priced from genai-prices' data (or --pricing); unknown means the model has no price, "
+        "and '≥ $x + unknown' that some sessions' model has none ($x is the priced part)",
     ]
     if any(c.summarizes for c in candidates):
         names = sorted({c.summarizer or "" for c in candidates if c.summarizes})

@@ -1,14 +1,20 @@
 """What a lab run found: `LabReport` and its parts, as JSON and as a terminal table.
 
 The report is plain data (frozen pydantic models): ``report.model_dump_json()`` is the JSON
-``agent-flow lab --json`` prints, `render_table` the table it prints otherwise, and
-`agent_flow.lab.html.render_html` the HTML page with plots.
+``agent-flow lab --json`` prints, `render_table` the table it prints otherwise (one row per
+candidate, then one row per probe), and `agent_flow.lab.html.render_html` the HTML page with
+plots.
 
 Retention counts **facts**: the environment's discovered facts, the answer of every earlier
 tool call, and the probe strings the user gave. A fact is *available* at a step when the full
 context (the whole history so far and the whole environment) holds it, and *visible* when the
 prompt the candidate built holds it, both compared on whitespace-collapsed text. Retention is
-visible / available.
+visible / available. Each probe is also followed on its own (`ProbeResult`): at how many steps
+the prompt still held it, and whether it did at the end.
+
+Cost is what is known: a step whose model has no price adds nothing to ``cost_known_usd`` and
+one to ``unpriced_steps``; ``cost_usd`` is the total only when every step was priced, and the
+table shows a partial total as ``≥ $x + unknown``.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ __all__ = [
     "CandidateResult",
     "Fact",
     "LabReport",
+    "ProbeResult",
     "ReaskedAnswer",
     "SessionResult",
     "StepResult",
+    "format_cost",
     "render_table",
 ]
 
@@ -130,9 +138,41 @@ class SessionResult(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
+    def cost_known_usd(self) -> float:
+        """Estimated price of the steps whose price is known."""
+        return sum(s.cost_usd for s in self.steps if s.cost_usd is not None)
+
+    @computed_field  # type: ignore[prop-decorator]  # in the JSON too
+    @property
+    def unpriced_steps(self) -> int:
+        """Steps whose price is unknown (their model has no price)."""
+        return sum(s.cost_usd is None for s in self.steps)
+
+    @computed_field  # type: ignore[prop-decorator]  # in the JSON too
+    @property
     def final_retention(self) -> float:
         """Retention at the last step (0.0 when no step fit the budget: nothing was sent)."""
         return self.steps[-1].retention if self.steps else 0.0
+
+
+class ProbeResult(BaseModel):
+    """How one probe string fared under one candidate, over every session.
+
+    Attributes:
+        probe: The probe string.
+        steps_available: Steps whose full context held it (the session had it by then).
+        steps_visible: Of those, the steps whose prompt held it.
+        sessions: Sessions whose last step's full context held it.
+        visible_at_end: Of those, the sessions whose last prompt held it.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    probe: str
+    steps_available: int
+    steps_visible: int
+    sessions: int
+    visible_at_end: int
 
 
 class CandidateResult(BaseModel):
@@ -150,12 +190,15 @@ class CandidateResult(BaseModel):
         max_step_tokens: The largest prompt.
         cost_usd: Estimated price of all steps (None: a price is unknown, never 0; or no step
             fit the budget).
+        cost_known_usd: Estimated price of the steps whose price is known.
+        unpriced_steps: Steps whose price is unknown.
         prunes: Steps before which the history was pruned.
         summaries: Prunings that wrote a summary.
         units_omitted: History units left out of prompts, summed over steps.
         retention_final: Mean over sessions of the last step's retention (a session no step
             of which fit counts 0).
         retention_mean: Mean over all steps of their retention (0.0 with no step).
+        probes: Each probe of the run, in order.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -175,6 +218,9 @@ class CandidateResult(BaseModel):
     units_omitted: int
     retention_final: float
     retention_mean: float
+    cost_known_usd: float = 0.0
+    unpriced_steps: int = 0
+    probes: tuple[ProbeResult, ...] = ()
 
 
 class ReaskedAnswer(BaseModel):
@@ -221,10 +267,45 @@ class LabReport(BaseModel):
     answers: tuple[ReaskedAnswer, ...] = ()
 
 
-def _cost(value: float | None) -> str:
-    if value is None:
-        return "unknown"
+def _dollars(value: float) -> str:
     return f"${value:.4f}" if value >= 0.01 else f"${value:.6f}"
+
+
+def format_cost(known_usd: float, unpriced_steps: int, steps: int) -> str:
+    """A cost as the table shows it: what is known, and whether some of it is not.
+
+    ``$x`` when every step was priced, ``≥ $x + unknown`` when some were not, ``unknown`` when
+    none was, and ``-`` when no step was replayed (nothing was sent).
+    """
+    if steps == 0:
+        return "-"
+    if unpriced_steps == 0:
+        return _dollars(known_usd)
+    if unpriced_steps >= steps:
+        return "unknown"
+    return f"≥ {_dollars(known_usd)} + unknown"
+
+
+def probe_cell(probe: ProbeResult) -> str:
+    """One probe under one candidate, in a few words: steps it was visible, and at the end."""
+    if probe.steps_available == 0:
+        return "never present"
+    seen = f"{probe.steps_visible}/{probe.steps_available} steps"
+    if probe.sessions == 0:
+        return seen
+    if probe.visible_at_end == probe.sessions:
+        return f"{seen}, kept at end"
+    if probe.visible_at_end == 0:
+        return f"{seen}, lost at end"
+    return f"{seen}, kept at end in {probe.visible_at_end}/{probe.sessions}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def render_table(report: LabReport) -> str:
@@ -251,7 +332,7 @@ def render_table(report: LabReport) -> str:
             str(c.steps),
             f"{c.tokens:,}",
             f"{c.max_step_tokens:,}",
-            _cost(c.cost_usd),
+            format_cost(c.cost_known_usd, c.unpriced_steps, c.steps),
             str(c.prunes),
             str(c.summaries),
             str(c.units_omitted),
@@ -260,11 +341,17 @@ def render_table(report: LabReport) -> str:
         )
         for c in report.candidates
     ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
+    lines = _table([header, *rows])
+    if report.probes and report.candidates:
+        # One row per probe: is it still in the prompt under each candidate?
+        probe_rows: list[tuple[str, ...]] = [("PROBE", *(c.name for c in report.candidates))]
+        for index, probe in enumerate(report.probes):
+            cells = [
+                probe_cell(c.probes[index]) if index < len(c.probes) else "-"
+                for c in report.candidates
+            ]
+            probe_rows.append((f'"{probe}"', *cells))
+        lines.extend(["", *_table(probe_rows), ""])
     for candidate in report.candidates:
         for session in candidate.sessions:
             last = session.steps[-1] if session.steps else None
