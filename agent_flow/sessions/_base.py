@@ -313,7 +313,11 @@ class _StoreBase(_EventReads):
                 del tracked.entries[keep:]
                 tracked.entries.extend(new)
                 tracked.revision = write.revision
-                tracked.history, tracked.history_version = weakref.ref(history), history_version
+                if tracked.history is None or tracked.history() is not history:
+                    # Kept while the writer's history lives: gone with it (an agent closed,
+                    # a server's session evicted), the next save compares with the store.
+                    tracked.history = weakref.ref(history, self._forget(session_id, tracked))
+                tracked.history_version = history_version
                 tracked.environment = weakref.ref(environment)
                 tracked.environment_version = env_version
                 # Even without events of its own: ending an expired lease appends one.
@@ -468,6 +472,17 @@ class _StoreBase(_EventReads):
             SessionNotFoundError: No session has that id.
         """
         await self._run(self._backend.release, lease)
+
+    def _forget(self, session_id: str, tracked: _Tracked) -> Callable[[object], None]:
+        """A callback that stops tracking `session_id` when its writer's history is gone."""
+        store = weakref.ref(self)
+
+        def forget(_: object) -> None:
+            owner = store()
+            if owner is not None and owner._tracked.get(session_id) is tracked:
+                del owner._tracked[session_id]
+
+        return forget
 
     async def delete(self, session_id: str) -> None:
         """Delete the session and everything stored with it.
