@@ -23,6 +23,11 @@ Everything a test needs from a real server is scriptable: streams in many small 
 finish reason (``finish_reason=None``), corrupt chunks (raw strings or bytes in
 `sse_reply`), a server that never answers (``Reply(hang=True)``), and conditional answers
 such as rejecting ``stream_options`` (a function of the request).
+
+Requests to other routes than chat completions (a client asking ``GET /props`` for the
+server's context size, as `agent-flow run` does of a local server) never take a scripted
+reply: they are answered from `routes` by method and path (a llama.cpp-like ``/props``, say),
+else with 404, and recorded in `side_requests`, not `requests`.
 """
 
 from __future__ import annotations
@@ -383,6 +388,9 @@ def completion_body(
     return body
 
 
+_NOT_FOUND = json_reply({"error": {"message": "no such route", "type": "not_found"}}, status=404)
+
+
 class OpenAIServer:
     """The scripted server. Use as ``async with OpenAIServer() as server``.
 
@@ -396,6 +404,10 @@ class OpenAIServer:
         self.handler = handler
         self.requests: list[RecordedRequest] = []
         self.unexpected: list[RecordedRequest] = []
+        #: Answers to requests other than chat completions, by (method, path without query).
+        self.routes: dict[tuple[str, str], Reply] = {}
+        #: The requests answered from `routes` (or with 404), in order.
+        self.side_requests: list[RecordedRequest] = []
         self.record = True
         self._script: deque[ReplyLike] = deque()
         self._server: asyncio.Server | None = None
@@ -486,9 +498,14 @@ class OpenAIServer:
                 length = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(length) if length else b""
                 request = RecordedRequest(method, path, headers, body)
-                if self.record:
-                    self.requests.append(request)
-                reply = await self._next_reply(request)
+                route = path.split("?", 1)[0]
+                if not route.endswith("/chat/completions"):
+                    self.side_requests.append(request)
+                    reply = self.routes.get((method, route)) or _NOT_FOUND
+                else:
+                    if self.record:
+                        self.requests.append(request)
+                    reply = await self._next_reply(request)
                 if not await self._write(reply, writer):
                     return
                 if headers.get("connection", "").lower() == "close":

@@ -209,3 +209,42 @@ async def test_tools_marks_an_mcp_write_tool_as_asking_approval_and_run_asks(
     assert run.code == 0, run.err
     assert "notes_erase" in run.out and "has high risk" in run.out
     assert "refused: notes_erase (nobody could be asked" in run.out
+
+
+@pytest.mark.parametrize(
+    "url", ["localhost:8080/v1", "127.0.0.1:11434", "ftp://host/v1", "http://"]
+)
+@pytest.mark.parametrize("where", ["--base-url", "OPENAI_BASE_URL", "config"])
+def test_a_base_url_that_is_no_http_url_is_a_usage_error_before_anything_runs(
+    url: str, where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "d"
+    argv = ["run", "t", "--model", "m", "--db", str(db)]
+    if where == "--base-url":
+        argv += ["--base-url", url]
+    elif where == "OPENAI_BASE_URL":
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+    else:
+        config = tmp_path / "agent.toml"
+        config.write_text(f'[agent.llm]\nmodel = "m"\nbase_url = "{url}"\n')
+        argv += ["--config", str(config)]
+    result = invoke(argv)
+    # Not an unreachable model after three attempts (exit 3): a usage error, at once.
+    assert (result.code, result.out, result.err.count("\n")) == (2, "", 1)
+    named = {"--base-url": "--base-url", "OPENAI_BASE_URL": "OPENAI_BASE_URL"}
+    assert f"{named.get(where, 'base_url (in the config)')} {url!r} is not an http://" in result.err
+    example = (
+        "http://" + url.split("://", 1)[-1] if url != "http://" else "http://localhost:8080/v1"
+    )
+    assert result.err.rstrip().endswith(f"e.g. {example}")
+    assert not db.exists() or sessions_in(db) == 0
+
+
+async def test_the_labs_ask_refuses_a_base_url_without_a_scheme(tmp_path: Path) -> None:
+    export = tmp_path / "run.jsonl"
+    export.write_text("{}\n")
+    result = await invoke_async(
+        ["lab", str(export), "--budget", "2000", "--ask", "--model", "m",
+         "--base-url", "localhost:8080/v1"]
+    )  # fmt: skip
+    assert result.code == 2 and "--base-url 'localhost:8080/v1' is not an http://" in result.err

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -23,7 +24,7 @@ from agent_flow.agent import AgentExecutor, tool_executor_from_config
 from agent_flow.cli._exit import EXIT_USAGE, _Failure
 from agent_flow.config import AgentConfig, ConfigWarning, load_config
 from agent_flow.errors import ConfigError, ContextBudgetError
-from agent_flow.llm import LLMConfig, LLMOverrides, resolve_llm_config
+from agent_flow.llm import LLMConfig, LLMOverrides, OpenAIClient, resolve_llm_config
 from agent_flow.tools import (
     MCPServerConfig,
     MCPServerHTTP,
@@ -77,6 +78,69 @@ def _agent_config(
         raise ConfigError(f"{' '.join(flags)} gives an invalid {where}: {problem['msg']}") from err
 
 
+async def _fit_to_server_context(
+    config: AgentConfig,
+    client: OpenAIClient,
+    provider: str,
+    args: argparse.Namespace,
+    warn: Callable[[str], None],
+) -> AgentConfig:
+    """The config with its budget cut to the context the model server reports, if smaller.
+
+    Says so once (`warn`). See `agent_flow.cli._server_context` for which servers are asked.
+
+    Raises:
+        _Failure: The server's context is smaller than the configured output reserve.
+    """
+    from agent_flow.cli._server_context import server_context, worth_asking
+
+    if not worth_asking(provider, client.base_url):
+        return config
+    found = await server_context(client)
+    budget = config.context.max_tokens
+    if found is None or found.tokens >= budget:
+        return config
+    given = (
+        f"--budget {budget:,}"
+        if getattr(args, "budget", None) is not None
+        else f"the budget of {budget:,} tokens"
+    )
+    context = config.context.model_dump(exclude_unset=True)
+    context["max_tokens"] = found.tokens
+    try:
+        fitted = AgentConfig.model_validate({**config.model_dump(), "context": context})
+    except ValidationError as err:
+        raise _Failure(
+            EXIT_USAGE,
+            f"the model server holds only {found.tokens:,} tokens ({found.source}), less than "
+            f"the context settings allow: {err.errors()[0]['msg']}; lower "
+            "reserve_output_tokens, or start the server with a larger context",
+        ) from err
+    warn(
+        f"the model server holds {found.tokens:,} tokens per request ({found.source}), fewer "
+        f"than {given}: prompts are budgeted to {found.tokens:,} tokens"
+    )
+    return fitted
+
+
+async def _warn_if_server_context_is_smaller(
+    client: OpenAIClient, budget: int, args: argparse.Namespace, warn: Callable[[str], None]
+) -> None:
+    """For an --agent's own budget, which the command cannot change: say once if too large."""
+    from agent_flow.cli._server_context import server_context, worth_asking
+
+    if not worth_asking(getattr(args, "provider", None), client.base_url):
+        return
+    found = await server_context(client)
+    if found is not None and found.tokens < budget:
+        warn(
+            f"the model server holds {found.tokens:,} tokens per request ({found.source}), "
+            f"fewer than the budget of --agent {args.agent} ({budget:,} tokens): prompts it "
+            "rejects or cuts are likely; build the agent with "
+            f"ContextConfig(max_tokens={found.tokens})"
+        )
+
+
 def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
     """The model to call: the config's, with --model / --base-url / --api-key-env on top."""
     flags = LLMOverrides(
@@ -104,12 +168,43 @@ def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
     return resolve_llm_config(overrides=LLMOverrides.model_validate(merged))
 
 
-def _check_credentials(llm: LLMConfig, flag: str | None) -> None:
-    """Refuse early when the key the run would send is missing.
+def _check_base_url(url: str | None, *, flag: str | None, config_url: str | None) -> None:
+    """Refuse a base URL that is not an http(s) URL with a host (a usage error, exit 2).
+
+    Without the scheme (``localhost:8080/v1``) the SDK would fail every attempt and the run
+    would end as an unreachable model (exit 3) after its retries.
+
+    Args:
+        url: The URL requests would go to.
+        flag: The ``--base-url`` value, if given.
+        config_url: The config's own ``base_url``, if any.
+    """
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return
+    if flag is not None and url == flag:
+        where = "--base-url"
+    elif config_url is not None and url == config_url:
+        where = "base_url (in the config)"
+    else:
+        where = "OPENAI_BASE_URL"
+    fix = "http://" + url.split("://", 1)[-1]
+    raise _Failure(
+        EXIT_USAGE,
+        f"{where} {url!r} is not an http:// or https:// URL with a host; give the whole URL, "
+        f"e.g. {fix if urlsplit(fix).hostname else 'http://localhost:8080/v1'}",
+    )
+
+
+def _check_credentials(llm: LLMConfig, flag: str | None, base_url_flag: str | None = None) -> None:
+    """Refuse early when the key the run would send is missing, or the base URL is no URL.
 
     Args:
         llm: The model config.
         flag: The ``--api-key-env`` value, if given.
+        base_url_flag: The ``--base-url`` value, if given.
     """
     if llm.api_key_env and not os.environ.get(llm.api_key_env):
         # A variable named on purpose is never silently skipped, even for a local server.
@@ -123,6 +218,7 @@ def _check_credentials(llm: LLMConfig, flag: str | None) -> None:
         base_url = llm.resolved_base_url()
     except ConfigError as err:
         raise _Failure(EXIT_USAGE, str(err)) from None
+    _check_base_url(base_url, flag=base_url_flag, config_url=llm.base_url)
     key_env = llm.resolved_api_key_env()
     if base_url is None and not os.environ.get(key_env):
         hint = "" if llm.api_key_env else " (or name another variable with --api-key-env)"

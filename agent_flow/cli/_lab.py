@@ -9,8 +9,10 @@ report as JSON with ``--json``, and writes the HTML report with ``--html FILE``.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
+from agent_flow.cli._build import _check_base_url
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli._sessions import _store
 from agent_flow.config import StrategyName
@@ -101,6 +103,9 @@ def _model(args: argparse.Namespace, sessions: list[RecordedSession]) -> LLMClie
 
 async def _lab_command(args: argparse.Namespace, streams: _Streams) -> int:
     candidates, probes = _candidates(args)
+    if args.ask:  # a usage error before any session is read
+        url = args.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        _check_base_url(url, flag=args.base_url, config_url=None)
     sessions = await _sessions(args)
     llm = _model(args, sessions)
     report = await run_lab(

@@ -23,9 +23,12 @@ from agent_flow.cli._build import (
     _agent_config,
     _check_budget,
     _check_credentials,
+    _fit_to_server_context,
     _llm_config,
+    _load_config,
     _start_agent,
     _tools,
+    _warn_if_server_context_is_smaller,
 )
 from agent_flow.cli._exit import (
     EXIT_CANCELLED,
@@ -98,26 +101,45 @@ async def _open_session(
     from agent_flow.cli._reading import QuietRenderer, ReadingRenderer
     from agent_flow.cli._user_agent import load_user_agent
     from agent_flow.cli.render import EventRenderer, JsonLinesWriter, make_console
+    from agent_flow.llm import OpenAIClient
 
     def warn(message: str) -> None:
         streams.stderr.write(f"agent-flow: warning: {message}\n")
 
     _check_db(args.db)
-    own = await load_user_agent(args.agent) if args.agent else None
+    built: list[OpenAIClient] = []
+
+    def model_from_flags() -> OpenAIClient:
+        # For an --agent function that takes `llm`: the model of the flags (and AGENT_FLOW_*).
+        llm_config = _llm_config(_load_config(None, warn), args)
+        _check_credentials(llm_config, args.api_key_env, args.base_url)
+        client = OpenAIClient.from_config(llm_config)
+        stack.push_async_callback(client.aclose)
+        built.append(client)
+        return client
+
+    own = (
+        await load_user_agent(args.agent, llm=model_from_flags if _model_flags(args) else None)
+        if args.agent
+        else None
+    )
     if isinstance(own, AgentExecutor):
-        _refuse_flags_for_an_executor(args)
+        given_llm = bool(built) and own.llm is built[0]
+        _refuse_flags_for_an_executor(args, model_flags_taken=given_llm)
         config, llm = own.config, own.llm
-        _close_at_exit(llm, stack)
+        if not given_llm:
+            _close_at_exit(llm, stack)
+        if isinstance(llm, OpenAIClient):
+            await _warn_if_server_context_is_smaller(llm, own.context.max_tokens, args, warn)
     else:
         config = _agent_config(args, warn, base=own)
         llm_config = _llm_config(config, args)
-        _check_credentials(llm_config, args.api_key_env)
+        _check_credentials(llm_config, args.api_key_env, args.base_url)
         config = config.model_copy(update={"llm": llm_config, "llm_overrides": None})
-        from agent_flow.llm import OpenAIClient
-
         client = OpenAIClient.from_config(llm_config)
         stack.push_async_callback(client.aclose)
         llm = client
+        config = await _fit_to_server_context(config, client, llm_config.provider, args, warn)
     store = await stack.enter_async_context(_store(args))
     tools = _tools(args, config, into=own.tools if isinstance(own, AgentExecutor) else None)
     config = tools.config
@@ -214,25 +236,50 @@ def _close_at_exit(llm: object, stack: contextlib.AsyncExitStack) -> None:
         stack.push_async_callback(close)
 
 
-def _refuse_flags_for_an_executor(args: argparse.Namespace) -> None:
-    given = [
-        flag
-        for flag, value in (
-            ("--model", args.model),
-            ("--base-url", args.base_url),
-            ("--api-key-env", args.api_key_env),
-            ("--timeout", getattr(args, "timeout", None)),
-            ("--config", args.config),
-            ("--max-iterations", args.max_iterations),
-            ("--budget", args.budget),
-        )
-        if value is not None
+_MODEL_FLAGS = ("model", "base_url", "provider", "api_key_env", "timeout")
+
+
+def _model_flags(args: argparse.Namespace) -> bool:
+    """Whether any flag that describes the model was given."""
+    return any(getattr(args, name, None) is not None for name in _MODEL_FLAGS)
+
+
+def _refuse_flags_for_an_executor(
+    args: argparse.Namespace, *, model_flags_taken: bool = False
+) -> None:
+    """Refuse the flags an `AgentExecutor` from ``--agent`` cannot take.
+
+    Args:
+        args: The flags.
+        model_flags_taken: Its function took the model the flags describe (an ``llm``
+            parameter), so those flags are honoured.
+    """
+    model = [
+        ("--model", args.model),
+        ("--base-url", args.base_url),
+        ("--provider", getattr(args, "provider", None)),
+        ("--api-key-env", args.api_key_env),
+        ("--timeout", getattr(args, "timeout", None)),
     ]
-    if given:
+    rest = [
+        ("--config", args.config),
+        ("--max-iterations", args.max_iterations),
+        ("--budget", args.budget),
+    ]
+    given_model = [flag for flag, value in model if value is not None]
+    given_rest = [flag for flag, value in rest if value is not None]
+    if given_model and not model_flags_taken:
         raise _Failure(
             EXIT_USAGE,
-            f"--agent {args.agent} is an AgentExecutor with its own model and config, which "
-            f"{', '.join(given)} cannot change; return an AgentConfig (or build the agent "
+            f"--agent {args.agent} is an AgentExecutor with its own model, which "
+            f"{', '.join(given_model)} cannot change; give --agent a function with an llm "
+            "parameter (def build_agent(llm=None): ...) to take the model of these flags",
+        )
+    if given_rest:
+        raise _Failure(
+            EXIT_USAGE,
+            f"--agent {args.agent} is an AgentExecutor with its own config, which "
+            f"{', '.join(given_rest)} cannot change; return an AgentConfig (or build the agent "
             "from one) to take these flags",
         )
 
