@@ -14,9 +14,12 @@ call a weather API in ``run``.
 Uses a scripted model unless OPENAI_BASE_URL or OPENAI_API_KEY is set (then OPENAI_MODEL,
 default gpt-4o-mini, gets the same tool and question). A real model may ask about other
 cities, or none: the handler records what came back and the report says what is missing.
-Run with ``agent-flow``::
+Run with ``agent-flow``; ``build_agent`` takes an ``llm``, so the model flags reach it (without
+them it picks its model as above)::
 
     agent-flow chat --agent examples/custom_tool.py:build_agent
+    agent-flow chat --agent examples/custom_tool.py:build_agent \
+        --model qwen2.5 --base-url http://localhost:11434/v1
 """
 
 from __future__ import annotations
@@ -107,7 +110,11 @@ def choose_model(script: list[ScriptStep]) -> LLMClient:
 
 
 def build_agent(llm: LLMClient | None = None) -> AgentExecutor:
-    """The weather agent: its tool, its handler, its budget (``--agent`` calls it bare)."""
+    """The weather agent: its tool, its handler, its budget.
+
+    ``--agent`` passes the model of ``--model``, ``--base-url`` (and ``--provider``,
+    ``--api-key-env``, ``--timeout``) as `llm` when one of them is given, else calls it bare.
+    """
     handlers = HandlerRegistry.with_defaults()
     handlers.register("get_weather", weather_handler)
     tools = ToolExecutor([WeatherTool()], handlers=handlers)

@@ -202,6 +202,16 @@ AGENTS = textwrap.dedent(
         return build()
 
 
+    def build_for(llm=None):
+        """The shopkeeper on the model the flags give, else on its own."""
+        own = build()
+        return AgentExecutor(llm or own.llm, config=own.config, tools=own.tools)
+
+
+    def build_needs(llm):
+        return AgentExecutor(llm)
+
+
     CONFIG = AgentConfig(name="terse", system_prompt="Answer in one word.\\n{environment}")
     NOT_AN_AGENT = 42
     '''
@@ -286,5 +296,74 @@ async def test_an_agent_executor_refuses_flags_it_cannot_take(agents: Path, tmp_
     result = await invoke_async(
         ["run", "t", "--agent", f"{agents}:build", "--model", "other", "--db", str(tmp_path / "d")]
     )
-    assert result.code == 2
-    assert "is an AgentExecutor with its own model and config, which --model cannot" in result.err
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert "is an AgentExecutor with its own model, which --model cannot change" in result.err
+    assert "a function with an llm parameter (def build_agent(llm=None)" in result.err
+    budget = await invoke_async(
+        [
+            "run",
+            "t",
+            "--agent",
+            f"{agents}:build_for",
+            "--budget",
+            "9000",
+            "--db",
+            str(tmp_path / "e"),
+        ]
+    )
+    assert budget.code == 2
+    assert "is an AgentExecutor with its own config, which --budget cannot change" in budget.err
+
+
+async def test_an_agent_function_taking_llm_runs_on_the_model_of_the_flags(
+    agents: Path, tmp_path: Path
+) -> None:
+    from tests.openai_server import OpenAIServer
+
+    # Its own model (SHOP_URL) is another server: the flags' server must get every request.
+    async with OpenAIServer() as flags_server:
+        flags_server.script(
+            sse_reply(tool_call_chunks([("s1", "stock_level", '{"item": "lamp"}')])),
+            sse_reply(text_chunks("Seven lamps.")),
+        )
+        db = tmp_path / "d"
+        result = await invoke_async(
+            ["run", "how many lamps?", "--agent", f"{agents}:build_for", "--model", "flag-model",
+             "--base-url", flags_server.base_url, "--db", str(db), "-q"]
+        )  # fmt: skip
+    assert (result.code, result.out, result.err) == (0, "Seven lamps.\n", "")
+    assert [body["model"] for body in flags_server.bodies] == ["flag-model", "flag-model"]
+    assert flags_server.bodies[1]["messages"][-1]["content"] == "lamp: 7 left"
+    async with SQLiteSessionStore(db) as store:
+        (info,) = await store.list()
+        state = await store.load(info.id)
+    # Its own tools and handlers ran: the handler wrote the environment.
+    assert state.environment is not None and state.environment.get("/extensions/stock/lamp") == 7
+
+
+async def test_an_agent_function_that_needs_llm_asks_for_the_model_flags(
+    agents: Path, tmp_path: Path
+) -> None:
+    db = str(tmp_path / "d")
+    result = await invoke_async(["run", "t", "--agent", f"{agents}:build_needs", "--db", db])
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert "build_needs() needs its llm; pass --model (and --base-url)" in result.err
+
+
+async def test_the_readme_custom_tool_agent_takes_model_and_base_url(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    from tests.test_cli import REPO
+
+    openai_server.script(
+        sse_reply(tool_call_chunks([("w1", "get_weather", '{"location": "Tokyo"}')])),
+        sse_reply(text_chunks("Rain in Tokyo.")),
+    )
+    spec = f"{REPO / 'examples' / 'custom_tool.py'}:build_agent"
+    result = await invoke_async(
+        ["run", "weather in Tokyo?", "-q", "--agent", spec, *model_flags(openai_server),
+         "--db", str(tmp_path / "d")]
+    )  # fmt: skip
+    assert (result.code, result.out, result.err) == (0, "Rain in Tokyo.\n", "")
+    assert [body["model"] for body in openai_server.bodies] == ["test-model"] * 2
+    assert openai_server.bodies[1]["messages"][-1]["content"] == "Tokyo: 64°F, light rain"

@@ -2,7 +2,15 @@
 
 The attribute is an `AgentExecutor` (its model, tools, handlers and config are used as they
 are), an `AgentConfig` (the command builds the model and tools from it, flags on top), or a
-function returning either (called with no arguments; a coroutine function is awaited).
+function returning either (a coroutine function is awaited). A function with an ``llm``
+parameter is given the model the flags describe (``--model``, ``--base-url``, ``--provider``,
+``--api-key-env``, ``--timeout``) when any of them is given, so one Python agent runs against
+any server from the command line::
+
+    def build_agent(llm: LLMClient | None = None) -> AgentExecutor:
+        return AgentExecutor(llm or OpenAIClient("gpt-4o-mini"), tools=...)
+
+Otherwise it is called with no arguments.
 MODULE is a module name importable from the current directory (``my_agents``,
 ``pkg.agents``) or a path to a ``.py`` file (``examples/custom_tool.py``). That is how
 Python-defined tools and result handlers reach `run`, `chat` and `tools`.
@@ -15,12 +23,14 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.errors import UserError
+from agent_flow.llm.base import LLMClient
 
 UserAgent = AgentExecutor | AgentConfig
 
@@ -55,8 +65,29 @@ def _import(spec: str, module_name: str) -> ModuleType:
         raise
 
 
-async def load_user_agent(spec: str) -> UserAgent:
+def _llm_parameter(function: Callable[..., object]) -> inspect.Parameter | None:
+    """The function's ``llm`` parameter, if it can be passed by keyword."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin or a C callable without a signature
+        return None
+    parameter = parameters.get("llm")
+    if parameter is None or parameter.kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    ):
+        return None
+    return parameter
+
+
+async def load_user_agent(spec: str, *, llm: Callable[[], LLMClient] | None = None) -> UserAgent:
     """Import and build the agent ``--agent`` names.
+
+    Args:
+        spec: ``MODULE:ATTR``.
+        llm: Builds the model the flags describe; given to a function with an ``llm``
+            parameter (None: no model flag was given).
 
     Raises:
         UserError: The spec is malformed, the module or attribute does not exist, or it
@@ -81,8 +112,17 @@ async def load_user_agent(spec: str) -> UserAgent:
             raise UserError(f"--agent {spec!r}: {module_name} has no attribute {attribute!r}")
         found = getattr(found, part)
     if callable(found) and not isinstance(found, AgentExecutor | AgentConfig):
+        takes_llm = _llm_parameter(found)
+        arguments: dict[str, object] = {}
+        if takes_llm is not None and llm is not None:
+            arguments["llm"] = llm()
+        elif takes_llm is not None and takes_llm.default is inspect.Parameter.empty:
+            raise UserError(
+                f"--agent {spec!r}: {attribute}() needs its llm; pass --model (and --base-url) "
+                "to give it one"
+            )
         try:
-            found = found()
+            found = found(**arguments)
             if inspect.isawaitable(found):
                 found = await found
         except Exception as err:
