@@ -180,6 +180,35 @@ async def test_ctrl_c_cancels_the_answer_and_the_chat_goes_on(
     assert user_messages(openai_server.bodies[1])[-1] == "are you there?"
 
 
+async def test_ctrl_c_keeps_the_part_of_the_answer_already_written_dimmed_and_cut(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    written = "Once upon a time, there was"
+    # The answer streams this far, then the server goes silent (no finish, no [DONE]).
+    chunks = text_chunks(written, chunk_size=4, finish_reason=None, usage=None)
+    openai_server.script(
+        sse_reply(chunks, stall_after=len(chunks)), sse_reply(text_chunks("Go on?"))
+    )
+    terminal = Terminal(openai_server, tmp_path / "home", tmp_path / "s.db")
+    await terminal.prompt()
+    terminal.child.send("tell me a story\r")
+    await terminal.expect("there was")  # the status line follows the writing
+    terminal.child.sendcontrol("c")
+    await terminal.expect("cancelling this answer")
+    await terminal.expect(re.escape("[cut off here: the answer was cancelled]"))
+    await terminal.prompt()
+    terminal.child.send("and then?\r")
+    await terminal.expect("Go on")
+    await terminal.prompt()
+    assert await terminal.leave() == 0
+    raw = terminal.seen.getvalue()
+    after = raw[raw.index("cancelling this answer") :]
+    # Dimmed (SGR 2), whole, and before the mark that says it was cut.
+    assert f"\x1b[2m{written}" in after
+    assert after.index(written) < after.index("[cut off here")
+    assert "cancelled · 1 step" in terminal.screen
+
+
 async def test_long_lines_wrap_at_word_boundaries_to_the_terminal(
     openai_server: OpenAIServer, tmp_path: Path
 ) -> None:

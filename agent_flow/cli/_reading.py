@@ -4,7 +4,8 @@
 spinner line that follows the run (iteration, the tool running, the context's size) and
 disappears; then the answer, rendered as Markdown on a terminal (plain text elsewhere), and
 one dim line saying how the run went. What needs a person still gets its own line: approval
-requests and answers, and each distinct warning once. ``--trace`` uses `EventRenderer`
+requests and answers, and each distinct warning once. An answer cut off by Ctrl-C is not lost:
+the part already written is shown dimmed, marked as cut. ``--trace`` uses `EventRenderer`
 instead, which prints every event.
 
 `QuietRenderer` (``-q``) prints the answer alone on stdout, for scripts; approval requests go
@@ -27,6 +28,7 @@ from agent_flow.events import (
     ApprovalResolved,
     ContextBuilt,
     IterationStarted,
+    ModelOutputDiscarded,
     ModelResponded,
     RunFinished,
     RunStarted,
@@ -57,6 +59,7 @@ class ReadingRenderer:
         self._calls = 0
         self._context = ""
         self._written = ""
+        self._answer: list[str] = []  # the text of the model call in progress, whole
 
     # -- what _report and the approver use ---------------------------------------------
 
@@ -90,20 +93,32 @@ class ReadingRenderer:
         match event:
             case RunStarted():
                 self._calls, self._context, self._written = 0, "", ""
+                self._answer = []
                 self._show("starting…")
             case IterationStarted():
                 self._written = ""
+                self._answer = []
             case ContextBuilt():
                 breakdown = event.breakdown
                 self._context = f"context {breakdown.total:,}/{breakdown.budget:,}"
                 self._show(f"waiting for the model · {self._context}")
             case TextDelta():
+                self._answer.append(event.text)
                 self._written = (self._written + event.text)[-400:]
                 tail = " ".join(self._written.split())[-60:]
                 self._show(f"writing · …{tail}")
+            case ModelOutputDiscarded():
+                # A failed attempt's text is void: the retry writes the answer again.
+                written = "".join(self._answer)
+                if written.endswith(event.text):
+                    written = written[: len(written) - len(event.text)]
+                self._answer = [written] if written else []
+                self._written = written[-400:]
             case ToolCallArgumentsDelta() if event.name is not None:
                 self._show(f"calling {event.name}…")
             case ModelResponded():
+                if event.source == "agent":
+                    self._answer = []  # whole: a cancel from here on cuts no answer
                 self._show(f"the model answered · {self._context}")
             case ToolCallStarted():
                 self._calls += 1
@@ -131,6 +146,11 @@ class ReadingRenderer:
 
     def _finished(self, event: RunFinished) -> None:
         self.stop_spinner()
+        cut = "".join(self._answer).strip()
+        if event.stop_reason == "cancelled" and cut:
+            # What the model had written when the run was cancelled, shown as such.
+            self.console.print(Text(cut, style="dim"))
+            self.console.print(Text("[cut off here: the answer was cancelled]", style="yellow"))
         if event.stop_reason in ANSWER_REASONS and event.final_text:
             if self.markdown:
                 self.console.print(Markdown(event.final_text))

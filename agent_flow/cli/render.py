@@ -492,6 +492,10 @@ class EventRenderer:
             self.line(f"      (+{len(changes) - _SHOWN_CHANGES} more)", "dim")
 
     def _finished(self, event: RunFinished) -> None:
+        if event.stop_reason == "cancelled" and self._open == "text":
+            # The streamed answer above stops here: say so on its own line.
+            self.stop_spinner()
+            self._write(f" {self._g('prune')} cut off", "yellow")
         self.line(
             f"{self._g('end')} run finished: {event.stop_reason} after {event.iterations} "
             f"iteration(s) · {event.prompt_tokens:,} prompt + {event.completion_tokens:,} "
