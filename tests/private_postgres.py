@@ -38,7 +38,11 @@ def _binary(name: str) -> str | None:
 class PrivatePostgres:
     """One PostgreSQL cluster of the test's own (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, listen: tuple[str, ...] = ("127.0.0.1",), trust: tuple[str, ...] = ()
+    ) -> None:
+        """Make the cluster (not started): it listens on `listen` and trusts `trust` (CIDRs)."""
+        self._listen = ",".join(listen)
         initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
         assert initdb is not None and pg_ctl is not None
         self._pg_ctl = pg_ctl
@@ -52,17 +56,22 @@ class PrivatePostgres:
         self._run(
             initdb, "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres", "--no-sync"
         )
+        with (self.dir / "data" / "pg_hba.conf").open("a") as hba:
+            for network in trust:
+                hba.write(f"host all all {network} trust\n")
 
     def _run(self, *args: str) -> None:
         subprocess.run([*self._user, *args], check=True, capture_output=True, timeout=120)
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql://postgres@{host}:{self.port}/{database}"
 
     def start(self) -> None:
         options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c max_connections=200"
+            f"-p {self.port} -k {self.dir} -c listen_addresses={self._listen} -c fsync=off "
+            # A peer cut off (its link down) is found within seconds, its locks released.
+            "-c max_connections=200 -c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 "
+            "-c tcp_keepalives_count=3"
         )
         self._run(
             self._pg_ctl,
@@ -95,8 +104,11 @@ class PrivatePostgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def private_postgres_or_skip() -> PrivatePostgres:
-    """A started private cluster, or skip (fail under ``CI=true``) saying why there is none."""
+def private_postgres_or_skip(**options: tuple[str, ...]) -> PrivatePostgres:
+    """A started private cluster, or skip (fail under ``CI=true``) saying why there is none.
+
+    `options`: those of `PrivatePostgres`.
+    """
     problem = None
     if _binary("initdb") is None or _binary("pg_ctl") is None:
         problem = "PostgreSQL's initdb and pg_ctl are not installed"
@@ -111,7 +123,7 @@ def private_postgres_or_skip() -> PrivatePostgres:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{problem} (CI=true: the outage test must run)", pytrace=False)
         pytest.skip(problem)
-    server = PrivatePostgres()
+    server = PrivatePostgres(**options)
     try:
         server.start()
     except BaseException:
