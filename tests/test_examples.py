@@ -138,7 +138,9 @@ def test_the_pruning_strategies_example_is_a_lab_run_over_the_sessions_it_record
     assert "summaries were written offline by ExtractiveSummarizer" in out
     html = Path(out.split("HTML report with plots: ", 1)[1].split()[0])
     page = html.read_text()
-    assert page.count("<svg") == 4 and "<script" not in page  # two charts per session
+    # Two line charts per session, and a lane chart per probe the session held.
+    assert page.count('role="img" aria-label=') == 4 and "<script" not in page
+    assert 'class="probe"' in page
 
 
 # -- against a model that does not follow the script ---------------------------------------
