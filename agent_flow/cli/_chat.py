@@ -1,10 +1,10 @@
 """`agent-flow chat`: a conversation with an agent over one session, message after message.
 
 At a terminal the messages are typed into a line editor (`agent_flow.cli._prompt`): editing,
-history across chats, multi-line messages; Ctrl-C cancels the answer being written and the
-chat goes on, Ctrl-D leaves. Elsewhere (a pipe, a file) each line is a message. Each answer
-is shown as the run command shows it: the reading mode by default, ``--trace``, ``-q`` or
-``--json``.
+history across chats, multi-line messages; Ctrl-C cancels the answer being written (the part
+already written stays, dimmed and marked cut) and the chat goes on, Ctrl-D leaves. Elsewhere
+(a pipe, a file) each line is a message. Each answer is shown as the run command shows it:
+the reading mode by default, ``--trace``, ``-q`` or ``--json``.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 #: What `chat --help` and ``/help`` say about editing.
 EDITING_HELP = (
     "Enter sends; Esc then Enter (or Alt-Enter, Ctrl-J) starts a new line; Up and Down "
-    "recall earlier messages; Ctrl-C cancels a running answer (at the prompt it clears the "
-    "line); Ctrl-D or /exit leaves"
+    "recall earlier messages; Ctrl-C cancels a running answer, keeping what it wrote, dimmed "
+    "(at the prompt it clears the line); Ctrl-D or /exit leaves"
 )
 
 
