@@ -24,9 +24,13 @@ on (`DurableWorker` processes executing runs a `DurableClient` enqueued on the D
 2. throughput: ``--runs`` runs, 10 in flight per process: SQLite in one process (the
    baseline), PostgreSQL with W worker processes (the main process enqueues and waits).
 
+Part ``idle`` (benchmarks/_bench_idle.py): one durable worker with nothing queued, at the default
+``poll_seconds`` and at 0.05 s: its CPU ms per second, the system database's commits per
+second, and how soon a run enqueued then starts.
+
 Numbers taken on a loaded machine are noisy: compare rows of one invocation only.
 
-Usage: python benchmarks/bench_scale.py [--quick] [--part stores,runs] [--runs 200]
+Usage: python benchmarks/bench_scale.py [--quick] [--part stores,runs,idle] [--runs 200]
        [--steps 10] [--workers 1,2,4] [--sequential 20]
        [--postgres postgresql://postgres@127.0.0.1:5432/test] [--stores sqlite-full,postgres]
 """
@@ -154,7 +158,9 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="defaults of 40 runs, 1-2 workers, 5 sequential"
     )
-    parser.add_argument("--part", default="stores,runs", help="stores, runs, or both")
+    parser.add_argument(
+        "--part", default="stores,runs,idle", help="any of stores, runs, idle (comma-separated)"
+    )
     parser.add_argument("--runs", type=int)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--workers")
@@ -175,6 +181,10 @@ def main() -> None:
         from _bench_runs import bench_runs
 
         bench_runs(args, workers)
+    if "idle" in parts:
+        from _bench_idle import bench_idle
+
+        bench_idle(args)
 
 
 def bench_stores(args: argparse.Namespace, workers: list[int]) -> None:
