@@ -18,6 +18,7 @@ answers instantly (``bench_server.py --model``) in another; the clients in this 
    Goal: <= 10 KB per evicted session.
 
 Usage: python benchmarks/bench_first_messages.py [--first 30] [--posts 50] [--evict 200]
+       [--store sqlite|memory://|postgresql://...]
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ async def serve(port_file: str, model_url: str, db: str) -> None:
     from agent_flow.sessions import open_store
 
     _, tools = config_and_tools()
-    async with open_store(f"sqlite:///{db}") as store:
+    async with open_store(db) as store:
         app = create_app(_config(model_url), store=store, tools_factory=tools)
         sock = _listening_socket()
         Path(port_file).write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240
@@ -137,9 +138,9 @@ async def _largest_gap(client: httpx.AsyncClient, sid: str, during: Any) -> floa
     return max(gaps) * 1000
 
 
-async def over_http(model_url: str, first: int, posts: int) -> None:
-    db = Path(tempfile.mkdtemp()) / "sessions.db"
-    server, port = _spawn_server(model_url, str(db))
+async def over_http(model_url: str, first: int, posts: int, store: str) -> None:
+    db = f"sqlite:///{Path(tempfile.mkdtemp()) / 'sessions.db'}" if store == "sqlite" else store
+    server, port = _spawn_server(model_url, db)
     base = f"http://127.0.0.1:{port}"
     try:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
@@ -152,20 +153,17 @@ async def over_http(model_url: str, first: int, posts: int) -> None:
             async def quiet() -> None:
                 await asyncio.sleep(1.0)
 
+            held = [(await client.post("/sessions", json={})).json()["id"] for _ in range(first)]
+
             async def burst() -> None:
-                sids = [
-                    (await client.post("/sessions", json={})).json()["id"] for _ in range(first)
-                ]
                 await asyncio.gather(
-                    *(
-                        client.post(f"/sessions/{s}/messages", json={"message": "Add."})
-                        for s in sids
-                    )
+                    *(client.post(f"/sessions/{s}/messages", json={"message": HOLD}) for s in held)
                 )
                 await asyncio.sleep(1.0)
 
             base_gap = await _largest_gap(client, watched, quiet)
             burst_gap = await _largest_gap(client, watched, burst)
+            await asyncio.gather(*(client.post(f"/sessions/{s}/cancel", json={}) for s in held))
             print(
                 f"1. stall: largest gap in a watched stream {base_gap:.1f} ms alone, "
                 f"{burst_gap:.1f} ms while {first} first messages arrive at once "
@@ -270,6 +268,9 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=30)
     parser.add_argument("--posts", type=int, default=50)
     parser.add_argument("--evict", type=int, default=200)
+    parser.add_argument(
+        "--store", default="sqlite", help="the server's store: sqlite (a new file), or a URL"
+    )
     parser.add_argument("--serve", nargs=2, metavar=("MODEL_URL", "DB"), help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
@@ -284,7 +285,8 @@ def main() -> None:
     model_url = f"http://127.0.0.1:{model_port}/v1"
     try:
         print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        asyncio.run(over_http(model_url, args.first, args.posts))
+        print(f"server store: {args.store}")
+        asyncio.run(over_http(model_url, args.first, args.posts, args.store))
         asyncio.run(evicted_memory(model_url, args.evict))
     finally:
         _stop(model)

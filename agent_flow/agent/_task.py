@@ -3,15 +3,36 @@
 `set_task` is the one place a run moves ``/task/objective`` and ``/task/status``: a follow-up
 (`AgentExecutor.send`) takes a waiting task back up; a new task (`AgentExecutor.run`) replaces
 the objective and clears the previous task's plan, unless the task was prepared for it.
-`take_up_unstarted` does the same for a session resumed before its first step was saved.
+`take_up_unstarted` does the same for a session resumed before its first step was saved, and
+`resumed_state` gives a stored session's history and environment to rebuild an agent from.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment, TaskStatus
 from agent_flow.history import History, UserMessage
 
-__all__ = ["set_task", "take_up_unstarted"]
+if TYPE_CHECKING:
+    from agent_flow.sessions.models import SessionState
+
+__all__ = ["resumed_state", "set_task", "take_up_unstarted"]
+
+
+def resumed_state(state: SessionState, config: AgentConfig) -> tuple[History, Environment]:
+    """The history and environment an agent of `config` resumes the stored `state` with.
+
+    Plain CPU work (decoding, token counts): a server runs it off its event loop.
+    """
+    from agent_flow.agent._build import _make_counter
+
+    history = state.history(counter=_make_counter(config)[0])
+    environment = state.environment if state.environment is not None else Environment()
+    if state.info.task and not state.entries:
+        take_up_unstarted(environment, history, state.info.task)
+    return history, environment
 
 
 def set_task(environment: Environment, history: History, objective: str | None) -> None:

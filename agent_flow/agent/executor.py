@@ -30,7 +30,7 @@ from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent._mcp import AgentMCP
 from agent_flow.agent._offer import _ToolOffer
-from agent_flow.agent._task import set_task, take_up_unstarted
+from agent_flow.agent._task import resumed_state, set_task
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.context import ContextManager
@@ -384,12 +384,8 @@ class AgentExecutor:
         Raises:
             SessionNotFoundError: No session has that id.
         """
-        state = await store.load(session_id)
         settings = config if config is not None else AgentConfig()
-        history = state.history(counter=_make_counter(settings)[0])
-        environment = state.environment if state.environment is not None else Environment()
-        if state.info.task and not state.entries:
-            take_up_unstarted(environment, history, state.info.task)
+        history, environment = resumed_state(await store.load(session_id), settings)
         return cls(
             llm,
             config=settings,

@@ -11,6 +11,7 @@ every shared client at shutdown.
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import TYPE_CHECKING
 
 from agent_flow.llm.config import LLMConfig
@@ -28,6 +29,8 @@ class ModelClients:
 
     def __init__(self) -> None:
         self._shared: dict[_Identity, OpenAIClient] = {}
+        # Sessions' agents are built in worker threads (`SessionManager._build`).
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._shared)
@@ -41,9 +44,10 @@ class ModelClients:
         from agent_flow.llm.openai_client import OpenAIClient
 
         identity = _identity(config)
-        shared = self._shared.get(identity)
-        if shared is None:
-            shared = self._shared[identity] = OpenAIClient.from_config(config)
+        with self._lock:
+            shared = self._shared.get(identity)
+            if shared is None:
+                shared = self._shared[identity] = OpenAIClient.from_config(config)
         return OpenAIClient.from_config(config, sdk_client=shared.sdk_client)
 
     async def aclose(self) -> None:

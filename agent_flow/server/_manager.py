@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from agent_flow._defaults import SESSION_LEASE_SECONDS
 from agent_flow.agent import AgentExecutor
+from agent_flow.agent._task import resumed_state
 from agent_flow.config import AgentConfig
 from agent_flow.errors import AgentFlowError, SessionBusyError, SessionNotFoundError
 from agent_flow.events import AgentEvent
@@ -47,7 +48,7 @@ from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions._lease import INTERRUPTED_SEQ
-from agent_flow.sessions.models import Lease, SessionInfo, event_id
+from agent_flow.sessions.models import Lease, SessionInfo, SessionState, event_id
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.sessions.recorder import SessionRecorder, claim_session, default_holder
 from agent_flow.telemetry.propagation import attached_context
@@ -261,29 +262,13 @@ class SessionManager:
                 "this server enqueues runs for durable workers and runs no agent itself; "
                 "send a message (POST /sessions/{id}/messages) and watch its events",
             )
-        config = self.session_config(live.options)
         # What the store holds now is what the agent is built from: a later claim whose fence
         # is not the next one means another process wrote the session since (see `send`).
-        live.fence = (await self.info(live.id)).lease_fence
-        close_llm: Callable[[], Awaitable[None]] | None = None
-        if self._llm_factory is not None:
-            llm = self._llm_factory(config)
-        else:
-            try:
-                client = self.clients.client(config.resolved_llm())
-            except AgentFlowError as err:
-                raise ApiError(422, "invalid_option", str(err), field="model") from None
-            llm, close_llm = client, client.aclose
-        tools = self._tools_factory(config) if self._tools_factory is not None else None
-        agent = await AgentExecutor.resume(
-            self.store,
-            live.id,
-            llm,
-            config=config,
-            tools=tools,
-            approval=live.approve,
-            bus=live.bus,
-        )
+        state = await self.store.load(live.id)
+        live.fence = state.info.lease_fence
+        # Building is CPU work (config validation, the client, the tools, decoding the
+        # history): off the event loop, so that other sessions' streams do not wait for it.
+        agent, close_llm = await asyncio.to_thread(self._build, live, state)
         if isinstance(agent.recorder, SessionRecorder):
             live.recorder = agent.recorder
             agent.recorder = buffering_recorder(agent.recorder, live)
@@ -301,6 +286,35 @@ class SessionManager:
             self._closers[live.id] = close_llm
         live.agent = agent
         return agent
+
+    def _build(
+        self, live: LiveSession, state: SessionState
+    ) -> tuple[AgentExecutor, Callable[[], Awaitable[None]] | None]:
+        """The session's agent from its stored `state`, and how to close its client (a thread)."""
+        config = self.session_config(live.options)
+        close_llm: Callable[[], Awaitable[None]] | None = None
+        if self._llm_factory is not None:
+            llm = self._llm_factory(config)
+        else:
+            try:
+                client = self.clients.client(config.resolved_llm())
+            except AgentFlowError as err:
+                raise ApiError(422, "invalid_option", str(err), field="model") from None
+            llm, close_llm = client, client.aclose
+        tools = self._tools_factory(config) if self._tools_factory is not None else None
+        history, environment = resumed_state(state, config)
+        agent = AgentExecutor(
+            llm,
+            config=config,
+            history=history,
+            environment=environment,
+            store=self.store,
+            session_id=live.id,
+            tools=tools,
+            approval=live.approve,
+            bus=live.bus,
+        )
+        return agent, close_llm
 
     async def send(
         self, session_id: str, message: str, *, trace: Mapping[str, str] | None = None

@@ -113,8 +113,9 @@ def create_app(
         store: Where sessions live; the caller opens and closes it.
         settings: Token, CORS, limits (defaults: loopback, no token, no CORS).
         llm_factory: Builds a session's model client (default: an `OpenAIClient` from the
-            session's config).
+            session's config). Called in a worker thread, as the rest of an agent's build.
         tools_factory: Builds a session's tool executor (default: from the session's config).
+            Called in a worker thread too.
         on_agent: Called with each session's agent once it is built, before its first run:
             ``agent_flow.telemetry.instrument`` traces the runs (a run started by a request
             that carries a W3C ``traceparent`` joins the caller's trace).
