@@ -1,40 +1,52 @@
-"""Per-turn overhead of tracing: off, OpenTelemetry API only (no SDK), SDK with in-memory export.
+"""Per-turn overhead of tracing: off, the API alone, the SDK in memory, the SDK exporting OTLP.
 
 The same agent loop, in one process: an `AgentExecutor` on an in-process scripted model that
 calls ``add`` K times and then answers (no network, so the loop's own cost is all there is and
-any overhead shows at its largest), tiktoken budgeting on. Three configurations:
+any overhead shows at its largest), tiktoken budgeting on. Four configurations:
 
 - off: no instrumentation;
 - api: ``instrument(agent)`` with no SDK configured: OpenTelemetry's no-op tracer and meter
   (what an application pays that has the API installed and exports nothing);
 - sdk: ``instrument(agent)`` with an SDK `TracerProvider` (simple processor, in-memory
-  exporter) and `MeterProvider` whose periodic reader collects every second into memory, as
-  an application's exporting reader does (every 60 s by default): every span and point kept.
+  exporter) and `MeterProvider` whose periodic reader collects every second into memory;
+- otlp: what ``agent-flow --otel`` runs (`configure_otlp`): the SDK with a batch span
+  processor and a periodic metric reader, exporting over OTLP/HTTP to a receiver in another
+  process (``python -m tests.otlp_receiver``, which decodes nothing), every span and point.
 
-Rounds interleave the configurations (off, api, sdk, off, ...) so that machine load affects
-them alike. Each configuration's median run is reported per model turn, as wall-clock time and
-as the process's CPU time (steadier on a loaded machine: waiting for a core is not counted),
-then its fastest run's CPU time (the least disturbed by other processes).
+Rounds interleave the configurations (off, api, sdk, otlp, off, ...) so that machine load
+affects them alike. A configuration's CPU per model turn is the main thread's CPU time during
+its runs plus all the CPU time its own background threads spent (the SDK's export and collect
+threads, read per thread) and the final flush of what they still held: what the process pays
+for the turn, wherever it pays it; waiting for a core is not counted. Each configuration's
+median run is printed per model turn beside off's, split into the loop and the threads.
 
-Then the hook alone, the overhead without the loop's noise: one recorded run's events replayed
-through each configuration's event hook, CPU time per turn; for sdk also the cost of the
-metric points it queued, which the SDK records when its reader collects (in the reader's
-thread, off the loop), shown apart.
+Then the profile: the hook alone, one recorded run's events replayed through each
+configuration's event hook and model-call observer, CPU per turn, the queued metric points
+recorded apart; and with ``--profile``, cProfile's top functions of the otlp configuration's
+main thread (its threads are in the split above).
 
 With ``--latency-ms`` the model waits that long before each streamed chunk (a turn streams a
 few chunks): overhead measured against a loop that also waits on a model, as real ones do.
 
 Usage: python benchmarks/bench_telemetry.py [--runs 30] [--k 20] [--latency-ms 0] [--quick]
+    [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
+import os
+import pstats
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -54,11 +66,12 @@ from agent_flow import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMRequest, Usage
-from agent_flow.telemetry import _KINDS, instrument
+from agent_flow.telemetry import _KINDS, OTLPExport, configure_otlp, instrument
 from agent_flow.telemetry._metrics import flush_pending
 from agent_flow.testing import FunctionLLM, ScriptedReply, call, reply
 from tests.helpers import add
 
+ROOT = Path(__file__).resolve().parents[1]
 USAGE = Usage(prompt_tokens=1000, completion_tokens=50)
 
 
@@ -100,7 +113,34 @@ class InMemoryMetricExporter(MetricExporter):
         return None
 
 
-def setups() -> dict[str, Callable[[AgentExecutor], None]]:
+def _thread_cpu(thread: threading.Thread) -> float:
+    """CPU seconds `thread` has used so far (0 once it has ended)."""
+    if thread.ident is None or not thread.is_alive():
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except OSError:
+        return 0.0
+
+
+@dataclass
+class Setup:
+    """One configuration: how it instruments an agent, and the threads it started."""
+
+    instrument: Callable[[AgentExecutor], None]
+    threads: list[threading.Thread] = field(default_factory=list)
+    flush: Callable[[], None] = lambda: None
+
+    def thread_cpu(self) -> float:
+        return sum(_thread_cpu(thread) for thread in self.threads)
+
+
+def _started_since(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread not in before]
+
+
+def setups(endpoint: str) -> tuple[dict[str, Setup], OTLPExport]:
+    before = set(threading.enumerate())
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -111,20 +151,39 @@ def setups() -> dict[str, Callable[[AgentExecutor], None]]:
         instrument(agent, tracer_provider=tracer_provider, meter_provider=meter_provider)
         exporter.clear()
 
-    return {"off": lambda agent: None, "api": lambda agent: instrument(agent), "sdk": sdk}
+    sdk_threads = _started_since(before)
+    before = set(threading.enumerate())
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    export = configure_otlp("bench", set_global=False)
+
+    def otlp(agent: AgentExecutor) -> None:
+        instrument(
+            agent,
+            tracer_provider=export.tracer_provider,
+            meter_provider=export.meter_provider,
+        )
+
+    def flush() -> None:
+        export.tracer_provider.force_flush()
+        export.meter_provider.force_flush()
+
+    return {
+        "off": Setup(lambda agent: None),
+        "api": Setup(lambda agent: instrument(agent)),
+        "sdk": Setup(sdk, sdk_threads),
+        "otlp": Setup(otlp, _started_since(before), flush),
+    }, export
 
 
-async def one_run(
-    k: int, setup: Callable[[AgentExecutor], None], latency: float = 0.0
-) -> tuple[float, float]:
-    """One run's wall-clock and CPU seconds per model turn."""
+async def one_run(k: int, setup: Setup, latency: float = 0.0) -> tuple[float, float, int]:
+    """One run's wall-clock and main-thread CPU seconds, and its model turns."""
     agent = make_agent(k, latency)
-    setup(agent)
-    started, cpu = time.perf_counter(), time.process_time()
+    setup.instrument(agent)
+    started, cpu = time.perf_counter(), time.thread_time()
     outcome = await agent.run("add numbers")
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
     assert outcome.iterations == k + 1, outcome.stop_reason
-    return elapsed / outcome.iterations, cpu / outcome.iterations
+    return elapsed, cpu, outcome.iterations
 
 
 async def recorded_run(k: int) -> list[AgentEvent]:
@@ -163,7 +222,19 @@ def hook_cost(events: list[AgentEvent], turns: int, rounds: int) -> dict[str, tu
     return costs
 
 
-async def main() -> None:
+async def profile_otlp(setup: Setup, k: int, runs: int) -> str:
+    """cProfile's top functions of the otlp configuration's main thread over `runs` runs."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(runs):
+        await one_run(k, setup)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+    return out.getvalue()
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=30, help="runs per configuration")
     parser.add_argument("--k", type=int, default=20, help="tool turns per run")
@@ -174,42 +245,74 @@ async def main() -> None:
         help="the model's simulated latency per streamed chunk (0: answers at once)",
     )
     parser.add_argument("--quick", action="store_true", help="10 runs (a quick look)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the otlp loop")
     args = parser.parse_args()
     if args.quick:
         args.runs = 10
-    configs = setups()
+    # The receiver serves in its own process until its standard input closes.
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "tests.otlp_receiver"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert receiver.stdout is not None
+    assert receiver.stdin is not None
+    try:
+        configs, export = setups(receiver.stdout.readline().strip())
+        asyncio.run(measure(args, configs))
+        if args.profile:
+            print(asyncio.run(profile_otlp(configs["otlp"], args.k, args.runs)))
+        export.shutdown()
+    finally:
+        receiver.stdin.close()
+        receiver.wait()
+
+
+async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
     for setup in configs.values():  # warm up: imports, price data, tokenizer
         await one_run(2, setup)
+    thread_cpu = {name: setup.thread_cpu() for name, setup in configs.items()}
     walls: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
+    turns = 0
     for _ in range(args.runs):
         for name, setup in configs.items():
-            wall, cpu = await one_run(args.k, setup, args.latency_ms / 1000)
-            walls[name].append(wall)
-            cpus[name].append(cpu)
+            wall, cpu, turns = await one_run(args.k, setup, args.latency_ms / 1000)
+            walls[name].append(wall / turns)
+            cpus[name].append(cpu / turns)
+    # The threads' CPU, and the export of what they still hold (a flush runs it in the
+    # calling thread), spread over every turn of the configuration's runs.
+    threads = {}
+    for name, setup in configs.items():
+        flushed = time.thread_time()
+        setup.flush()
+        flushed = time.thread_time() - flushed
+        spent = setup.thread_cpu() - thread_cpu[name] + flushed
+        threads[name] = spent / (args.runs * turns)
     print(
         f"per model turn, median of {args.runs} runs of {args.k + 1} turns, model latency "
         f"{args.latency_ms:g} ms per chunk (lower is better)"
     )
-    wall_base, cpu_base = statistics.median(walls["off"]), statistics.median(cpus["off"])
-    best_base = min(cpus["off"])
+    wall_base = statistics.median(walls["off"])
+    cpu_base = statistics.median(cpus["off"]) + threads["off"]
     for name in configs:
-        wall, cpu, best = (
-            statistics.median(walls[name]),
-            statistics.median(cpus[name]),
-            min(cpus[name]),
-        )
+        wall = statistics.median(walls[name])
+        loop = statistics.median(cpus[name])
+        total = loop + threads[name]
         print(
-            f"  {name:>3}: wall {wall * 1e3:6.3f} ms ({_vs(wall, wall_base)})"
-            f"  cpu {cpu * 1e3:6.3f} ms ({_vs(cpu, cpu_base)})"
-            f"  best cpu {best * 1e3:6.3f} ms ({_vs(best, best_base)})"
+            f"  {name:>4}: wall {wall * 1e3:6.3f} ms ({_vs(wall, wall_base)})"
+            f"  cpu {total * 1e3:6.3f} ms ({_vs(total, cpu_base)})"
+            f"  = loop {loop * 1e3:6.3f} ms + threads {threads[name] * 1e3:6.3f} ms"
         )
 
     events = await recorded_run(args.k)
     print(f"the hook alone, CPU per turn, best of {args.runs} replays of one run's events:")
+    best_base = min(cpus["off"])
     for name, (in_hook, deferred) in hook_cost(events, args.k + 1, args.runs).items():
         line = (
-            f"  {name:>3}: {in_hook * 1e6:6.1f} us in the loop ({in_hook / best_base * 100:4.1f}%"
+            f"  {name:>4}: {in_hook * 1e6:6.1f} us in the loop ({in_hook / best_base * 100:4.1f}%"
         )
         line += " of off's best cpu per turn)"
         if name == "sdk":
@@ -222,4 +325,4 @@ def _vs(value: float, base: float) -> str:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

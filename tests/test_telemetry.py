@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -22,8 +27,9 @@ from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.errors import ModelConnectionError, UserError
 from agent_flow.llm import OpenAIClient
 from agent_flow.llm.base import LLMRequest, Usage
-from agent_flow.telemetry import SEMCONV_VERSION, instrument
-from agent_flow.telemetry._spans import provider_name
+from agent_flow.llm.observers import MODEL_CALL_OBSERVERS
+from agent_flow.telemetry import instrument
+from agent_flow.telemetry._providers import PROVIDERS, provider_name
 from agent_flow.testing import FunctionLLM, ScriptedReply, call, reply
 from agent_flow.tools import tool
 from tests.helpers import add, stdio_server
@@ -304,12 +310,88 @@ async def test_message_contents_are_recorded_only_when_asked_for(
     ]
 
 
-def test_the_provider_is_named_from_the_server() -> None:
-    assert provider_name("https://api.openai.com/v1") == "openai"
-    assert provider_name("https://x.openai.azure.com/openai") == "azure.ai.openai"
-    assert provider_name("http://127.0.0.1:11434/v1") == "_OTHER"
-    assert provider_name(None) == "_OTHER"
-    assert SEMCONV_VERSION == "1.44.0"
+# Each provider the conventions name, with a base URL of its OpenAI-compatible API.
+KNOWN_URLS = {
+    "https://api.openai.com/v1": "openai",
+    "https://my-team.openai.azure.com/openai/v1/": "azure.ai.openai",
+    "https://east.cognitiveservices.azure.com/openai/v1": "azure.ai.openai",
+    "https://models.inference.ai.azure.com": "azure.ai.inference",
+    "https://proj.services.ai.azure.com/models": "azure.ai.inference",
+    "https://api.anthropic.com/v1/": "anthropic",
+    "https://generativelanguage.googleapis.com/v1beta/openai/": "gcp.gemini",
+    "https://us-central1-aiplatform.googleapis.com/v1/projects/p/locations/l/endpoints/openapi": (
+        "gcp.vertex_ai"
+    ),
+    "https://aiplatform.googleapis.com/v1/projects/p/locations/global/endpoints/openapi": (
+        "gcp.vertex_ai"
+    ),
+    "https://api.cohere.ai/compatibility/v1": "cohere",
+    "https://api.cohere.com/compatibility/v1": "cohere",
+    "https://us-south.ml.cloud.ibm.com/ml/gateway/v1": "ibm.watsonx.ai",
+    "https://bedrock-runtime.us-west-2.amazonaws.com/openai/v1": "aws.bedrock",
+    "https://api.mistral.ai/v1": "mistral_ai",
+    "https://api.groq.com/openai/v1": "groq",
+    "https://api.deepseek.com": "deepseek",
+    "https://api.x.ai/v1": "x_ai",
+    "https://api.perplexity.ai": "perplexity",
+    "HTTPS://API.OPENAI.COM./v1": "openai",  # hosts are case-insensitive, a final dot is root
+}
+
+
+def test_every_provider_the_conventions_name_is_recognized_by_its_host() -> None:
+    for url, name in KNOWN_URLS.items():
+        assert provider_name(url) == name, url
+    assert (
+        set(KNOWN_URLS.values())
+        == set(PROVIDERS)
+        == _conventions_providers()
+        - {
+            "gcp.gen_ai"  # "any Google endpoint": never a better answer than the two above
+        }
+    )
+    for url in (
+        None,
+        "",
+        "http://127.0.0.1:11434/v1",
+        "https://notanthropic.com/v1",
+        "https://anthropic.com.evil.example/v1",
+        "https://api.openai.com.example.net/v1",
+        "https://openai.azure.com/",  # the domain itself is no resource
+        "https://api.openai.co/v1",
+        "https://bedrock-runtime.amazonaws.com.example.org/",
+        "http://[::1]:8000/v1",
+        "not a url",
+    ):
+        assert provider_name(url) == "_OTHER", url
+
+
+def _conventions_providers() -> set[str]:
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes
+
+    return {member.value for member in gen_ai_attributes.GenAiProviderNameValues}
+
+
+_LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True)
+
+
+@given(
+    known=st.sampled_from(sorted(KNOWN_URLS)),
+    before=_LABEL,
+    after=st.lists(_LABEL, min_size=1, max_size=2).map(".".join),
+)
+def test_a_host_that_merely_contains_a_providers_host_is_not_that_provider(
+    known: str, before: str, after: str
+) -> None:
+    provider = KNOWN_URLS[known]
+    host = (urlsplit(known).hostname or "").rstrip(".")
+    # A domain after the provider's host: someone else's host.
+    assert provider_name(f"https://{host}.{after}/v1") == "_OTHER"
+    # Text glued before it: the same provider only where its hosts are patterns (a resource
+    # or region label), never by containing the name ("notanthropic.com").
+    glued = provider_name(f"https://{before}{host}/v1")
+    assert glued in {"_OTHER", provider}
+    if glued == provider:
+        assert any("*" in pattern for pattern in PROVIDERS[provider])
 
 
 async def test_mcp_tools_and_the_server_are_marked_and_the_api_key_never_appears(
@@ -437,9 +519,11 @@ async def test_a_run_started_under_a_span_is_its_child(
     assert run.context.trace_id == request.get_span_context().trace_id
 
 
-async def test_a_retried_model_call_is_a_failed_chat_span_then_another(
+async def test_a_retried_model_call_is_one_chat_span_with_an_event_per_failed_attempt(
     exporter: tuple[InMemorySpanExporter, TracerProvider],
 ) -> None:
+    # A client without a retry layer of its own: the agent's loop tries again. The span
+    # covers the logical call with all its attempts, as the conventions ask.
     spans, provider = exporter
     attempts = 0
 
@@ -457,13 +541,166 @@ async def test_a_retried_model_call_is_a_failed_chat_span_then_another(
     outcome = await agent.run("x")
     assert outcome.final_text == "hi"
     finished = list(spans.get_finished_spans())
-    assert _tree(finished) == [["invoke_agent agent", ["chat m", "chat m"]]]
-    failed, retried = sorted(
-        (s for s in finished if s.name == "chat m"), key=lambda s: s.start_time or 0
+    assert _tree(finished) == [["invoke_agent agent", ["chat m"]]]
+    (chat,) = _by_name(finished, "chat m")
+    assert chat.attributes is not None
+    assert "error.type" not in chat.attributes
+    assert chat.status.status_code is StatusCode.UNSET
+    assert chat.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert chat.attributes["agent_flow.model_call.attempts"] == 2
+    (retry,) = chat.events
+    assert retry.name == "agent_flow.model_call.retry"
+    assert dict(retry.attributes or {}) == {
+        "agent_flow.retry.attempt": 1,
+        "agent_flow.retry.max_attempts": agent.config.model_retries + 1,
+        "agent_flow.retry.delay": 0.0,
+        "error.type": "ModelConnectionError",
+    }
+
+
+# -- each span is current while its operation runs ---------------------------------------------
+
+
+async def test_what_a_model_call_or_a_tool_traces_is_a_child_of_its_span(
+    exporter: tuple[InMemorySpanExporter, TracerProvider],
+) -> None:
+    # Stand-ins for instrumented libraries (an HTTP client under the model, an MCP client
+    # under a tool): each starts a span under whatever span is current, in its own thread
+    # for the sync tool (which runs in a worker thread).
+    spans, provider = exporter
+    library = provider.get_tracer("library")
+
+    @tool
+    def sync_fetch(url: str) -> str:
+        """Fetch, blocking.
+
+        Args:
+            url: Where.
+        """
+        with library.start_as_current_span("GET sync"):
+            return "ok"
+
+    @tool
+    async def async_fetch(url: str) -> str:
+        """Fetch, async.
+
+        Args:
+            url: Where.
+        """
+        with library.start_as_current_span("GET async"):
+            await asyncio.sleep(0)
+            return "ok"
+
+    def model(request: LLMRequest) -> ScriptedReply:
+        with library.start_as_current_span("POST /chat/completions"):
+            pass
+        if len(request.messages) > 2:
+            return reply("done")
+        return reply(
+            tool_calls=[
+                call("sync_fetch", url="a", call_id="s1"),
+                call("async_fetch", url="b", call_id="a1"),
+            ]
+        )
+
+    agent = AgentExecutor(
+        FunctionLLM(model, model="m"), config=AgentConfig(context=ContextConfig(counter="approx"))
     )
-    assert failed.attributes is not None
-    assert failed.attributes["error.type"] == "ModelConnectionError"
-    assert failed.status.status_code is StatusCode.ERROR
-    assert retried.attributes is not None
-    assert "error.type" not in retried.attributes
-    assert retried.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    agent.tools.register(sync_fetch)
+    agent.tools.register(async_fetch)
+    instrument(agent, tracer_provider=provider, metrics=False)
+    await agent.run("fetch both")
+
+    finished = list(spans.get_finished_spans())
+    by_id = {span.context.span_id: span for span in finished}
+
+    def parent_of(name: str) -> list[str]:
+        return [by_id[s.parent.span_id].name for s in finished if s.name == name and s.parent]
+
+    assert parent_of("GET sync") == ["execute_tool sync_fetch"]
+    assert parent_of("GET async") == ["execute_tool async_fetch"]
+    assert parent_of("POST /chat/completions") == ["chat m", "chat m"]
+    assert len({s.context.trace_id for s in finished}) == 1
+
+
+_ENDINGS = ("answered", "tool_raised", "model_failed", "cancelled", "task_cancelled")
+
+
+@settings(max_examples=20)
+@given(endings=st.lists(st.sampled_from(_ENDINGS), min_size=1, max_size=4))
+async def test_after_any_run_the_callers_context_is_as_it_was(endings: list[str]) -> None:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    detach_failures: list[logging.LogRecord] = []
+    handler = _ListHandler(detach_failures)
+    logging.getLogger("opentelemetry.context").addHandler(handler)
+    try:
+        with provider.get_tracer("caller").start_as_current_span("caller") as caller:
+            for ending in endings:
+                await _one_run(provider, ending)
+                assert trace.get_current_span() is caller
+                assert MODEL_CALL_OBSERVERS.get() == ()
+        assert not trace.get_current_span().get_span_context().is_valid
+    finally:
+        logging.getLogger("opentelemetry.context").removeHandler(handler)
+        provider.shutdown()
+    assert detach_failures == []
+    runs = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert len(runs) == len(endings)
+    # Every span ended, inside its run.
+    for span in spans.get_finished_spans():
+        assert span.end_time is not None
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
+
+
+async def _one_run(provider: TracerProvider, ending: str) -> None:
+    started = asyncio.Event()
+    holder: list[AgentExecutor] = []
+
+    @tool
+    async def work(step: int) -> str:
+        """Do a step.
+
+        Args:
+            step: Which.
+        """
+        if ending == "tool_raised":
+            raise RuntimeError("no")
+        if ending == "cancelled":
+            holder[0].cancel()
+        if ending == "task_cancelled":
+            started.set()
+            await asyncio.Event().wait()
+        return "ok"
+
+    def model(request: LLMRequest) -> ScriptedReply:
+        if ending == "model_failed":
+            raise ModelConnectionError("gone")
+        if len(request.messages) > 2:
+            return reply("done")
+        return reply(tool_calls=[call("work", step=1)])
+
+    agent = AgentExecutor(
+        FunctionLLM(model, model="m"),
+        config=AgentConfig(context=ContextConfig(counter="approx"), model_retries=0),
+    )
+    holder.append(agent)
+    agent.tools.register(work)
+    instrument(agent, tracer_provider=provider)
+    if ending != "task_cancelled":
+        await agent.run("go")
+        return
+    running = asyncio.create_task(agent.run("go"))
+    await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running

@@ -28,7 +28,8 @@ def test_every_gen_ai_name_is_defined_by_the_conventions_and_the_version_exists(
     ours = {v for k, v in vars(n).items() if k.isupper() and isinstance(v, str)}
     attributes = {name for name in ours if name.startswith("gen_ai.") and "client" not in name}
     assert attributes and attributes <= _defined(gen_ai_attributes)
-    assert {n.TOKEN_USAGE_METRIC, n.DURATION_METRIC} <= _defined(gen_ai_metrics)
+    metrics = {n.TOKEN_USAGE_METRIC, n.DURATION_METRIC, n.TIME_TO_FIRST_CHUNK_METRIC}
+    assert metrics <= _defined(gen_ai_metrics)
     assert n.SEMCONV_SCHEMA_URL in {schema.value for schema in Schemas}
     assert n.SEMCONV_SCHEMA_URL.endswith(SEMCONV_VERSION)
 

@@ -1,7 +1,8 @@
 """One model call of a step: the request's allowance, the stream relayed as events, retries.
 
 `_call_model` streams (or completes) one request, relaying each chunk as an event, voiding
-an abandoned attempt's output when the client retries, and closing the stream however the
+an abandoned attempt's output when the client retries, telling the model-call observers
+(`agent_flow.llm.observers`) what only the call holds, and closing the stream however the
 call ends. `_count_model_call` adds a call's usage and cost to the run (the summarizer's
 calls too) and settles it against the cost limit it was admitted under (`agent._cost`).
 `_checkpointed_call` is `_call_model` as a durable step when the run is durable (see
@@ -52,6 +53,7 @@ from agent_flow.llm.base import (
     prompt_format_of,
 )
 from agent_flow.llm.metering import ModelCallReport
+from agent_flow.llm.observers import MODEL_CALL_OBSERVERS, ModelCallObserver
 from agent_flow.prompt import PromptBreakdown
 
 if TYPE_CHECKING:
@@ -166,10 +168,27 @@ class _CallState:
     def __init__(self) -> None:
         self.relayed: set[str] = set()  # warnings already published while streaming
         self.text: list[str] = []  # the text streamed by the current attempt
+        # Who watches this call (`agent_flow.llm.observers`), read once; whether they were
+        # told it started, and whether the current attempt's first chunk is still to come.
+        self.observers: tuple[ModelCallObserver, ...] = MODEL_CALL_OBSERVERS.get()
+        self.observed = False
+        self.awaiting_first = True
+
+
+def _observe_start(run: _Run, call: _CallState, request: LLMRequest) -> None:
+    """Tell the observers the call starts (once, however many attempts it takes)."""
+    if call.observed:
+        return
+    call.observed = True
+    for observer in call.observers:
+        observer.call_started(run.run_id, request, stream=run.agent.stream)
 
 
 async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
     """Void what the failed attempt streamed, then announce the next attempt."""
+    for observer in call.observers:
+        observer.attempt_failed(run.run_id, notice)
+    call.awaiting_first = True
     if call.text:
         await run.emit(
             ModelOutputDiscarded,
@@ -259,6 +278,8 @@ async def _checkpointed_call(run: _Run, request: LLMRequest, call: _CallState) -
 
 
 async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
+    if call.observers:
+        _observe_start(run, call, request)
     if not run.agent.stream:
 
         async def retrying(notice: RetryNotice) -> None:
@@ -266,9 +287,12 @@ async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Compl
 
         token = RETRY_LISTENER.set(retrying)
         try:
-            return await run.agent.llm.complete(request)
+            answer = await run.agent.llm.complete(request)
         finally:
             RETRY_LISTENER.reset(token)
+        for observer in call.observers:
+            observer.call_finished(run.run_id, answer)
+        return answer
     completion: Completion | None = None
     stream: AsyncIterator[StreamEvent] = run.agent.llm.stream(request)
     # However the loop leaves the stream (its end, a failure, a cancel while a subscriber
@@ -278,6 +302,8 @@ async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Compl
             completion = await _relay(run, delta, call) or completion
     if completion is None:
         raise ModelResponseError("the model's stream ended without a final answer")
+    for observer in call.observers:
+        observer.call_finished(run.run_id, completion)
     return completion
 
 
@@ -298,8 +324,15 @@ def _closable(stream: AsyncIterator[StreamEvent]) -> _Closable:
     return _NothingToClose()
 
 
+_CHUNKS = (TextChunk, ThinkingChunk, ToolCallChunk, ToolCallArgumentsChunk)
+
+
 async def _relay(run: _Run, delta: StreamEvent, call: _CallState) -> Completion | None:
     """Publish one stream chunk as an event; return it if it is the final `Completion`."""
+    if call.awaiting_first and isinstance(delta, _CHUNKS):
+        call.awaiting_first = False
+        for observer in call.observers:
+            observer.first_chunk(run.run_id)
     match delta:
         case TextChunk(text=text):
             call.text.append(text)

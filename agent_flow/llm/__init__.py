@@ -7,7 +7,10 @@ LLMRequest ──▶ LLMClient.complete() ──▶ Completion
 ```
 
 `OpenAIClient` speaks to any OpenAI-compatible server; `agent_flow.testing` holds the
-scripted doubles; `LLMSummarizer` lets pruning summarize history with a model.
+scripted doubles; `LLMSummarizer` lets pruning summarize history with a model. Around the
+calls: `agent_flow.llm.metering` counts and admits the calls made on an agent's behalf
+outside its own step, and `agent_flow.llm.observers` lets a watcher (the telemetry ring) see
+an agent's calls as they happen.
 """
 
 from __future__ import annotations

@@ -29,8 +29,6 @@ from agent_flow.errors import UserError
 from agent_flow.telemetry._names import SEMCONV_SCHEMA_URL, SEMCONV_VERSION
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
@@ -64,6 +62,7 @@ _KINDS = (
     "plan_updated",
     "warning_raised",
     "execution_error",
+    "mcp_list_changed",
     "run_finished",
 )
 
@@ -85,7 +84,7 @@ class Instrumentation:
         self._tracer = tracer
 
     def uninstrument(self) -> None:
-        """Stop recording this agent's runs (a run in flight keeps its open spans open)."""
+        """Stop recording this agent's runs from its next one (a run in flight is finished)."""
         self._tracer.enabled = False
 
 
@@ -96,16 +95,20 @@ def instrument(
     meter_provider: MeterProvider | None = None,
     capture_content: bool | None = None,
     metrics: bool = True,
+    agent_id: str | None = None,
 ) -> Instrumentation:
     """Record `agent`'s runs as OpenTelemetry GenAI spans and metrics.
 
     Args:
-        agent: The agent; its event bus gets a hook, nothing else changes.
+        agent: The agent; its event bus gets a hook, and each run a model-call observer
+            (`agent_flow.llm.observers`), nothing else changes.
         tracer_provider: Where spans go (default: the global provider).
         meter_provider: Where metrics go (default: the global provider).
         capture_content: Record message contents (default: the
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` variable, else no).
         metrics: Record metrics as well as spans.
+        agent_id: The agent's ``gen_ai.agent.id``, if your deployment gives agents ids
+            (agent_flow has none of its own: the name is ``gen_ai.agent.name``).
 
     Raises:
         UserError: opentelemetry-api is not installed.
@@ -134,11 +137,11 @@ def instrument(
         tracer,
         _Metrics(meter) if meter is not None else None,
         capture_content=capture_content,
-        is_mcp=_mcp_server_of(agent),
+        agent=agent,
+        agent_id=agent_id,
     )
-    # Only the kinds it reads: the stream's deltas cost nothing unless contents are recorded.
-    kinds = set(_KINDS) | ({"text_delta"} if capture_content else set())
-    agent.events.on(kinds, hook)
+    # Only the kinds it reads: the stream's deltas cost it nothing.
+    agent.events.on(_KINDS, hook)
     return Instrumentation(hook)
 
 
@@ -150,15 +153,6 @@ def _version() -> str:
         return version("agent-flow")
     except PackageNotFoundError:
         return "0"
-
-
-def _mcp_server_of(agent: AgentExecutor) -> Callable[[str], str | None]:
-    """A function naming the MCP server behind a tool name (``None``: not an MCP tool)."""
-
-    def server(name: str) -> str | None:
-        return agent.mcp_tools.get(name)
-
-    return server
 
 
 class OTLPExport:
@@ -174,7 +168,7 @@ class OTLPExport:
         self.meter_provider.shutdown()
 
 
-def configure_otlp(service_name: str = "agent-flow") -> OTLPExport:
+def configure_otlp(service_name: str = "agent-flow", *, set_global: bool = True) -> OTLPExport:
     """Install SDK tracer and meter providers that export over OTLP/HTTP, as global defaults.
 
     The exporters read the standard variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
@@ -183,6 +177,8 @@ def configure_otlp(service_name: str = "agent-flow") -> OTLPExport:
 
     Args:
         service_name: ``service.name`` unless ``OTEL_SERVICE_NAME`` sets one.
+        set_global: Make them the global providers; without, pass them to `instrument`
+            (``tracer_provider=export.tracer_provider``, likewise the meter provider).
 
     Raises:
         UserError: The SDK or the OTLP exporter is not installed.
@@ -214,6 +210,7 @@ def configure_otlp(service_name: str = "agent-flow") -> OTLPExport:
     meter_provider = MeterProvider(
         resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
     )
-    trace.set_tracer_provider(tracer_provider)
-    metrics.set_meter_provider(meter_provider)
+    if set_global:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
     return OTLPExport(tracer_provider, meter_provider)

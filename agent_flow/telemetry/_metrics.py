@@ -3,7 +3,9 @@
 - ``gen_ai.client.token.usage`` (histogram, ``{token}``): each model call's input and output
   tokens, by ``gen_ai.token.type``.
 - ``gen_ai.client.operation.duration`` (histogram, ``s``): each model call (``chat``) and run
-  (``invoke_agent``).
+  (``invoke_agent``), failed ones too, with their ``error.type``: an error rate reads from it.
+- ``gen_ai.client.operation.time_to_first_chunk`` (histogram, ``s``): each streamed model
+  call, from the request to the first chunk of the answer it returned.
 - ``agent_flow.context.utilization`` (histogram, ratio): each prompt section's share of the
   budget (``agent_flow.prompt.section``: system_template, environment, tools, history,
   priming, reserve, and total), one point per prompt built.
@@ -20,9 +22,8 @@ just before the SDK reads its instruments: every point lands in the collection i
 landed in, but its cost is paid in the reader's thread, not in the agent's turn. Should no
 reader collect (the API without an SDK), the queue stops at `_MAX_PENDING` points (about a MB)
 and later points are recorded in place, as without the queue, until a collection empties it:
-memory stays bounded and the loop never stalls on a backlog. The points lose their trace
-exemplars (the collector's thread has no current span); agent_flow never makes its spans
-current, so they had none of its own.
+memory stays bounded and the loop never stalls on a backlog. The points carry no trace
+exemplars: they are recorded where no span is current.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ class _Metrics:
             description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=n.DURATION_BUCKETS,
         )
+        self._first_chunk = meter.create_histogram(
+            n.TIME_TO_FIRST_CHUNK_METRIC,
+            unit="s",
+            description=(
+                "Time to receive the first chunk, measured from when the client issues the "
+                "generation request to when the first chunk is received in the response stream."
+            ),
+            explicit_bucket_boundaries_advisory=n.DURATION_BUCKETS,
+        )
         self._utilization = meter.create_histogram(
             n.UTILIZATION_METRIC,
             unit="1",
@@ -134,11 +144,15 @@ class _Metrics:
         else:
             record(value, attributes)
 
-    def model_call(self, event: ModelResponded, attributes: CallAttributes) -> None:
+    def model_call(
+        self, event: ModelResponded, attributes: CallAttributes, first_chunk: float | None
+    ) -> None:
         queue = self._queue
         queue(self._tokens.record, event.prompt_tokens, attributes.input)
         queue(self._tokens.record, event.completion_tokens, attributes.output)
         queue(self._duration.record, event.duration_ms / 1000, attributes.call)
+        if first_chunk is not None:
+            queue(self._first_chunk.record, first_chunk, attributes.call)
         if event.cost_usd is not None:
             queue(self._cost.add, event.cost_usd, attributes.call)
 

@@ -1,25 +1,40 @@
-"""Turning one agent's events into OpenTelemetry GenAI spans (and metric points).
+"""Turning one agent's runs into OpenTelemetry GenAI spans (and metric points).
 
-`_EventTracer` is an `agent_flow.events.EventBus` hook: it runs in the publishing task, in
-event order, so every span opens and closes exactly where the loop does, and uses each
-event's own timestamp as the span's time. One run is an ``invoke_agent`` span; under it, each
-model call is a ``chat`` span (the summarizer's included, marked as such) carrying the
-prompt's per-section breakdown, and each tool call an ``execute_tool`` span (concurrent calls
-are siblings, as they run). Pruning, environment updates, plan changes, approvals and warnings
-are span events under ``agent_flow.*``: the trace says why the model saw what it saw.
+`_EventTracer` is both an `agent_flow.events.EventBus` hook and a model-call observer
+(`agent_flow.llm.observers`). As a hook it runs in the publishing task, in event order, so
+every span opens and closes exactly where the loop does, timed by each event's own
+timestamp. As an observer it sees, in the task making each model call, what only the call
+holds: the request, the first chunk, each failed attempt, the completion.
 
-Message contents (the task, answers, tool arguments and results) are recorded only with
-``capture_content``. Nothing here ever sees an API key: events do not carry one.
+The tree: one run is an ``invoke_agent`` span; under it each model call is a ``chat`` span
+(the summarizer's too, marked as such) carrying its prompt's per-section breakdown and one
+``agent_flow.model_call.retry`` event per failed attempt, and each tool call an
+``execute_tool`` span (concurrent calls are siblings, as they run). Pruning, environment
+updates, plan changes, approvals and warnings are span events under ``agent_flow.*``.
+
+Each span is current while its operation runs, in the task that runs it: the run's in the
+run's task, a model call's while it is made, a tool's in the task executing the tool. Spans
+that instrumented libraries start meanwhile (the MCP SDK's ``tools/call``, an HTTP client's)
+are their children. Contexts are detached in the order they were attached, and only in the
+task that attached them (a task that ended took its context with it).
+
+Contents (the task, prompts, answers, tool definitions, arguments and results, and any error,
+warning, plan or approval text, which may repeat them) are recorded only with
+``capture_content``; without it no span, status or event holds any. Nothing here ever sees an
+API key: events and requests do not carry one.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import time
+from contextvars import Token
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
 
 from agent_flow.events import (
@@ -31,19 +46,27 @@ from agent_flow.events import (
     ExecutionError,
     HistoryPruned,
     IterationStarted,
+    MCPListChanged,
     ModelResponded,
     PlanUpdated,
     RunFinished,
     RunStarted,
-    TextDelta,
     ToolCallCompleted,
     ToolCallFailed,
     ToolCallStarted,
     WarningRaised,
 )
+from agent_flow.llm.observers import MODEL_CALL_OBSERVERS, ModelCallObserver
 from agent_flow.prompt import PromptBreakdown
 from agent_flow.telemetry import _names as n
+from agent_flow.telemetry._content import (
+    input_messages,
+    output_messages,
+    text_message,
+    tool_definitions,
+)
 from agent_flow.telemetry._metrics import CallAttributes
+from agent_flow.telemetry._providers import provider_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,63 +74,73 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
+    from agent_flow.agent import AgentExecutor
+    from agent_flow.llm.base import Completion, LLMRequest, RetryNotice
+    from agent_flow.messages import ToolDefinition
     from agent_flow.telemetry._metrics import _Metrics
 
-__all__ = ["provider_name"]
+__all__: list[str] = []
 
-# Hosts whose provider the conventions name; anything else speaking the OpenAI API is "openai"
-# compatible but not OpenAI: reported as the conventions' catch-all.
-_PROVIDERS = (
-    ("openai.azure.com", "azure.ai.openai"),
-    ("api.openai.com", "openai"),
-    ("anthropic.com", "anthropic"),
-    ("generativelanguage.googleapis.com", "gcp.gemini"),
-    ("aiplatform.googleapis.com", "gcp.vertex_ai"),
-    ("api.mistral.ai", "mistral_ai"),
-    ("api.groq.com", "groq"),
-    ("api.deepseek.com", "deepseek"),
-    ("api.x.ai", "x_ai"),
-    ("api.perplexity.ai", "perplexity"),
-    ("api.cohere", "cohere"),
-)
-
-
-def provider_name(base_url: str | None) -> str:
-    """The ``gen_ai.provider.name`` of a server: known hosts by name, others ``_OTHER``."""
-    host = (urlsplit(base_url).hostname or "") if base_url else ""
-    for suffix, name in _PROVIDERS:
-        if host.endswith(suffix):
-            return name
-    return "_OTHER"
+_RUN = "run"
+_CHAT = "chat"
 
 
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1_000_000_000)
 
 
-@dataclass
+def _task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: a hook called by hand
+        return None
+
+
+@dataclass(eq=False)
 class _RunSpans:
-    """The open spans of one run."""
+    """One run's open spans, and the model call in flight."""
 
     span: Span
     model: str
+    # Attributes every span and metric point of the run's model calls starts with.
     common: dict[str, Any]
-    # The run's span as a parent (built once) and the attributes every chat span starts with.
-    parent: Context | None = None
-    chat_attributes: dict[str, Any] = field(default_factory=dict)
+    # The run's span as a parent, and the attributes every chat span starts with.
+    parent: Context | None
+    chat_attributes: dict[str, Any]
+    # The client's own defaults, which a request that sets none is sent with.
+    client_max_tokens: int | None
+    client_temperature: float | None
     # Each answering model's metric attributes, built once per run.
     call_attributes: dict[str | None, CallAttributes] = field(default_factory=dict)
+    # The prompt built for the next call: when, and its breakdown as attributes.
+    prompt_at: int = 0
+    prompt_attributes: dict[str, Any] = field(default_factory=dict)
     chat: Span | None = None
-    chat_text: list[str] = field(default_factory=list)
+    # The model call in flight: when it started (perf_counter), the seconds to its first
+    # chunk (streamed answers), its attempts.
+    call_started: float | None = None
+    first_chunk: float | None = None
+    attempts: int = 1
+    # The tools the last request offered, their descriptions by name, and the MCP servers
+    # of the agent's MCP tools (read again when a server's list changes).
+    offered: tuple[ToolDefinition, ...] = ()
+    descriptions: dict[str, str] = field(default_factory=dict)
+    mcp_servers: dict[str, str] = field(default_factory=dict)
     tools: dict[str, Span] = field(default_factory=dict)
     fatal_error: str | None = None
     iteration: int = 0
     # False when no SDK records spans (the API's no-op tracer): only metrics are kept.
     recording: bool = True
+    # The contexts made current, innermost last: (what, in which task, the token).
+    current: list[tuple[str, asyncio.Task[Any] | None, Token[Context]]] = field(
+        default_factory=list
+    )
+    # This tracer installed as a model-call observer, in the run's task.
+    observing: tuple[asyncio.Task[Any] | None, Token[tuple[ModelCallObserver, ...]]] | None = None
 
 
 class _EventTracer:
-    """An event hook recording runs as spans; see the module docstring."""
+    """An event hook and model-call observer recording runs as spans; see the module."""
 
     def __init__(
         self,
@@ -115,20 +148,22 @@ class _EventTracer:
         metrics: _Metrics | None,
         *,
         capture_content: bool,
-        is_mcp: Callable[[str], str | None],
+        agent: AgentExecutor,
+        agent_id: str | None = None,
     ) -> None:
         self._tracer = tracer
         self._metrics = metrics
         self._capture = capture_content
-        self._is_mcp = is_mcp
+        self._agent = agent
+        self._agent_id = agent_id
         self._runs: dict[str, _RunSpans] = {}
         self.enabled = True
         # One dictionary lookup per event rather than a chain of isinstance checks.
         self._handlers: dict[type[AgentEvent], Callable[[_RunSpans, Any], None]] = {
             IterationStarted: self._iteration_started,
             ContextBuilt: self._context_built,
-            TextDelta: self._text_delta,
             ModelResponded: self._model_responded,
+            MCPListChanged: self._mcp_changed,
             ToolCallStarted: self._tool_started,
             ToolCallCompleted: self._tool_completed,
             ToolCallFailed: self._tool_failed,
@@ -143,10 +178,9 @@ class _EventTracer:
         }
 
     def __call__(self, event: AgentEvent) -> None:
-        if not self.enabled:
-            return
         if type(event) is RunStarted:
-            self._run_started(event)
+            if self.enabled:
+                self._run_started(event)
             return
         run = self._runs.get(event.run_id)
         if run is None:
@@ -165,16 +199,37 @@ class _EventTracer:
             case ContextBuilt() if metrics is not None:
                 metrics.prompt(event.breakdown)
             case ModelResponded() if metrics is not None:
-                metrics.model_call(event, self._call_attributes(run, event))
+                first = self._call_ended(run) if event.source == "agent" else None
+                metrics.model_call(event, self._call_attributes(run, event), first)
             case HistoryPruned() if metrics is not None:
                 metrics.pruned(event.report)
             case ExecutionError(fatal=True):
                 run.fatal_error = event.error_type
+                self._call_failed(run, event)
             case RunFinished():
-                del self._runs[event.run_id]
-                self._run_metrics(run, event)
+                self._run_finished(run, event)
             case _:
                 pass
+
+    # -- current spans ---------------------------------------------------------------------
+
+    def _attach(self, run: _RunSpans, what: str, span: Span) -> None:
+        token = otel_context.attach(set_span_in_context(span))
+        run.current.append((what, _task(), token))
+
+    def _detach(self, run: _RunSpans, what: str) -> None:
+        """Stop `what` being current: in this task, with whatever was attached after it."""
+        task = _task()
+        for index in range(len(run.current) - 1, -1, -1):
+            if run.current[index][0] != what:
+                continue
+            if run.current[index][1] is task:
+                for later in range(len(run.current) - 1, index - 1, -1):
+                    if run.current[later][1] is task:
+                        otel_context.detach(run.current.pop(later)[2])
+            else:
+                del run.current[index]  # its task has the context, and ends with it
+            return
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -184,18 +239,23 @@ class _EventTracer:
             parts = urlsplit(event.base_url)
             if parts.hostname:
                 common[n.SERVER_ADDRESS] = parts.hostname
-            if parts.port:
-                common[n.SERVER_PORT] = parts.port
+                common[n.SERVER_PORT] = parts.port or (443 if parts.scheme == "https" else 80)
+        conversation: dict[str, Any] = {}
+        session = self._agent.session_id
+        if session:
+            conversation[n.CONVERSATION_ID] = session
         attributes: dict[str, Any] = {
             n.OPERATION_NAME: n.INVOKE_AGENT,
             n.AGENT_NAME: event.agent,
             n.REQUEST_MODEL: event.model,
-            n.CONVERSATION_ID: event.run_id,
             n.RUN_ID: event.run_id,
+            **conversation,
             **common,
         }
+        if self._agent_id is not None:
+            attributes[n.AGENT_ID] = self._agent_id
         if self._capture:
-            attributes[n.INPUT_MESSAGES] = _messages("user", event.task)
+            attributes[n.INPUT_MESSAGES] = text_message("user", event.task)
         # The current context is the caller's: a run started under a request's span is its
         # child, and a context propagated from another process is honoured the same way.
         span = self._tracer.start_span(
@@ -205,21 +265,57 @@ class _EventTracer:
             start_time=_ns(event.timestamp),
         )
         recording = span.is_recording()
-        self._runs[event.run_id] = _RunSpans(
+        llm = self._agent.llm
+        max_tokens = getattr(llm, "max_tokens", None)
+        temperature = getattr(llm, "temperature", None)
+        run = self._runs[event.run_id] = _RunSpans(
             span=span,
             model=event.model,
             common=common,
             parent=set_span_in_context(span) if recording else None,
-            chat_attributes={n.OPERATION_NAME: n.CHAT, n.REQUEST_MODEL: event.model, **common},
+            chat_attributes={
+                n.OPERATION_NAME: n.CHAT,
+                n.REQUEST_MODEL: event.model,
+                **conversation,
+                **common,
+            },
+            client_max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+            client_temperature=temperature if isinstance(temperature, int | float) else None,
+            mcp_servers=dict(self._agent.mcp_tools),
             recording=recording,
         )
+        if recording:
+            self._attach(run, _RUN, span)
+        if recording or self._metrics is not None:
+            token = MODEL_CALL_OBSERVERS.set((*MODEL_CALL_OBSERVERS.get(), self))
+            run.observing = (_task(), token)
 
     def _run_finished(self, run: _RunSpans, event: RunFinished) -> None:
+        del self._runs[event.run_id]
+        if run.call_started is not None:  # the run ended while a model call was under way
+            self._call_failed(run, "run_ended", end=_ns(event.timestamp))
+        if run.recording:
+            self._end_run(run, event)
+        if run.observing is not None and run.observing[0] is _task():
+            MODEL_CALL_OBSERVERS.reset(run.observing[1])
+        if self._metrics is not None:
+            self._metrics.operation(
+                event.duration_ms,
+                {n.OPERATION_NAME: n.INVOKE_AGENT, n.REQUEST_MODEL: run.model, **run.common},
+                error=run.fatal_error if event.stop_reason == "error" else None,
+            )
+
+    def _end_run(self, run: _RunSpans, event: RunFinished) -> None:
         end = _ns(event.timestamp)
-        for span in [*([run.chat] if run.chat else []), *run.tools.values()]:
+        # Tool calls the run left unfinished (it was cancelled, or failed around them).
+        for call_id, span in list(run.tools.items()):
+            self._detach(run, call_id)
             span.set_attribute(n.ERROR_TYPE, "run_ended")
-            span.set_status(StatusCode.ERROR, "the run ended before this operation finished")
+            span.set_status(StatusCode.ERROR)
             span.end(end_time=end)
+        run.tools.clear()
+        self._detach(run, _RUN)
+        run.current.clear()
         attributes: dict[str, Any] = {
             n.INPUT_TOKENS: event.prompt_tokens,
             n.OUTPUT_TOKENS: event.completion_tokens,
@@ -229,40 +325,36 @@ class _EventTracer:
         if event.cost_usd is not None:
             attributes[n.COST_USD] = event.cost_usd
         if self._capture and event.final_text:
-            attributes[n.OUTPUT_MESSAGES] = _messages("assistant", event.final_text)
+            attributes[n.OUTPUT_MESSAGES] = text_message("assistant", event.final_text, "stop")
         if event.stop_reason == "error":
             attributes[n.ERROR_TYPE] = run.fatal_error or "_OTHER"
-            run.span.set_status(StatusCode.ERROR, event.final_text[:200])
+            run.span.set_status(StatusCode.ERROR, self._said(event.final_text))
         run.span.set_attributes(attributes)
         run.span.end(end_time=end)
-        del self._runs[event.run_id]
-        self._run_metrics(run, event)
 
-    def _run_metrics(self, run: _RunSpans, event: RunFinished) -> None:
-        if self._metrics is not None:
-            self._metrics.operation(
-                event.duration_ms,
-                {n.OPERATION_NAME: n.INVOKE_AGENT, n.REQUEST_MODEL: run.model, **run.common},
-                error=run.fatal_error if event.stop_reason == "error" else None,
-            )
+    def _said(self, text: str) -> str | None:
+        """A status description: the error's own words, only when contents are recorded."""
+        return text[:200] if self._capture else None
 
     def _error(self, run: _RunSpans, event: ExecutionError) -> None:
+        # A failed attempt that is tried again is a retry event of its call (`attempt_failed`).
         if event.fatal:
             run.fatal_error = event.error_type
-        if run.chat is None:
-            return
-        # The model call failed: end its span; a retry opens the next one.
-        run.chat.set_attribute(n.ERROR_TYPE, event.error_type)
-        run.chat.set_status(StatusCode.ERROR, event.message[:200])
-        run.chat.end(end_time=_ns(event.timestamp))
-        run.chat = None
-        if not event.fatal:
-            run.chat = self._chat_span(run, _ns(event.timestamp), {n.ITERATION: run.iteration})
+            self._call_failed(run, event)
 
     def _iteration_started(self, run: _RunSpans, event: IterationStarted) -> None:
         run.iteration = event.iteration
 
-    # -- model calls -----------------------------------------------------------------------
+    # -- model calls: the events -----------------------------------------------------------
+
+    def _context_built(self, run: _RunSpans, event: ContextBuilt) -> None:
+        breakdown = event.breakdown
+        attributes = {key: getattr(breakdown, name) for key, name in _BREAKDOWN_ATTRIBUTES}
+        attributes[n.ITERATION] = event.iteration
+        run.prompt_at = _ns(event.timestamp)
+        run.prompt_attributes = attributes
+        if self._metrics is not None:
+            self._metrics.prompt(breakdown)
 
     def _chat_span(self, run: _RunSpans, start: int, attributes: dict[str, Any]) -> Span:
         return self._tracer.start_span(
@@ -273,28 +365,19 @@ class _EventTracer:
             start_time=start,
         )
 
-    def _context_built(self, run: _RunSpans, event: ContextBuilt) -> None:
-        breakdown = event.breakdown
-        attributes = {key: getattr(breakdown, name) for key, name in _BREAKDOWN_ATTRIBUTES}
-        attributes[n.ITERATION] = event.iteration
-        run.chat_text = []
-        run.chat = self._chat_span(run, _ns(event.timestamp), attributes)
-        if self._metrics is not None:
-            self._metrics.prompt(breakdown)
-
-    def _text_delta(self, run: _RunSpans, event: TextDelta) -> None:
-        if self._capture and run.chat is not None:
-            run.chat_text.append(event.text)
-
     def _model_responded(self, run: _RunSpans, event: ModelResponded) -> None:
         end = _ns(event.timestamp)
+        first: float | None = None
         if event.source == "agent" and run.chat is not None:
             span, run.chat = run.chat, None
+            self._detach(run, _CHAT)
+            first = self._call_ended(run)
         else:
-            # The summarizer's calls (made while pruning) have no span open: place them by
-            # their duration.
+            # The summarizer's calls (made while pruning) and calls no observer saw (replayed
+            # by a recovered durable run) have no span open: place them by their duration.
             start = end - int(event.duration_ms * 1_000_000)
-            span = self._chat_span(run, start, {n.ITERATION: event.iteration})
+            prompt = run.prompt_attributes if event.source == "agent" else {}
+            span = self._chat_span(run, start, {**prompt, n.ITERATION: event.iteration})
         attributes: dict[str, Any] = {
             n.CALL_SOURCE: event.source,
             n.INPUT_TOKENS: event.prompt_tokens,
@@ -304,21 +387,17 @@ class _EventTracer:
         if event.model:
             attributes[n.RESPONSE_MODEL] = event.model
         if event.finish_reason:
-            attributes[n.RESPONSE_FINISH_REASONS] = [event.finish_reason]
+            attributes[n.RESPONSE_FINISH_REASONS] = (event.finish_reason,)
         if event.cached_tokens is not None:
             attributes[n.CACHE_READ_TOKENS] = event.cached_tokens
         if event.reasoning_tokens is not None:
             attributes[n.REASONING_TOKENS] = event.reasoning_tokens
         if event.cost_usd is not None:
             attributes[n.COST_USD] = event.cost_usd
-        if self._capture and event.source == "agent" and run.chat_text:
-            attributes[n.OUTPUT_MESSAGES] = _messages(
-                "assistant", "".join(run.chat_text), event.finish_reason
-            )
         span.set_attributes(attributes)
         span.end(end_time=end)
         if self._metrics is not None:
-            self._metrics.model_call(event, self._call_attributes(run, event))
+            self._metrics.model_call(event, self._call_attributes(run, event), first)
 
     def _call_attributes(self, run: _RunSpans, event: ModelResponded) -> CallAttributes:
         """The attributes of a model call's metric points (built once per answering model)."""
@@ -330,16 +409,129 @@ class _EventTracer:
             cached = run.call_attributes[event.model] = CallAttributes(attributes)
         return cached
 
+    def _call_ended(self, run: _RunSpans) -> float | None:
+        """Forget the call in flight; return its seconds to the first chunk (streamed)."""
+        first, run.first_chunk, run.call_started, run.attempts = run.first_chunk, None, None, 1
+        return first
+
+    def _call_failed(
+        self, run: _RunSpans, failure: ExecutionError | str, *, end: int | None = None
+    ) -> None:
+        """The call in flight failed for good: end its span, and record its duration."""
+        if run.call_started is None:
+            return  # no model call was under way (it failed before, or was never made)
+        if isinstance(failure, ExecutionError):
+            error, said, end = failure.error_type, failure.message, _ns(failure.timestamp)
+        else:
+            error, said = failure, ""
+        seconds = time.perf_counter() - run.call_started
+        self._call_ended(run)
+        chat, run.chat = run.chat, None
+        if chat is not None:
+            self._detach(run, _CHAT)
+            chat.set_attribute(n.ERROR_TYPE, error)
+            chat.set_status(StatusCode.ERROR, self._said(said) if said else None)
+            chat.end(end_time=end)
+        if self._metrics is not None:
+            attributes = {n.OPERATION_NAME: n.CHAT, n.REQUEST_MODEL: run.model, **run.common}
+            self._metrics.operation(seconds * 1000, attributes, error=error)
+
+    # -- model calls: the observer (`agent_flow.llm.observers`) -----------------------------
+
+    def call_started(self, run_id: str, request: LLMRequest, *, stream: bool) -> None:
+        """Open the call's span (current while it runs) with the request's settings."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return
+        run.call_started = time.perf_counter()
+        if request.tools is not run.offered:
+            run.offered = request.tools
+            run.descriptions = {tool.name: tool.description for tool in request.tools}
+        if not run.recording:
+            return
+        attributes = dict(run.prompt_attributes)
+        max_tokens = request.max_tokens
+        if run.client_max_tokens is not None:
+            max_tokens = min(max_tokens or run.client_max_tokens, run.client_max_tokens)
+        if max_tokens is not None:
+            attributes[n.REQUEST_MAX_TOKENS] = max_tokens
+        temperature = request.temperature
+        if temperature is None:
+            temperature = run.client_temperature
+        if temperature is not None:
+            attributes[n.REQUEST_TEMPERATURE] = temperature
+        if request.top_p is not None:
+            attributes[n.REQUEST_TOP_P] = request.top_p
+        if request.seed is not None:
+            attributes[n.REQUEST_SEED] = request.seed
+        if request.stop:
+            attributes[n.REQUEST_STOP_SEQUENCES] = request.stop
+        if self._capture:
+            attributes[n.INPUT_MESSAGES] = input_messages(request.messages)
+            if request.tools:
+                attributes[n.TOOL_DEFINITIONS] = tool_definitions(request.tools)
+        run.chat = self._chat_span(run, time.time_ns(), attributes)
+        self._attach(run, _CHAT, run.chat)
+
+    def first_chunk(self, run_id: str) -> None:
+        """Note when the answer began (again after a voided attempt: the answer kept)."""
+        run = self._runs.get(run_id)
+        if run is not None and run.call_started is not None:
+            run.first_chunk = time.perf_counter() - run.call_started
+
+    def attempt_failed(self, run_id: str, notice: RetryNotice) -> None:
+        """One event on the call's span per failed attempt: why, and how long it waits."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return
+        run.attempts = notice.attempt + 1
+        if run.chat is None:
+            return
+        attributes: dict[str, Any] = {
+            n.RETRY_ATTEMPT: notice.attempt,
+            n.RETRY_MAX_ATTEMPTS: notice.max_attempts,
+            n.RETRY_DELAY: notice.delay,
+            n.ERROR_TYPE: notice.error_type or "_OTHER",
+        }
+        if notice.status_code is not None:
+            attributes[n.HTTP_STATUS_CODE] = notice.status_code
+        if self._capture:
+            attributes[n.RETRY_REASON] = notice.reason
+        run.chat.add_event(n.RETRY, attributes)
+
+    def call_finished(self, run_id: str, completion: Completion) -> None:
+        """The response's id and timing, and with contents its message, on the call's span."""
+        run = self._runs.get(run_id)
+        if run is None or run.chat is None:
+            return
+        attributes: dict[str, Any] = {}
+        if completion.response_id:
+            attributes[n.RESPONSE_ID] = completion.response_id
+        if run.first_chunk is not None:
+            attributes[n.TIME_TO_FIRST_CHUNK] = run.first_chunk
+        if run.attempts > 1:
+            attributes[n.ATTEMPTS] = run.attempts
+        if self._capture:
+            attributes[n.OUTPUT_MESSAGES] = output_messages(completion)
+        run.chat.set_attributes(attributes)
+
     # -- tool calls ------------------------------------------------------------------------
+
+    def _mcp_changed(self, run: _RunSpans, event: MCPListChanged) -> None:
+        if event.component == "tools":
+            run.mcp_servers = dict(self._agent.mcp_tools)
 
     def _tool_started(self, run: _RunSpans, event: ToolCallStarted) -> None:
         span = self._open_tool(run, event.call_id, event.name, _ns(event.timestamp))
         run.tools[event.call_id] = span
         if self._capture:
             span.set_attribute(n.TOOL_CALL_ARGUMENTS, event.arguments)
+        # Current in the task running the tool: what the tool calls (an MCP server, an
+        # instrumented HTTP client) is traced under it.
+        self._attach(run, event.call_id, span)
 
     def _open_tool(self, run: _RunSpans, call_id: str, name: str, start: int) -> Span:
-        server = self._is_mcp(name)
+        server = run.mcp_servers.get(name)
         attributes: dict[str, Any] = {
             n.OPERATION_NAME: n.EXECUTE_TOOL,
             n.TOOL_NAME: name,
@@ -349,6 +541,9 @@ class _EventTracer:
             # to an external service on the agent's side, as an MCP server's tool does.
             n.TOOL_TYPE: "extension" if server is not None else "function",
         }
+        description = run.descriptions.get(name)
+        if description:
+            attributes[n.TOOL_DESCRIPTION] = description
         if server is not None:
             attributes[n.MCP_TOOL] = True
             attributes[n.MCP_SERVER] = server
@@ -364,40 +559,38 @@ class _EventTracer:
         span = self._tool_ended(run, event, error="reported" if event.is_error else None)
         if self._capture:
             span.set_attribute(n.TOOL_CALL_RESULT, event.content)
-        del run.tools[event.call_id]
         span.end(end_time=_ns(event.timestamp))
 
     def _tool_failed(self, run: _RunSpans, event: ToolCallFailed) -> None:
         span = self._tool_ended(run, event, error=event.error_kind or "_OTHER")
         if self._capture:
             span.set_attribute(n.TOOL_CALL_RESULT, event.error)
-        del run.tools[event.call_id]
         span.end(end_time=_ns(event.timestamp))
 
     def _tool_ended(
         self, run: _RunSpans, event: ToolCallCompleted | ToolCallFailed, *, error: str | None
     ) -> Span:
-        span = run.tools.get(event.call_id)
+        span = run.tools.pop(event.call_id, None)
         if span is None:
             # Refused before it started (a tool the agent may not use now): a span of its
             # own, so the trace shows every call the model made.
             start = _ns(event.timestamp) - int(event.duration_ms * 1_000_000)
             span = self._open_tool(run, event.call_id, event.name, start)
-            run.tools[event.call_id] = span
+        else:
+            self._detach(run, event.call_id)
         if error is not None:
             span.set_attribute(n.ERROR_TYPE, error)
-            message = event.error if isinstance(event, ToolCallFailed) else event.content
-            span.set_status(StatusCode.ERROR, message[:200])
+            said = event.error if isinstance(event, ToolCallFailed) else event.content
+            span.set_status(StatusCode.ERROR, self._said(said))
         return span
 
     def _approval(self, run: _RunSpans, event: ApprovalRequired | ApprovalResolved) -> None:
         span = run.tools.get(event.call_id, run.span)
         if isinstance(event, ApprovalRequired):
-            span.add_event(
-                n.APPROVAL_REQUIRED,
-                {"agent_flow.approval.reason": event.reason},
-                timestamp=_ns(event.timestamp),
-            )
+            attributes: dict[str, Any] = {}
+            if self._capture:
+                attributes["agent_flow.approval.reason"] = event.reason
+            span.add_event(n.APPROVAL_REQUIRED, attributes, timestamp=_ns(event.timestamp))
         else:
             span.add_event(
                 n.APPROVAL_RESOLVED,
@@ -420,21 +613,16 @@ class _EventTracer:
         )
 
     def _plan_updated(self, run: _RunSpans, event: PlanUpdated) -> None:
-        run.span.add_event(
-            n.PLAN_UPDATED,
-            {
-                "agent_flow.plan.steps": len(event.plan),
-                "agent_flow.plan.current_step": event.current_step or "",
-            },
-            timestamp=_ns(event.timestamp),
-        )
+        attributes: dict[str, Any] = {"agent_flow.plan.steps": len(event.plan)}
+        if self._capture:
+            attributes["agent_flow.plan.current_step"] = event.current_step or ""
+        run.span.add_event(n.PLAN_UPDATED, attributes, timestamp=_ns(event.timestamp))
 
     def _warning(self, run: _RunSpans, event: WarningRaised) -> None:
-        run.span.add_event(
-            n.WARNING,
-            {"agent_flow.warning.source": event.source, "message": event.message},
-            timestamp=_ns(event.timestamp),
-        )
+        attributes = {"agent_flow.warning.source": event.source}
+        if self._capture:
+            attributes["message"] = event.message
+        run.span.add_event(n.WARNING, attributes, timestamp=_ns(event.timestamp))
 
     def _pruned(self, run: _RunSpans, event: HistoryPruned) -> None:
         report = event.report
@@ -461,11 +649,3 @@ class _EventTracer:
 _BREAKDOWN_ATTRIBUTES: Final = tuple(
     (f"{n.PROMPT_PREFIX}{name}", name) for name in PromptBreakdown.model_fields
 )
-
-
-def _messages(role: str, text: str, finish_reason: str | None = None) -> str:
-    """One message in the conventions' JSON shape for ``gen_ai.*.messages``."""
-    message: dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": text}]}
-    if finish_reason is not None:
-        message["finish_reason"] = finish_reason
-    return json.dumps([message])
