@@ -26,15 +26,10 @@ API key: events and requests do not carry one.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from contextvars import Token
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
 
 from agent_flow.events import (
@@ -56,9 +51,10 @@ from agent_flow.events import (
     ToolCallStarted,
     WarningRaised,
 )
-from agent_flow.llm.observers import MODEL_CALL_OBSERVERS, ModelCallObserver
+from agent_flow.llm.observers import MODEL_CALL_OBSERVERS
 from agent_flow.prompt import PromptBreakdown
 from agent_flow.telemetry import _names as n
+from agent_flow.telemetry import _story as story
 from agent_flow.telemetry._content import (
     input_messages,
     output_messages,
@@ -67,76 +63,23 @@ from agent_flow.telemetry._content import (
 )
 from agent_flow.telemetry._metrics import CallAttributes
 from agent_flow.telemetry._providers import provider_name
+from agent_flow.telemetry._run import RunSpans as _RunSpans
+from agent_flow.telemetry._run import attach, current_task, detach
+from agent_flow.telemetry._story import ns
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
     from agent_flow.agent import AgentExecutor
     from agent_flow.llm.base import Completion, LLMRequest, RetryNotice
-    from agent_flow.messages import ToolDefinition
     from agent_flow.telemetry._metrics import _Metrics
 
 __all__: list[str] = []
 
 _RUN = "run"
 _CHAT = "chat"
-
-
-def _ns(at: datetime) -> int:
-    return int(at.timestamp() * 1_000_000_000)
-
-
-def _task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running loop: a hook called by hand
-        return None
-
-
-@dataclass(eq=False)
-class _RunSpans:
-    """One run's open spans, and the model call in flight."""
-
-    span: Span
-    model: str
-    # Attributes every span and metric point of the run's model calls starts with.
-    common: dict[str, Any]
-    # The run's span as a parent, and the attributes every chat span starts with.
-    parent: Context | None
-    chat_attributes: dict[str, Any]
-    # The client's own defaults, which a request that sets none is sent with.
-    client_max_tokens: int | None
-    client_temperature: float | None
-    # Each answering model's metric attributes, built once per run.
-    call_attributes: dict[str | None, CallAttributes] = field(default_factory=dict)
-    # The prompt built for the next call: when, and its breakdown as attributes.
-    prompt_at: int = 0
-    prompt_attributes: dict[str, Any] = field(default_factory=dict)
-    chat: Span | None = None
-    # The model call in flight: when it started (perf_counter), the seconds to its first
-    # chunk (streamed answers), its attempts.
-    call_started: float | None = None
-    first_chunk: float | None = None
-    attempts: int = 1
-    # The tools the last request offered, their descriptions by name, and the MCP servers
-    # of the agent's MCP tools (read again when a server's list changes).
-    offered: tuple[ToolDefinition, ...] = ()
-    descriptions: dict[str, str] = field(default_factory=dict)
-    mcp_servers: dict[str, str] = field(default_factory=dict)
-    tools: dict[str, Span] = field(default_factory=dict)
-    fatal_error: str | None = None
-    iteration: int = 0
-    # False when no SDK records spans (the API's no-op tracer): only metrics are kept.
-    recording: bool = True
-    # The contexts made current, innermost last: (what, in which task, the token).
-    current: list[tuple[str, asyncio.Task[Any] | None, Token[Context]]] = field(
-        default_factory=list
-    )
-    # This tracer installed as a model-call observer, in the run's task.
-    observing: tuple[asyncio.Task[Any] | None, Token[tuple[ModelCallObserver, ...]]] | None = None
 
 
 class _EventTracer:
@@ -211,26 +154,6 @@ class _EventTracer:
             case _:
                 pass
 
-    # -- current spans ---------------------------------------------------------------------
-
-    def _attach(self, run: _RunSpans, what: str, span: Span) -> None:
-        token = otel_context.attach(set_span_in_context(span))
-        run.current.append((what, _task(), token))
-
-    def _detach(self, run: _RunSpans, what: str) -> None:
-        """Stop `what` being current: in this task, with whatever was attached after it."""
-        task = _task()
-        for index in range(len(run.current) - 1, -1, -1):
-            if run.current[index][0] != what:
-                continue
-            if run.current[index][1] is task:
-                for later in range(len(run.current) - 1, index - 1, -1):
-                    if run.current[later][1] is task:
-                        otel_context.detach(run.current.pop(later)[2])
-            else:
-                del run.current[index]  # its task has the context, and ends with it
-            return
-
     # -- the run ---------------------------------------------------------------------------
 
     def _run_started(self, event: RunStarted) -> None:
@@ -262,7 +185,7 @@ class _EventTracer:
             f"{n.INVOKE_AGENT} {event.agent}",
             kind=SpanKind.INTERNAL,
             attributes=attributes,
-            start_time=_ns(event.timestamp),
+            start_time=ns(event.timestamp),
         )
         recording = span.is_recording()
         llm = self._agent.llm
@@ -285,18 +208,18 @@ class _EventTracer:
             recording=recording,
         )
         if recording:
-            self._attach(run, _RUN, span)
+            attach(run, _RUN, span)
         if recording or self._metrics is not None:
             token = MODEL_CALL_OBSERVERS.set((*MODEL_CALL_OBSERVERS.get(), self))
-            run.observing = (_task(), token)
+            run.observing = (current_task(), token)
 
     def _run_finished(self, run: _RunSpans, event: RunFinished) -> None:
         del self._runs[event.run_id]
         if run.call_started is not None:  # the run ended while a model call was under way
-            self._call_failed(run, "run_ended", end=_ns(event.timestamp))
+            self._call_failed(run, "run_ended", end=ns(event.timestamp))
         if run.recording:
             self._end_run(run, event)
-        if run.observing is not None and run.observing[0] is _task():
+        if run.observing is not None and run.observing[0] is current_task():
             MODEL_CALL_OBSERVERS.reset(run.observing[1])
         if self._metrics is not None:
             self._metrics.operation(
@@ -306,15 +229,15 @@ class _EventTracer:
             )
 
     def _end_run(self, run: _RunSpans, event: RunFinished) -> None:
-        end = _ns(event.timestamp)
+        end = ns(event.timestamp)
         # Tool calls the run left unfinished (it was cancelled, or failed around them).
         for call_id, span in list(run.tools.items()):
-            self._detach(run, call_id)
+            detach(run, call_id)
             span.set_attribute(n.ERROR_TYPE, "run_ended")
             span.set_status(StatusCode.ERROR)
             span.end(end_time=end)
         run.tools.clear()
-        self._detach(run, _RUN)
+        detach(run, _RUN)
         run.current.clear()
         attributes: dict[str, Any] = {
             n.INPUT_TOKENS: event.prompt_tokens,
@@ -351,7 +274,7 @@ class _EventTracer:
         breakdown = event.breakdown
         attributes = {key: getattr(breakdown, name) for key, name in _BREAKDOWN_ATTRIBUTES}
         attributes[n.ITERATION] = event.iteration
-        run.prompt_at = _ns(event.timestamp)
+        run.prompt_at = ns(event.timestamp)
         run.prompt_attributes = attributes
         if self._metrics is not None:
             self._metrics.prompt(breakdown)
@@ -366,11 +289,11 @@ class _EventTracer:
         )
 
     def _model_responded(self, run: _RunSpans, event: ModelResponded) -> None:
-        end = _ns(event.timestamp)
+        end = ns(event.timestamp)
         first: float | None = None
         if event.source == "agent" and run.chat is not None:
             span, run.chat = run.chat, None
-            self._detach(run, _CHAT)
+            detach(run, _CHAT)
             first = self._call_ended(run)
         else:
             # The summarizer's calls (made while pruning) and calls no observer saw (replayed
@@ -421,14 +344,14 @@ class _EventTracer:
         if run.call_started is None:
             return  # no model call was under way (it failed before, or was never made)
         if isinstance(failure, ExecutionError):
-            error, said, end = failure.error_type, failure.message, _ns(failure.timestamp)
+            error, said, end = failure.error_type, failure.message, ns(failure.timestamp)
         else:
             error, said = failure, ""
         seconds = time.perf_counter() - run.call_started
         self._call_ended(run)
         chat, run.chat = run.chat, None
         if chat is not None:
-            self._detach(run, _CHAT)
+            detach(run, _CHAT)
             chat.set_attribute(n.ERROR_TYPE, error)
             chat.set_status(StatusCode.ERROR, self._said(said) if said else None)
             chat.end(end_time=end)
@@ -471,7 +394,7 @@ class _EventTracer:
             if request.tools:
                 attributes[n.TOOL_DEFINITIONS] = tool_definitions(request.tools)
         run.chat = self._chat_span(run, time.time_ns(), attributes)
-        self._attach(run, _CHAT, run.chat)
+        attach(run, _CHAT, run.chat)
 
     def first_chunk(self, run_id: str) -> None:
         """Note when the answer began (again after a voided attempt: the answer kept)."""
@@ -522,13 +445,13 @@ class _EventTracer:
             run.mcp_servers = dict(self._agent.mcp_tools)
 
     def _tool_started(self, run: _RunSpans, event: ToolCallStarted) -> None:
-        span = self._open_tool(run, event.call_id, event.name, _ns(event.timestamp))
+        span = self._open_tool(run, event.call_id, event.name, ns(event.timestamp))
         run.tools[event.call_id] = span
         if self._capture:
             span.set_attribute(n.TOOL_CALL_ARGUMENTS, event.arguments)
         # Current in the task running the tool: what the tool calls (an MCP server, an
         # instrumented HTTP client) is traced under it.
-        self._attach(run, event.call_id, span)
+        attach(run, event.call_id, span)
 
     def _open_tool(self, run: _RunSpans, call_id: str, name: str, start: int) -> Span:
         server = run.mcp_servers.get(name)
@@ -559,13 +482,13 @@ class _EventTracer:
         span = self._tool_ended(run, event, error="reported" if event.is_error else None)
         if self._capture:
             span.set_attribute(n.TOOL_CALL_RESULT, event.content)
-        span.end(end_time=_ns(event.timestamp))
+        span.end(end_time=ns(event.timestamp))
 
     def _tool_failed(self, run: _RunSpans, event: ToolCallFailed) -> None:
         span = self._tool_ended(run, event, error=event.error_kind or "_OTHER")
         if self._capture:
             span.set_attribute(n.TOOL_CALL_RESULT, event.error)
-        span.end(end_time=_ns(event.timestamp))
+        span.end(end_time=ns(event.timestamp))
 
     def _tool_ended(
         self, run: _RunSpans, event: ToolCallCompleted | ToolCallFailed, *, error: str | None
@@ -574,10 +497,10 @@ class _EventTracer:
         if span is None:
             # Refused before it started (a tool the agent may not use now): a span of its
             # own, so the trace shows every call the model made.
-            start = _ns(event.timestamp) - int(event.duration_ms * 1_000_000)
+            start = ns(event.timestamp) - int(event.duration_ms * 1_000_000)
             span = self._open_tool(run, event.call_id, event.name, start)
         else:
-            self._detach(run, event.call_id)
+            detach(run, event.call_id)
         if error is not None:
             span.set_attribute(n.ERROR_TYPE, error)
             said = event.error if isinstance(event, ToolCallFailed) else event.content
@@ -587,62 +510,25 @@ class _EventTracer:
     def _approval(self, run: _RunSpans, event: ApprovalRequired | ApprovalResolved) -> None:
         span = run.tools.get(event.call_id, run.span)
         if isinstance(event, ApprovalRequired):
-            attributes: dict[str, Any] = {}
-            if self._capture:
-                attributes["agent_flow.approval.reason"] = event.reason
-            span.add_event(n.APPROVAL_REQUIRED, attributes, timestamp=_ns(event.timestamp))
+            story.approval_required(span, event, capture=self._capture)
         else:
-            span.add_event(
-                n.APPROVAL_RESOLVED,
-                {"agent_flow.approval.approved": event.approved},
-                timestamp=_ns(event.timestamp),
-            )
+            story.approval_resolved(span, event)
 
     # -- the budget story ------------------------------------------------------------------
 
     def _environment_updated(self, run: _RunSpans, event: EnvironmentUpdated) -> None:
-        run.span.add_event(
-            n.ENVIRONMENT_UPDATED,
-            {
-                "agent_flow.environment.source": event.source,
-                "agent_flow.environment.version": event.version,
-                "agent_flow.environment.pointers": [c.pointer for c in event.changes],
-                "agent_flow.environment.ops": [c.op for c in event.changes],
-            },
-            timestamp=_ns(event.timestamp),
-        )
+        story.environment_updated(run.span, event)
 
     def _plan_updated(self, run: _RunSpans, event: PlanUpdated) -> None:
-        attributes: dict[str, Any] = {"agent_flow.plan.steps": len(event.plan)}
-        if self._capture:
-            attributes["agent_flow.plan.current_step"] = event.current_step or ""
-        run.span.add_event(n.PLAN_UPDATED, attributes, timestamp=_ns(event.timestamp))
+        story.plan_updated(run.span, event, capture=self._capture)
 
     def _warning(self, run: _RunSpans, event: WarningRaised) -> None:
-        attributes = {"agent_flow.warning.source": event.source}
-        if self._capture:
-            attributes["message"] = event.message
-        run.span.add_event(n.WARNING, attributes, timestamp=_ns(event.timestamp))
+        story.warning_raised(run.span, event, capture=self._capture)
 
     def _pruned(self, run: _RunSpans, event: HistoryPruned) -> None:
-        report = event.report
-        run.span.add_event(
-            n.HISTORY_PRUNED,
-            {
-                "agent_flow.prune.strategy": report.strategy,
-                "agent_flow.prune.tokens_before": report.tokens_before,
-                "agent_flow.prune.tokens_after": report.tokens_after,
-                "agent_flow.prune.max_tokens": report.max_tokens,
-                "agent_flow.prune.dropped": len(report.dropped),
-                "agent_flow.prune.elided": len(report.elided),
-                "agent_flow.prune.summarized": len(report.summarized),
-                "agent_flow.prune.summary_id": report.summary_id or "",
-                "agent_flow.prune.fits": report.fits,
-            },
-            timestamp=_ns(event.timestamp),
-        )
+        story.history_pruned(run.span, event)
         if self._metrics is not None:
-            self._metrics.pruned(report)
+            self._metrics.pruned(event.report)
 
 
 # The chat span's attribute for each field of the prompt's breakdown, in its order.
