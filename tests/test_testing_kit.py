@@ -43,6 +43,7 @@ from agent_flow.testing import (
 )
 from agent_flow.testing.strategies import (
     answered_calls,
+    budget_edges,
     budgets_around,
     context_managers,
     entry_lists,
@@ -279,7 +280,44 @@ def test_budgets_around_stay_within_reach_of_the_units(
 ) -> None:
     units = build_units(entries, COUNTER)
     budget = data.draw(budgets_around(units))
-    assert 0 <= budget <= int(sum(u.tokens for u in units) * 1.2)
+    total = sum(u.tokens for u in units)
+    assert 0 <= budget <= max(int(total * 1.2), total + 1)
+
+
+@settings(max_examples=40)
+@given(entries=entry_lists())
+def test_budget_edges_surround_every_size_dropping_the_oldest_keeps(
+    entries: list[HistoryEntry],
+) -> None:
+    units = build_units(entries, COUNTER)
+    edges = set(budget_edges(units))
+    pinned = [u for u in units if u.pinned]
+    others = [u for u in units if not u.pinned]
+    for kept in range(len(others) + 1):
+        size = sum(u.tokens for u in pinned) + sum(u.tokens for u in others[len(others) - kept :])
+        assert {max(0, size - 1), size, size + 1} <= edges
+
+
+def test_budgets_around_draws_budgets_one_token_below_a_kept_size_on_purpose() -> None:
+    """Where an off-by-one strategy fails: each such budget is drawn, not left to luck."""
+    entries: list[HistoryEntry] = [
+        UserMessage(id="u", content="Fix the parser in src/parser.py."),
+        AgentMessage(id="a1", content="Reading it. " * 30),
+        UserMessage(id="u2", content="And the tests too, please."),
+        AgentMessage(id="a2", content="Done: " + "the tests pass. " * 20),
+    ]
+    units = build_units(entries, COUNTER)
+    pinned = units[0].tokens
+    below = {pinned + sum(u.tokens for u in units[k:]) - 1 for k in (1, 2, 3)}
+    drawn: list[int] = []
+
+    @settings(max_examples=100, derandomize=True, database=None)
+    @given(budget=budgets_around(units))
+    def draw(budget: int) -> None:
+        drawn.append(budget)
+
+    draw()
+    assert below <= set(drawn)
 
 
 def test_a_failing_history_shrinks_to_a_small_readable_one() -> None:

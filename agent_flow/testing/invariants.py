@@ -33,6 +33,23 @@ What each guarantees, and the provider error it prevents:
   degraded when the whole environment fits, and rendering changes nothing. The environment
   is part of the system message, so an overrun there is a ``context_length_exceeded`` as
   above; a block cut mid-JSON would have the model misread the state.
+
+Two more run your code themselves and check it against its contract, on its own:
+
+- `assert_strategy_within_budget` runs a `PruningStrategy` and checks everything the
+  protocol promises: within the budget whenever the pinned units fit, a truthful report,
+  whole units, pinned units kept, order kept, nothing changed when the units already fit.
+  Test a strategy so, not only through a `ContextManager`: the manager prunes to a target
+  below its budget and then selects what fits, so it hides a strategy that misses its
+  budget (the overrun shows up only in the prompts of budgets near the edge, in production).
+- `assert_handlers_apply` applies result handlers to a result and fails on the first
+  handler that raised: a handler that writes a value of the wrong type into a typed
+  extension (`Environment.register_extension`) raises at the write, which in a run is only
+  a warning while the environment silently misses the update.
+
+Every message names the invariant, the step that broke it (the strategy and its budget, the
+handler and its call) and the case (the units, by kind and size), so a shrunk failing example
+reads on its own.
 """
 
 from __future__ import annotations
@@ -44,17 +61,28 @@ from typing import Final
 
 from agent_flow.context import ContextManager
 from agent_flow.environment import Environment
-from agent_flow.history import History, HistoryEntry, PruneReport, PruneResult, Unit
+from agent_flow.history import (
+    History,
+    HistoryEntry,
+    PruneReport,
+    PruneResult,
+    PruningStrategy,
+    Unit,
+)
 from agent_flow.history.entries import ToolCallEntry, ToolResultEntry
 from agent_flow.llm.base import NATIVE_FORMAT
-from agent_flow.messages import ChatMessage
+from agent_flow.messages import ChatMessage, ToolCall
 from agent_flow.prompt import Prompt
 from agent_flow.tokens import TokenCounter
+from agent_flow.tools.handlers import HandlerRegistry, HandlerReport
+from agent_flow.tools.results import ToolResult
 
 __all__ = [
+    "assert_handlers_apply",
     "assert_pinned_kept",
     "assert_prompt_within_budget",
     "assert_render_within",
+    "assert_strategy_within_budget",
     "assert_units_intact",
 ]
 
@@ -163,7 +191,8 @@ def _check_unit_entries(units: Sequence[Unit]) -> None:
         sent = {c.id for m in unit.messages for c in m.tool_calls}
         if sent - answered:
             raise AssertionError(
-                f"unit {index} sends calls {sorted(sent - answered)} that have no result in it"
+                f"unit {index} sends calls {sorted(sent - answered)} that have no result in it: "
+                "a tool call without its result"
             )
 
 
@@ -334,3 +363,160 @@ def assert_render_within(environment: Environment, max_tokens: int, counter: Tok
         )
     if environment.version != version:
         raise AssertionError("rendering the environment changed it")
+
+
+# -- a strategy on its own -------------------------------------------------------------------
+
+#: Units listed in a failure message; a shrunk case has a few.
+_SHOWN_UNITS: Final = 12
+
+
+def _describe_units(units: Sequence[Unit]) -> str:
+    """Units in one line, by kind and size: ``[u0 user 9t pinned, u1 assistant 41t 2 calls]``."""
+    parts = []
+    for index, unit in enumerate(units[:_SHOWN_UNITS]):
+        calls = sum(isinstance(e, ToolCallEntry) for e in unit.entries)
+        text = f"u{index} {unit.kind} {unit.tokens}t"
+        if unit.pinned:
+            text += " pinned"
+        if calls:
+            text += f" {calls} call{'s' if calls > 1 else ''}"
+        parts.append(text)
+    more = len(units) - _SHOWN_UNITS
+    return "[" + ", ".join(parts) + (f", +{more} more" if more > 0 else "") + "]"
+
+
+def assert_strategy_within_budget(
+    strategy: PruningStrategy,
+    units: Sequence[Unit],
+    max_tokens: int,
+    counter: TokenCounter,
+    *,
+    drops_to_fit: bool = True,
+) -> PruneResult:
+    """Run `strategy` on `units` and check what the `PruningStrategy` protocol promises.
+
+    Checked, in order: the report is truthful (its budget, its counts before and after, and
+    ``fits``); each kept unit counts what its messages cost; nothing changes when the units
+    already fit; whole units (`assert_units_intact`); pinned units kept in place
+    (`assert_pinned_kept`); kept units in their order; and, with `drops_to_fit`, the result
+    fits whenever the pinned units alone do.
+
+    Draw the budget with `agent_flow.testing.strategies.budgets_around`, which puts a third of
+    its budgets one token either side of the sizes a strategy's choices flip at: an
+    off-by-one in a strategy shows there, and almost nowhere else.
+
+    Args:
+        strategy: Your strategy.
+        units: The units to prune (``build_units(entries, counter)``, ``history.units()``).
+        max_tokens: The budget.
+        counter: The counter the units were counted with.
+        drops_to_fit: Whether the strategy promises to reach any budget the pinned units fit
+            in, as `DropOldest` and chains ending in it do; pass False for strategies that
+            only elide or keep a window.
+
+    Returns:
+        The strategy's result.
+
+    Raises:
+        AssertionError: A promise is broken; the message names it, the strategy and budget,
+            and the case.
+    """
+    result = strategy.prune(units, max_tokens, counter)
+    name = getattr(strategy, "name", type(strategy).__name__)
+    where = f"{name}.prune(units, max_tokens={max_tokens})"
+
+    def broken(invariant: str, detail: str) -> AssertionError:
+        return AssertionError(
+            f"invariant broken, {invariant}: {detail}; step: {where}; case: budget {max_tokens}"
+            f" for {_describe_units(units)}, kept {_describe_units(result.units)}"
+        )
+
+    before = sum(u.tokens for u in units)
+    after = sum(u.tokens for u in result.units)
+    report = result.report
+    if (report.max_tokens, report.tokens_before, report.tokens_after) != (
+        max_tokens,
+        before,
+        after,
+    ):
+        raise broken(
+            "a truthful report",
+            f"it reports budget {report.max_tokens}, {report.tokens_before} tokens before and "
+            f"{report.tokens_after} after, but the budget is {max_tokens} and the units count "
+            f"{before} before and {after} after",
+        )
+    if report.fits != (after <= max_tokens):
+        detail = f"fits={report.fits} for {after} tokens in a budget of {max_tokens}"
+        raise broken("a truthful report", detail)
+    for index, unit in enumerate(result.units):
+        cost = sum(counter.count_message(m) for m in unit.messages)
+        if cost != unit.tokens:
+            raise broken(
+                "kept units count their messages",
+                f"kept unit {index} says {unit.tokens} tokens but its messages cost {cost} "
+                f"({counter.name}): the budget would be checked against the wrong size",
+            )
+    if before <= max_tokens and tuple(result.units) != tuple(units):
+        raise broken("nothing changes when the units already fit", f"they count {before}")
+    try:
+        assert_units_intact(result)
+    except AssertionError as err:
+        raise broken("whole units", str(err)) from err
+    try:
+        assert_pinned_kept(units, result)
+    except AssertionError as err:
+        raise broken("pinned units kept", str(err)) from err
+    positions = {e.id: i for i, u in enumerate(units) for e in u.entries}
+    kept = [positions[e.id] for u in result.units for e in u.entries if e.id in positions]
+    if kept != sorted(kept):
+        raise broken("order kept", "kept entries come out in another order than they went in")
+    pinned = sum(u.tokens for u in units if u.pinned)
+    if drops_to_fit and pinned <= max_tokens < after:
+        raise broken(
+            "within the budget whenever the pinned units fit",
+            f"it kept {after} tokens, {after - max_tokens} over, though the pinned units alone "
+            f"take {pinned}",
+        )
+    return result
+
+
+def assert_handlers_apply(
+    handlers: HandlerRegistry, environment: Environment, call: ToolCall, result: ToolResult
+) -> HandlerReport:
+    """Apply `handlers` to one result and check that none of them raised.
+
+    In a run a raising handler costs only a warning (the model still gets the result), so a
+    handler that writes the wrong type into a typed extension, or into a typed section, goes
+    unnoticed while the environment misses its update. Here it fails. Check the environment
+    afterwards with `assert_render_within`.
+
+    Args:
+        handlers: The registry (``agent.handlers``, or one with just your handler).
+        environment: The environment to update (drawn with ``environments(extensions=...)``
+            so that your extension models are registered).
+        call: The call the result answers.
+        result: The result.
+
+    Returns:
+        What the handlers did.
+
+    Raises:
+        AssertionError: A handler raised; the message names it, the call and the error.
+    """
+    report = handlers.apply(environment, call, result)
+    if report.errors:
+        error = report.errors[0]
+        raise AssertionError(
+            "invariant broken, handlers leave the environment valid: result handler "
+            f"{error.handler} (pattern {error.pattern!r}) raised {error.error_type}: "
+            f"{error.message}; step: its result of call {error.call_id!r} to "
+            f"{error.tool_name!r}; case: {_brief_result(result)}"
+        )
+    return report
+
+
+def _brief_result(result: ToolResult) -> str:
+    data = json.dumps(result.data, ensure_ascii=False) if result.data is not None else None
+    text = data if data is not None else result.content
+    return f"data {text[:200]!r}{'…' if len(text) > 200 else ''}"

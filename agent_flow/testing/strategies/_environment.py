@@ -29,6 +29,7 @@ from agent_flow.environment import (
     WorkspaceState,
 )
 from agent_flow.errors import PointerError
+from agent_flow.testing.strategies._text import texts
 
 __all__ = [
     "artifact_infos",
@@ -47,14 +48,14 @@ __all__ = [
 
 #: Keys that exercise pointer escaping ("~", "/"), the elision marker key and the "-" token.
 json_keys = st.one_of(
-    st.text(max_size=12),
+    texts(max_size=12),
     st.sampled_from(["~", "/", "~1", "a/b", "~0~1", "-", "…", "0", ""]),
 )
 
 
 @functools.cache  # strategies are built once per parameter set, not per draw
 def _texts(max_size: int) -> st.SearchStrategy[str]:
-    return st.text(max_size=max_size)
+    return texts(max_size=max_size)
 
 
 @functools.cache  # strategies are built once per parameter set, not per draw

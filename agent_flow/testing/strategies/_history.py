@@ -9,6 +9,7 @@ to a short, readable history and replays the same.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from agent_flow.history import (
     UserMessage,
 )
 from agent_flow.messages import ToolCall
+from agent_flow.testing.strategies._text import names, texts
 from agent_flow.tokens import ApproxCounter, TokenCounter
 
 __all__ = [
@@ -45,12 +47,8 @@ __all__ = [
     "timestamps",
 ]
 
-_ID = st.text(min_size=1, max_size=20)
-_NAME = st.text(
-    alphabet=st.characters(categories=["L", "N"], include_characters="_-."),
-    min_size=1,
-    max_size=20,
-)
+_ID = texts(min_size=1, max_size=20)
+_NAME = names(max_size=20)
 
 #: Timezone-aware entry times between 1970 and 2200.
 timestamps = st.datetimes(
@@ -59,6 +57,11 @@ timestamps = st.datetimes(
     timezones=st.just(UTC),
 )
 
+#: Integer strategies, built once: a strategy built inside a draw is validated again each
+#: time, which was most of the cost of drawing (and shrinking) a history.
+_int = functools.cache(st.integers)
+_BOOLEANS = st.booleans()
+
 _WORDS = ("read", "the", "file", "parser", "fails", "on", "line", "42", "ok", "fix", "tests", "λ")
 _ENDS = (". ", "! ", "? ", "\n")
 
@@ -66,8 +69,8 @@ _ENDS = (". ", "! ", "? ", "\n")
 @st.composite
 def prose(draw: st.DrawFn, *, max_words: int = 60) -> str:
     """Sentences of small words: varied lengths, cheap to generate (two draws)."""
-    size = draw(st.integers(0, max_words))
-    seed = draw(st.integers(0, 997))
+    size = draw(_int(0, max_words))
+    seed = draw(_int(0, 997))
     sentence = 3 + seed % 9
     parts = []
     for i in range(size):
@@ -79,15 +82,21 @@ def prose(draw: st.DrawFn, *, max_words: int = 60) -> str:
 @st.composite
 def _body(draw: st.DrawFn) -> str:
     """A tool-result body: usually short, sometimes thousands of characters."""
-    if draw(st.integers(0, 4)) == 0:
-        return "x" * draw(st.integers(200, 4000))
-    return draw(prose())
+    if draw(_int(0, 4)) == 0:
+        return "x" * draw(_int(200, 4000))
+    return draw(_PROSE)
+
+
+_PROSE = prose()
+_SHORT_PROSE = prose(max_words=20)
+_KINDS = st.sampled_from(["user", "assistant", "assistant", "assistant", "summary"])
+_KINDS_WITHOUT_SUMMARIES = st.sampled_from(["user", "assistant", "assistant", "assistant"])
 
 
 def history_entries() -> st.SearchStrategy[HistoryEntry]:
-    """Any single entry, with arbitrary text (full unicode) in every field."""
+    """Any single entry, with arbitrary text (`ALPHABET` characters) in every field."""
     common = {"id": _ID, "timestamp": timestamps}
-    text = st.text()
+    text = texts(max_size=200)
     return st.one_of(
         st.builds(UserMessage, content=text, **common),
         st.builds(AgentMessage, content=text, **common),
@@ -142,33 +151,33 @@ def entry_lists(
         return f"e{next(counter)}"
 
     entries: list[HistoryEntry] = []
-    reuse_call_ids = draw(st.booleans())
+    reuse_call_ids = draw(_BOOLEANS)
     # Whether the last assistant turn has no result yet: a following turn would join it.
     open_turn = False
-    kinds = ["user", "assistant", "assistant", "assistant"] + (["summary"] if summaries else [])
-    for turn in range(draw(st.integers(0, max_units))):
-        kind = draw(st.sampled_from(kinds))
+    kinds = _KINDS if summaries else _KINDS_WITHOUT_SUMMARIES
+    for turn in range(draw(_int(0, max_units))):
+        kind = draw(kinds)
         if kind == "user":
-            entries.append(UserMessage(id=next_id(), content=draw(prose())))
+            entries.append(UserMessage(id=next_id(), content=draw(_PROSE)))
             open_turn = False
         elif kind == "summary":
-            text = draw(prose(max_words=20))
+            text = draw(_SHORT_PROSE)
             entries.append(Summary(id=next_id(), content=text, replaced_ids=("old1", "old2")))
             open_turn = False
         else:
             turn_entries: list[HistoryEntry] = []
             # One draw per decision group keeps generation fast on 2 cores.
-            shape = draw(st.integers(0, 15))
+            shape = draw(_int(0, 15))
             if shape & 1:
-                turn_entries.append(AgentThinking(id=next_id(), content=draw(prose())))
+                turn_entries.append(AgentThinking(id=next_id(), content=draw(_PROSE)))
             if shape & 2:
-                turn_entries.append(AgentMessage(id=next_id(), content=draw(prose())))
+                turn_entries.append(AgentMessage(id=next_id(), content=draw(_PROSE)))
             calls: list[ToolCallEntry] = []
             for index in range(shape >> 2):
                 call_id = (
                     f"call_{index}" if reuse_call_ids and not open_turn else f"call_{turn}_{index}"
                 )
-                look = draw(st.integers(0, 11))
+                look = draw(_int(0, 11))
                 calls.append(
                     ToolCallEntry(
                         id=next_id(),
@@ -178,11 +187,11 @@ def entry_lists(
                     )
                 )
             turn_entries.extend(calls)
-            unanswered = draw(st.integers(0, 9)) if pending else 0
+            unanswered = draw(_int(0, 9)) if pending else 0
             # Mostly all answered; sometimes one call, or every call, is left without a result.
             answered = [c for i, c in enumerate(calls) if unanswered not in (i + 1, 9)]
             for call in draw(st.permutations(answered)):
-                outcome = draw(st.integers(0, 19))
+                outcome = draw(_int(0, 19))
                 elided = outcome == 0
                 turn_entries.append(
                     ToolResultEntry(

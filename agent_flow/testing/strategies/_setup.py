@@ -20,12 +20,14 @@ from agent_flow.llm.base import PromptFormat
 from agent_flow.messages import ToolCall, ToolDefinition
 from agent_flow.testing.strategies._environment import environments, json_values
 from agent_flow.testing.strategies._history import histories
+from agent_flow.testing.strategies._text import identifiers, texts
 from agent_flow.tokens import ApproxCounter, TokenCounter
 from agent_flow.tools.results import ToolResult
 
 __all__ = [
     "allocations",
     "answered_calls",
+    "budget_edges",
     "budgets",
     "budgets_around",
     "context_managers",
@@ -33,7 +35,7 @@ __all__ = [
     "tool_sets",
 ]
 
-_names = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
+_names = identifiers()
 
 #: System prompt templates: the environment at the start, the end, or between lines.
 _TEMPLATES = ("You help.\n{environment}", "{environment}", "Act.\n{task}{environment}\n.")
@@ -47,7 +49,7 @@ def tool_definitions(draw: st.DrawFn) -> ToolDefinition:
             _names,
             st.fixed_dictionaries(
                 {"type": st.sampled_from(["string", "integer", "boolean", "number"])},
-                optional={"description": st.text(max_size=40)},
+                optional={"description": texts(max_size=40)},
             ),
             max_size=4,
         )
@@ -57,7 +59,7 @@ def tool_definitions(draw: st.DrawFn) -> ToolDefinition:
     )
     return ToolDefinition(
         name=draw(_names),
-        description=draw(st.text(max_size=80)),
+        description=draw(texts(max_size=80)),
         parameters={"type": "object", "properties": properties, "required": required},
     )
 
@@ -109,17 +111,48 @@ def allocations() -> st.SearchStrategy[float]:
     return st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0))
 
 
-def budgets_around(units: Sequence[Unit]) -> st.SearchStrategy[int]:
-    """Budgets for pruning `units`: from 0 to a bit above their total, mostly in between.
+def _edge_sizes(units: Sequence[Unit]) -> list[int]:
+    """The pinned units' size, then with the newest 1, 2, ... other units added, up to all."""
+    sizes = [sum(u.tokens for u in units if u.pinned)]
+    for unit in reversed(units):
+        if not unit.pinned:
+            sizes.append(sizes[-1] + unit.tokens)
+    return sizes
 
-    Half are drawn between what the pinned units need and the total, where a strategy has
-    real choices to make.
+
+def budget_edges(units: Sequence[Unit]) -> list[int]:
+    """The budgets one token below, at and above a size where a strategy's choice flips.
+
+    The sizes are the pinned units alone and the pinned units with the newest 1, 2, ... of
+    the others (what dropping the oldest keeps), up to all of them. Sorted, 0 or more.
+    """
+    return sorted({max(0, size + step) for size in _edge_sizes(units) for step in (-1, 0, 1)})
+
+
+def budgets_around(units: Sequence[Unit]) -> st.SearchStrategy[int]:
+    """Budgets for pruning `units`: from 0 to a bit above their total, half on the edges.
+
+    Half are `budget_edges`: one token below, at or above a size where a strategy's choice
+    flips, where an off-by-one in a strategy shows (and almost nowhere else); failing examples
+    shrink towards these. A quarter are anywhere from 0 to 120% of the total, and a quarter
+    between what the pinned units need and the total, where a strategy has real choices to
+    make.
     """
     everything = sum(u.tokens for u in units)
     pinned = sum(u.tokens for u in units if u.pinned)
+    sizes = _edge_sizes(units)
+    # A size with some unpinned units kept is where a strategy decides: drawn first.
+    edges = st.builds(
+        lambda size, step: max(0, size + step),
+        st.sampled_from(sizes[1:] + sizes[:1]),
+        st.sampled_from((-1, 0, 1)),
+    )
     return st.one_of(
-        st.floats(0.0, 1.2).map(lambda f: int(everything * f)),
-        st.floats(0.0, 1.0).map(lambda f: pinned + int((everything - pinned) * f)),
+        edges,
+        st.one_of(
+            st.floats(0.0, 1.2).map(lambda f: int(everything * f)),
+            st.floats(0.0, 1.0).map(lambda f: pinned + int((everything - pinned) * f)),
+        ),
     )
 
 
@@ -151,8 +184,10 @@ def context_managers(
         prompt_format: How the client sends the prompt (default native).
     """
     counter = counter if counter is not None else ApproxCounter()
-    env = draw(environment if environment is not None else environments(), label="environment")
+    # The history first: drawn after a large environment, hypothesis leaves most histories
+    # empty (57% against 15%), and the history is what pruning and prompts are about.
     transcript = draw(history if history is not None else histories(counter), label="history")
+    env = draw(environment if environment is not None else environments(), label="environment")
     budget = draw(max_tokens if max_tokens is not None else budgets(50, 4000), label="budget")
     reserve = draw(st.integers(0, max(0, min(40, budget - 1))), label="reserve")
     chosen = draw(strategy) if isinstance(strategy, st.SearchStrategy) else strategy
