@@ -13,15 +13,19 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_flow.agent import AgentExecutor, StopReason
+from agent_flow.agent._task import TASK_STATUS_AFTER, set_task, settle_task
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.environment import TaskStatus
+from agent_flow.environment import Environment, TaskStatus
 from agent_flow.errors import StoreError, UserError
-from agent_flow.events import AgentEvent, EventBus, Subscription
-from agent_flow.history import ToolCallEntry, ToolResultEntry
+from agent_flow.events import AgentEvent, EnvironmentUpdated, EventBus, Subscription
+from agent_flow.history import History, ToolCallEntry, ToolResultEntry
 from agent_flow.llm.base import LLMRequest
 from agent_flow.sessions import InMemorySessionStore, SessionStatus
+from agent_flow.sessions.recorder import session_status
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tools import tool
 
@@ -168,9 +172,10 @@ async def test_a_first_run_keeps_an_objective_the_environment_was_prepared_with(
     agent.environment.update_section("task", objective="Analyze sales", steps_total=3)
     await agent.run("Please analyze sales_data.csv")
     task = agent.environment.task
+    # The answered run completed the task (`TASK_STATUS_AFTER`).
     assert (task.objective, task.status, task.steps_total) == (
         "Analyze sales",
-        TaskStatus.IN_PROGRESS,
+        TaskStatus.COMPLETED,
         3,
     )
 
@@ -370,3 +375,45 @@ async def test_a_step_save_held_up_by_a_cancel_loses_none_of_the_steps_events() 
     assert await status_of(agent, store) == "cancelled"
     state = await store.load(agent.session_id)
     assert state.entries == tuple(agent.history.entries)
+
+
+@given(
+    reasons=st.lists(st.sampled_from(list(StopReason)), min_size=1, max_size=6),
+    start=st.sampled_from(list(TaskStatus)),
+)
+def test_a_runs_end_sets_the_task_status_and_a_follow_up_takes_it_up_again(
+    reasons: list[StopReason], start: TaskStatus
+) -> None:
+    environment = Environment()
+    environment.update_section("task", objective="t", status=start.value)
+    for reason in reasons:
+        before = environment.task.status
+        changed = settle_task(environment, reason)
+        after = TASK_STATUS_AFTER[reason]
+        assert environment.task.status is (before if after is None else after)
+        assert changed == (after is not None and after is not before)
+        # Whatever the end, the session's status and the task's say the same.
+        assert after is None or session_status(reason) == after.value
+        set_task(environment, History(), None)  # a follow-up message
+        assert environment.task.status is TaskStatus.IN_PROGRESS
+
+
+async def test_an_answered_run_completes_the_task_and_says_so_in_an_event() -> None:
+    agent = make_agent(ScriptedLLM(["ok", "again"]))
+    seen: list[str] = []
+    subscription = agent.subscribe()
+
+    async def watch() -> None:
+        async for event in subscription:
+            if isinstance(event, EnvironmentUpdated) and event.source == "run_finished":
+                seen.extend(change.pointer for change in event.changes)
+
+    watcher = asyncio.create_task(watch())
+    outcome = await agent.run("fix it")
+    assert outcome.stop_reason is StopReason.ANSWERED
+    assert agent.environment.task.status is TaskStatus.COMPLETED
+    await agent.send("and this")
+    assert agent.environment.task.status is TaskStatus.COMPLETED
+    await agent.aclose()
+    await watcher
+    assert seen and all(pointer.startswith("/task") for pointer in seen)

@@ -53,7 +53,7 @@ async def test_the_quickstart_runs_against_an_openai_compatible_endpoint(tmp_pat
     lines = out.decode().splitlines()
     assert lines[0] == "run_started"
     assert "tool_call_completed" in lines
-    assert lines[-1] == "answered 20 + 22 = 42. in_progress"
+    assert lines[-1] == "answered 20 + 22 = 42. completed"
 
 
 def test_the_readme_configuration_reference_loads(tmp_path: Path) -> None:

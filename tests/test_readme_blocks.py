@@ -42,6 +42,7 @@ RUN_ELSEWHERE = {
         "test_the_readme_property_test_for_your_own_code_passes",
     ),
 }
+# (The section's first Python block is the one those tests take.)
 
 _MARK = re.compile(r"<!-- (fragment|not run: [^>]+) -->")
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from agent_flow.agent._cost import _admit, _base_url, _Billing, _model_name, _past_limit
 from agent_flow.agent._model_call import _count_model_call
 from agent_flow.agent._steps import _model_step, _tool_step
+from agent_flow.agent._task import settle_task
 from agent_flow.agent.outcome import (
     ExecutionOutcome,
     Finish,
@@ -264,6 +265,7 @@ class _Run:
         duration_ms = (time.perf_counter() - self.started) * 1000
         try:
             try:
+                await self._settle_task(finish.reason)
                 await self._end(finish, duration_ms)
             except asyncio.CancelledError:
                 raise
@@ -291,6 +293,18 @@ class _Run:
             duration_ms=duration_ms,
             environment_version=self.agent.environment.version,
         )
+
+    async def _settle_task(self, reason: StopReason) -> None:
+        """Set ``/task/status`` as the run's end leaves it, and say so (`settle_task`)."""
+        environment = self.agent.environment
+        before = environment.version
+        if settle_task(environment, reason):
+            await self.emit(
+                EnvironmentUpdated,
+                source="run_finished",
+                version=environment.version,
+                changes=tuple(environment.changes(since_version=before)),
+            )
 
     async def _end(self, finish: Finish, duration_ms: float) -> None:
         """Save `RunFinished` with the final state, then publish it."""

@@ -5,12 +5,14 @@
 the objective and clears the previous task's plan, unless the task was prepared for it.
 `take_up_unstarted` does the same for a session resumed before its first step was saved, and
 `resumed_state` gives a stored session's history and environment to rebuild an agent from.
+`settle_task` is what the run's end does to ``/task/status`` (`TASK_STATUS_AFTER`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agent_flow.agent.outcome import StopReason
 from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment, TaskStatus
 from agent_flow.history import History, UserMessage
@@ -18,7 +20,36 @@ from agent_flow.history import History, UserMessage
 if TYPE_CHECKING:
     from agent_flow.sessions.models import SessionState
 
-__all__ = ["resumed_state", "set_task", "take_up_unstarted"]
+__all__ = ["TASK_STATUS_AFTER", "resumed_state", "set_task", "settle_task", "take_up_unstarted"]
+
+#: ``/task/status`` after a run that stopped for each reason: the session's status
+#: (`agent_flow.sessions.recorder.session_status`) in the task's words. A cancelled or
+#: interrupted run leaves the task as it was (``in_progress``: its work was cut short, a
+#: follow-up goes on with it).
+TASK_STATUS_AFTER: dict[StopReason, TaskStatus | None] = {
+    StopReason.COMPLETED: TaskStatus.COMPLETED,
+    StopReason.ANSWERED: TaskStatus.COMPLETED,
+    StopReason.CONVERSE: TaskStatus.COMPLETED,
+    StopReason.WAITING_FOR_USER: TaskStatus.WAITING,
+    StopReason.MAX_ITERATIONS: TaskStatus.FAILED,
+    StopReason.TOKEN_LIMIT: TaskStatus.FAILED,
+    StopReason.COST_LIMIT: TaskStatus.FAILED,
+    StopReason.CONTEXT_BUDGET: TaskStatus.FAILED,
+    StopReason.STUCK: TaskStatus.FAILED,
+    StopReason.OUTPUT_INVALID: TaskStatus.FAILED,
+    StopReason.ERROR: TaskStatus.FAILED,
+    StopReason.CANCELLED: None,
+    StopReason.INTERRUPTED: None,
+}
+
+
+def settle_task(environment: Environment, reason: StopReason) -> bool:
+    """Set ``/task/status`` as a run that stopped for `reason` leaves it; True if it changed."""
+    status = TASK_STATUS_AFTER[reason]
+    if status is None or environment.task.status is status:
+        return False
+    environment.update_section("task", status=status.value)
+    return True
 
 
 def resumed_state(state: SessionState, config: AgentConfig) -> tuple[History, Environment]:
@@ -39,7 +70,8 @@ def set_task(environment: Environment, history: History, objective: str | None) 
     """Move ``/task`` for a run on a new task `objective` (None: a follow-up message)."""
     task = environment.task
     if objective is None:
-        if task.status is TaskStatus.WAITING:
+        # A follow-up takes the task up again, however the last run left it.
+        if task.status is not TaskStatus.IN_PROGRESS:
             environment.update_section("task", status=TaskStatus.IN_PROGRESS.value)
         return
     prepared = task.objective != "" and len(history) == 0
