@@ -8,22 +8,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_flow.agent import AgentExecutor
+from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.environment import EnvironmentChange
 from agent_flow.errors import UserError
 from agent_flow.events import (
+    DELTA_KINDS,
     EVENT_ADAPTER,
     AgentEvent,
     EnvironmentUpdated,
     EventBus,
     EventsDropped,
     HistoryPruned,
+    RunFinished,
     Subscription,
     TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
     ToolCallStarted,
     event_from_json,
     event_to_json,
 )
 from agent_flow.history import PruneReport
+from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.testing.strategies import json_values
 
 
@@ -180,7 +188,7 @@ async def test_a_subscriber_that_raises_does_not_affect_others() -> None:
             raise RuntimeError("subscriber bug")
 
     healthy = bus.subscribe()
-    crashing = asyncio.create_task(crashes(bus.subscribe(maxsize=1)))
+    crashing = asyncio.create_task(crashes(bus.subscribe(maxsize=1, policy="wait")))
     for seq in range(5):
         await bus.publish(text(seq))
     with pytest.raises(RuntimeError, match="subscriber bug"):
@@ -390,3 +398,154 @@ def test_a_bounded_wait_subscriber_sees_each_event_or_counts_it_dropped_in_order
     order, seen, dropped = asyncio.run(scenario())
     assert seen + dropped == total
     assert order == list(range(total))
+
+
+# -- drop_deltas_first: lifecycle events kept, every gap in its place ---------------------------
+
+_LIFECYCLE = ("tool_call_completed", "environment_updated", "run_finished")
+
+
+def event_of(kind: str, seq: int) -> AgentEvent:
+    """A small event of `kind` (deltas and a few lifecycle kinds)."""
+    if kind == "text_delta":
+        return text(seq)
+    if kind == "thinking_delta":
+        return ThinkingDelta(run_id="r1", seq=seq, text="hm")
+    if kind == "tool_call_arguments_delta":
+        return ToolCallArgumentsDelta(
+            run_id="r1", seq=seq, index=0, call_id=None, name=None, delta="{"
+        )
+    if kind == "tool_call_completed":
+        return ToolCallCompleted(
+            run_id="r1", seq=seq, call_id="c", name="t", content="ok", duration_ms=1.0
+        )
+    if kind == "environment_updated":
+        return EnvironmentUpdated(run_id="r1", seq=seq, source="t", version=seq, changes=())
+    return RunFinished(
+        run_id="r1",
+        seq=seq,
+        stop_reason="completed",
+        final_text="",
+        iterations=1,
+        prompt_tokens=0,
+        completion_tokens=0,
+        duration_ms=1.0,
+    )
+
+
+class QueueModel:
+    """What a lossy subscriber must deliver, kept the naive way: every published event with a
+    flag, the victim found by a scan, each run of dropped events one notice."""
+
+    def __init__(self, maxsize: int, policy: str) -> None:
+        self.maxsize = maxsize
+        self.policy = policy
+        self.pending: list[tuple[AgentEvent, bool]] = []  # (event, dropped), publish order
+
+    def publish(self, event: AgentEvent) -> None:
+        kept = [i for i, (_, dropped) in enumerate(self.pending) if not dropped]
+        if len(kept) >= self.maxsize:
+            deltas = [i for i in kept if self.pending[i][0].kind in DELTA_KINDS]
+            victim = deltas[0] if deltas and self.policy == "drop_deltas_first" else kept[0]
+            self.pending[victim] = (self.pending[victim][0], True)
+        self.pending.append((event, False))
+
+    def read(self) -> tuple[str, int, int, int] | AgentEvent:
+        run = 0
+        while self.pending[run][1]:
+            run += 1
+        if run:
+            gone = [event for event, _ in self.pending[:run]]
+            del self.pending[:run]
+            return ("gap", len(gone), gone[0].seq, gone[-1].seq)
+        return self.pending.pop(0)[0]
+
+
+def as_model(item: AgentEvent) -> tuple[str, int, int, int] | AgentEvent:
+    if isinstance(item, EventsDropped):
+        return ("gap", item.count, item.first_seq, item.last_seq)
+    return item
+
+
+_KINDS = st.sampled_from(sorted(DELTA_KINDS) + list(_LIFECYCLE))
+_STEPS = st.lists(st.one_of(_KINDS, st.integers(1, 4)), max_size=60)
+
+
+@settings(max_examples=150)
+@given(
+    maxsize=st.integers(1, 6),
+    policy=st.sampled_from(["drop_deltas_first", "drop_oldest"]),
+    steps=_STEPS,
+)
+def test_a_lossy_subscriber_delivers_what_it_kept_in_order_with_every_gap_in_its_place(
+    maxsize: int, policy: str, steps: list[str | int]
+) -> None:
+    """A step publishes an event of a kind, or reads up to n items, in any interleaving."""
+
+    async def scenario() -> None:
+        bus = EventBus()
+        subscription = bus.subscribe(maxsize=maxsize, policy=policy)  # type: ignore[arg-type]
+        model = QueueModel(maxsize, policy)
+        seq = 0
+        dropped = 0
+
+        async def read() -> None:
+            nonlocal dropped
+            item = await anext(subscription)
+            expected = model.read()
+            assert as_model(item) == expected
+            if isinstance(item, EventsDropped):
+                dropped += item.count
+                assert item.seq == next(e for e, gone in model.pending if not gone).seq
+
+        for step in [*steps, 10**6]:
+            if isinstance(step, str):
+                event = event_of(step, seq)
+                seq += 1
+                await bus.publish(event)
+                model.publish(event)
+                assert subscription.queued <= 2 * maxsize
+                continue
+            for _ in range(step):
+                if not model.pending:
+                    assert subscription.queued == 0
+                    break
+                await read()
+        assert dropped == subscription.dropped_total
+
+    asyncio.run(scenario())
+
+
+async def test_a_bounded_subscriber_keeps_the_runs_lifecycle_events_by_default() -> None:
+    """An agent streams a long answer to subscribers that read only after the run, with room
+    for 16 events: by default every delta may go, no lifecycle event does (drop_oldest, the
+    previous choice, loses the run's start among others)."""
+    words = " ".join(f"word{i}" for i in range(200))
+    llm = ScriptedLLM(
+        [reply(words, tool_calls=[call("task_completion", summary="done")])], chunk_size=4
+    )
+    agent = AgentExecutor(llm, config=AgentConfig(context=ContextConfig(max_tokens=8000)))
+    slow = agent.subscribe(maxsize=16)
+    oldest = agent.subscribe(maxsize=16, policy="drop_oldest")
+    everything = agent.subscribe()
+    assert (slow.policy, everything.policy) == ("drop_deltas_first", "wait")
+    run = asyncio.create_task(agent.run("Say many words, then finish."))
+    published = await collect(everything)
+    await run
+    lifecycle = [e for e in published if e.kind not in DELTA_KINDS]
+    assert len(lifecycle) <= 16 < len(published)
+    received = await collect(slow)
+    kept = [e for e in received if not isinstance(e, EventsDropped)]
+    assert [e for e in kept if e.kind not in DELTA_KINDS] == lifecycle
+    gaps = [e for e in received if isinstance(e, EventsDropped)]
+    assert sum(g.count for g in gaps) + len(kept) == len(published)
+    lossy = [e for e in await collect(oldest) if not isinstance(e, EventsDropped)]
+    assert published[0] not in lossy
+
+
+async def test_bounded_subscribers_still_get_the_policy_they_ask_for() -> None:
+    bus = EventBus()
+    assert bus.subscribe(maxsize=3, policy="wait").policy == "wait"
+    assert bus.subscribe(maxsize=3, policy="drop_oldest").policy == "drop_oldest"
+    assert bus.subscribe().policy == "wait"
+    assert bus.subscribe(maxsize=3).policy == "drop_deltas_first"

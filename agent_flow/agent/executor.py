@@ -445,7 +445,7 @@ class AgentExecutor:
         self,
         *,
         maxsize: int | None = None,
-        policy: BackpressurePolicy = "wait",
+        policy: BackpressurePolicy | None = None,
         kinds: Iterable[str] | None = None,
     ) -> Subscription:
         """Subscribe to this agent's events of its current or next run; see `EventBus.subscribe`.

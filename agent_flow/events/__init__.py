@@ -13,7 +13,13 @@ When a subscriber falls behind, its own policy decides, explicitly:
   with ``max_wait`` it waits for a reader that fell behind at most that many seconds, then
   drops as below until the reader has caught up (the server bounds every HTTP watcher so);
 - ``"drop_oldest"``: the oldest queued events are dropped and the subscriber later receives
-  one `EventsDropped` event counting them, so a gap is never silent.
+  one `EventsDropped` event counting them, so a gap is never silent;
+- ``"drop_deltas_first"`` (the default when a subscriber asks for a ``maxsize``): the oldest
+  queued *delta* is dropped (`DELTA_KINDS`: ``text_delta``, ``thinking_delta``,
+  ``tool_call_arguments_delta``), so lifecycle events (``tool_call_completed``,
+  ``environment_updated``, ``run_finished``, ...) are kept as long as any delta is queued;
+  only a queue full of lifecycle events drops its oldest one. Each run of dropped events
+  becomes one `EventsDropped` in its place, between the kept events around it.
 
 A subscriber that raises or stops reading affects nobody else: it only ever touches its own
 queue, and it leaves the bus when the task reading it fails, when it leaves an ``async for``
@@ -29,7 +35,13 @@ only and ends with its run, as on a bus of its own.
 
 from __future__ import annotations
 
-from agent_flow.events.bus import BackpressurePolicy, EventBus, EventHook, Subscription
+from agent_flow.events.bus import (
+    DELTA_KINDS,
+    BackpressurePolicy,
+    EventBus,
+    EventHook,
+    Subscription,
+)
 from agent_flow.events.models import (
     EVENT_ADAPTER,
     EVENT_KINDS,
@@ -62,6 +74,7 @@ from agent_flow.events.models import (
 )
 
 __all__ = [
+    "DELTA_KINDS",
     "EVENT_ADAPTER",
     "EVENT_KINDS",
     "AgentEvent",

@@ -3,6 +3,14 @@
 Each subscriber has its own bounded queue, consumed with ``async for``; its policy decides
 what happens when it falls behind (see the package docstring).
 
+A queue holds events and, where events were dropped, one gap marker per run of dropped
+events, in place: the reader gets an `EventsDropped` exactly where the missing events would
+have been, counting them, before the event that follows. Under ``"drop_oldest"`` the gap is
+always at the front; under ``"drop_deltas_first"`` the dropped deltas may sit between kept
+lifecycle events, and each run of them becomes its own gap. Nothing is counted per event for
+it: when the queue is full, the oldest delta is found by a scan that starts past the items
+already known not to be deltas, so each item is looked at about once however long it waits.
+
 A ``"wait"`` subscription may bound the back-pressure it applies (``max_wait``): it counts
 as *behind* from the moment an event is queued for it with nothing else queued until its
 queue is empty again, and once it has been behind for ``max_wait`` seconds a publisher no
@@ -24,13 +32,15 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, cast
 
 from agent_flow.errors import UserError
 from agent_flow.events.models import EVENT_KINDS, AgentEvent, EventsDropped
 
 __all__ = [
+    "DELTA_KINDS",
     "BackpressurePolicy",
     "EventBus",
     "EventHook",
@@ -39,8 +49,21 @@ __all__ = [
 
 logger = logging.getLogger("agent_flow.events")
 
-BackpressurePolicy = Literal["wait", "drop_oldest"]
+BackpressurePolicy = Literal["wait", "drop_oldest", "drop_deltas_first"]
 EventHook: TypeAlias = Callable[[AgentEvent], Awaitable[None] | None]
+
+#: What ``"drop_deltas_first"`` drops first: the streamed fragments of one model answer.
+#: Everything else is a lifecycle event (a call completed, the environment changed, ...).
+DELTA_KINDS: Final = frozenset({"text_delta", "thinking_delta", "tool_call_arguments_delta"})
+
+
+@dataclass(slots=True)
+class _Gap:
+    """Where events were dropped from a queue: how many, and their first and last seq."""
+
+    count: int
+    first_seq: int
+    last_seq: int
 
 
 class Subscription:
@@ -72,27 +95,33 @@ class Subscription:
         self._bus = weakref.ref(bus)
         self.maxsize = maxsize
         self.policy: BackpressurePolicy = policy
+        self._deltas_first = policy == "drop_deltas_first"
         self.max_wait = max_wait
         #: Loop time at which an event was last queued with nothing else queued.
         self._behind_since = 0.0
         self.kinds = kinds
         self._where = where
-        self._queue: deque[AgentEvent] = deque()
+        # Events, and a `_Gap` in place of each run of dropped ones (never two in a row, never
+        # last; `_gaps` of them). Under "drop_deltas_first" no delta sits before `_scan`,
+        # which is 0 whenever there is no gap.
+        self._queue: deque[AgentEvent | _Gap] = deque()
+        self._gaps = 0
+        self._scan = 0
         self._closed = False
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
         weakref.finalize(self, self._writable.set)
         self._consumer: asyncio.Task[object] | None = None
-        self._dropped = 0
-        self._dropped_first = 0
-        self._dropped_last = 0
         self.dropped_total = 0
         self.push: Callable[[AgentEvent], bool] | None = None
 
     @property
     def queued(self) -> int:
-        """How many events wait to be read now (reading them does not suspend)."""
+        """How many items wait to be read now (reading them does not suspend).
+
+        Events, and a gap notice (`EventsDropped`) where events were dropped.
+        """
         return len(self._queue)
 
     @property
@@ -113,27 +142,79 @@ class Subscription:
             return False
 
     def _offer(self, event: AgentEvent) -> bool:
-        """Queue `event` if there is room (dropping the oldest under that policy)."""
+        """Queue `event` if there is room (dropping under the lossy policies)."""
         if self._closed:
             return True
         # Only with nothing queued, so a pushed event never overtakes a queued one.
         if self.push is not None and not self._queue and self.push(event):
             return True
-        if len(self._queue) >= self.maxsize:
+        queued = len(self._queue)
+        # The second test only when the first passes: a queue with room costs one comparison.
+        if queued >= self.maxsize and queued - self._gaps >= self.maxsize:
             if self.policy == "wait" and not self._waited_enough():
                 self._writable.clear()
                 return False
-            dropped = self._queue.popleft()
-            if self._dropped == 0:
-                self._dropped_first = dropped.seq
-            self._dropped += 1
-            self.dropped_total += 1
-            self._dropped_last = dropped.seq
+            self._drop_one()
         if not self._queue and self.max_wait is not None:
             self._behind_since = asyncio.get_running_loop().time()
         self._queue.append(event)
         self._readable.set()
         return True
+
+    def _drop_one(self) -> None:
+        """Make room for one event: drop the oldest delta (under that policy), else the oldest."""
+        queue = self._queue
+        if not self._deltas_first:
+            # Dropped from the front only: the one gap there is, if any, is at the front.
+            if self._gaps:
+                gap = cast(_Gap, queue[0])
+                event = cast(AgentEvent, queue[1])
+                del queue[1]
+                gap.count += 1
+                gap.last_seq = event.seq
+            else:
+                event = cast(AgentEvent, queue.popleft())
+                gap = _Gap(1, event.seq, event.seq)
+                queue.appendleft(gap)
+                self._gaps = 1
+            self.dropped_total += 1
+            return
+        for index in range(self._scan, len(queue)):
+            item = queue[index]
+            if not isinstance(item, _Gap) and item.kind in DELTA_KINDS:
+                self._drop(index, delta=True)
+                return
+        self._drop(1 if isinstance(queue[0], _Gap) else 0, delta=False)
+
+    def _drop(self, index: int, *, delta: bool) -> None:
+        """Drop the event at `index`: it joins the gap before or after it, or becomes one."""
+        queue = self._queue
+        event = queue[index]
+        assert not isinstance(event, _Gap)
+        self.dropped_total += 1
+        before = queue[index - 1] if index else None
+        after = queue[index + 1] if index + 1 < len(queue) else None
+        if isinstance(before, _Gap):
+            before.last_seq = event.seq
+            before.count += 1
+            gap = before
+            del queue[index]
+            unknown = index  # the first item not known to be a lifecycle event or a gap
+        else:
+            gap = queue[index] = _Gap(1, event.seq, event.seq)
+            self._gaps += 1
+            unknown = index + 1
+        if isinstance(after, _Gap):
+            gap.last_seq = after.last_seq
+            gap.count += after.count
+            del queue[unknown]
+            self._gaps -= 1
+        if delta:
+            # Everything before it was a lifecycle event or a gap: the next scan starts after.
+            self._scan = unknown
+        elif self._deltas_first:
+            # The scan found no delta at all: the next one will be an event appended later.
+            self._scan = len(queue)
 
     def wait_deadline(self) -> float | None:
         """Loop time after which a publisher stops waiting for room here (None: never)."""
@@ -177,19 +258,28 @@ class Subscription:
                 raise StopAsyncIteration
             self._readable.clear()
             await self._readable.wait()
-        if self._dropped:
-            gap = EventsDropped(
-                run_id=self._queue[0].run_id,
-                seq=self._queue[0].seq,
-                count=self._dropped,
-                first_seq=self._dropped_first,
-                last_seq=self._dropped_last,
+        item = self._queue.popleft()
+        # Only a queue with a gap needs more (`_scan` > 0 only then): one test otherwise.
+        if self._gaps:
+            if self._scan:
+                self._scan -= 1
+            if not isinstance(item, _Gap):
+                self._writable.set()
+                return item
+            self._gaps -= 1
+            if not self._gaps:
+                self._scan = 0
+            follows = self._queue[0]  # a gap is never last: an event was queued after it
+            assert not isinstance(follows, _Gap)
+            return EventsDropped(
+                run_id=follows.run_id,
+                seq=follows.seq,
+                count=item.count,
+                first_seq=item.first_seq,
+                last_seq=item.last_seq,
             )
-            self._dropped = 0
-            return gap
-        event = self._queue.popleft()
         self._writable.set()
-        return event
+        return item  # type: ignore[return-value]  # no gap is queued (a cast costs a call)
 
     def _watch_consumer(self) -> None:
         """Leave the bus when the reading task fails.
@@ -209,6 +299,7 @@ class Subscription:
             bus._unsubscribe(self)
         self._close()
         self._queue.clear()
+        self._gaps = self._scan = 0
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -258,7 +349,7 @@ class EventBus:
         self,
         *,
         maxsize: int | None = None,
-        policy: BackpressurePolicy = "wait",
+        policy: BackpressurePolicy | None = None,
         kinds: Iterable[str] | None = None,
         where: Callable[[AgentEvent], bool] | None = None,
         max_wait: float | None = None,
@@ -266,9 +357,14 @@ class EventBus:
         """Open a subscription that receives every event published from now on.
 
         Args:
-            maxsize: Bound of this subscriber's queue.
+            maxsize: Bound of this subscriber's queue (default the bus's
+                ``default_maxsize``).
             policy: What happens when the queue is full: ``"wait"`` makes the publisher wait,
-                ``"drop_oldest"`` drops the oldest events and reports the gap.
+                ``"drop_oldest"`` drops the oldest events and ``"drop_deltas_first"`` the
+                oldest delta (`DELTA_KINDS`) while one is queued, else the oldest event; both
+                report each gap where it was. Default: ``"drop_deltas_first"`` when you ask
+                for a `maxsize` (a bounded queue is asking not to hold the agent up),
+                ``"wait"`` otherwise.
             kinds: Only receive events of these kinds (all when None).
             where: Only receive events for which this returns True (e.g. one run's, by
                 ``run_id``, on a shared bus). It runs in the publisher's task; one that
@@ -279,6 +375,8 @@ class EventBus:
                 default) waits without bound; ignored under ``"drop_oldest"``.
         """
         size = self.default_maxsize if maxsize is None else maxsize
+        if policy is None:
+            policy = "wait" if maxsize is None else "drop_deltas_first"
         if size < 1:
             raise UserError(f"maxsize must be at least 1, got {size}")
         if max_wait is not None and not max_wait >= 0:

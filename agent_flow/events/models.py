@@ -267,9 +267,12 @@ class RunFinished(_Event):
 
 
 class EventsDropped(_Event):
-    """This subscriber fell behind and `count` events were dropped (``drop_oldest`` policy).
+    """This subscriber fell behind and `count` events were dropped here (a lossy policy).
 
-    It carries the sequence numbers of the gap; `seq` is that of the event that follows it.
+    It comes where the dropped events would have been, and carries the sequence numbers of
+    the first and last of them; `seq` is that of the event that follows it. Under
+    ``drop_deltas_first`` the kept events between two gaps are delivered between their two
+    notices.
     """
 
     kind: Literal["events_dropped"] = "events_dropped"
