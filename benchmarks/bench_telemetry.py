@@ -25,11 +25,13 @@ configuration's event hook and model-call observer, CPU per turn, the queued met
 recorded apart; and with ``--profile``, cProfile's top functions of the otlp configuration's
 main thread (its threads are in the split above).
 
-With ``--latency-ms`` the model waits that long before each streamed chunk (a turn streams a
-few chunks): overhead measured against a loop that also waits on a model, as real ones do.
+With ``--http`` the loop is the real one: `OpenAIClient` streaming from the scripted server
+(`bench_loop`'s answers) over loopback HTTP, the server on a thread of its own whose CPU time is
+counted nowhere. With ``--latency-ms`` the in-process model waits that long before each
+streamed chunk (a turn streams a few chunks): overhead against a loop that also waits.
 
 Usage: python benchmarks/bench_telemetry.py [--runs 30] [--k 20] [--latency-ms 0] [--quick]
-    [--profile]
+    [--profile] [--http]
 """
 
 from __future__ import annotations
@@ -65,14 +67,21 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agent_flow import AgentExecutor
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.events import AgentEvent
-from agent_flow.llm.base import LLMRequest, Usage
+from agent_flow.llm.base import LLMClient, LLMRequest, Usage
+from agent_flow.llm.openai_client import OpenAIClient
 from agent_flow.telemetry import _KINDS, OTLPExport, configure_otlp, instrument
 from agent_flow.telemetry._metrics import flush_pending
 from agent_flow.testing import FunctionLLM, ScriptedReply, call, reply
+from benchmarks.bench_loop import make_handler
 from tests.helpers import add
+from tests.openai_server import OpenAIServer
 
 ROOT = Path(__file__).resolve().parents[1]
 USAGE = Usage(prompt_tokens=1000, completion_tokens=50)
+
+
+#: The model every run talks to: None (an in-process `FunctionLLM`) or an `OpenAIClient`.
+CLIENT: list[LLMClient] = []
 
 
 def make_agent(k: int, latency: float = 0.0) -> AgentExecutor:
@@ -85,12 +94,30 @@ def make_agent(k: int, latency: float = 0.0) -> AgentExecutor:
             return reply("done", usage=USAGE)
         return reply(tool_calls=[call("add", a=turns, b=1)], usage=USAGE)
 
+    llm = CLIENT[0] if CLIENT else FunctionLLM(answer, model="gpt-4o-mini", delay=latency)
     agent = AgentExecutor(
-        FunctionLLM(answer, model="gpt-4o-mini", delay=latency),
-        config=AgentConfig(context=ContextConfig(max_tokens=32_000), max_iterations=k + 5),
+        llm, config=AgentConfig(context=ContextConfig(max_tokens=32_000), max_iterations=k + 5)
     )
     agent.tools.register(add)
     return agent
+
+
+class ServerThread:
+    """The scripted OpenAI server (`bench_loop`'s answers: K tool calls, then text) on a thread
+    of its own: its CPU time is neither the loop's nor a configuration's."""
+
+    def __init__(self, k: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = OpenAIServer(handler=make_handler(k, stream=True))
+        self.server.record = False
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
 
 
 class InMemoryMetricExporter(MetricExporter):
@@ -246,9 +273,18 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="10 runs (a quick look)")
     parser.add_argument("--profile", action="store_true", help="cProfile the otlp loop")
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="the real OpenAIClient, streaming from the scripted server over loopback HTTP "
+        "(on a thread of its own), instead of the in-process model",
+    )
     args = parser.parse_args()
     if args.quick:
         args.runs = 10
+    server = ServerThread(args.k) if args.http else None
+    if server is not None:
+        CLIENT.append(OpenAIClient("gpt-4o-mini", base_url=server.server.base_url, api_key="k"))
     # The receiver serves in its own process until its standard input closes.
     receiver = subprocess.Popen(
         [sys.executable, "-m", "tests.otlp_receiver"],
@@ -262,17 +298,17 @@ def main() -> None:
     try:
         configs, export = setups(receiver.stdout.readline().strip())
         asyncio.run(measure(args, configs))
-        if args.profile:
-            print(asyncio.run(profile_otlp(configs["otlp"], args.k, args.runs)))
         export.shutdown()
     finally:
         receiver.stdin.close()
         receiver.wait()
+        if server is not None:
+            server.stop()
 
 
 async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
     for setup in configs.values():  # warm up: imports, price data, tokenizer
-        await one_run(2, setup)
+        await one_run(args.k, setup)
     thread_cpu = {name: setup.thread_cpu() for name, setup in configs.items()}
     walls: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
@@ -291,9 +327,10 @@ async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
         flushed = time.thread_time() - flushed
         spent = setup.thread_cpu() - thread_cpu[name] + flushed
         threads[name] = spent / (args.runs * turns)
+    model = "OpenAIClient over loopback HTTP" if CLIENT else "an in-process model"
     print(
-        f"per model turn, median of {args.runs} runs of {args.k + 1} turns, model latency "
-        f"{args.latency_ms:g} ms per chunk (lower is better)"
+        f"per model turn, median of {args.runs} runs of {args.k + 1} turns, {model}, "
+        f"model latency {args.latency_ms:g} ms per chunk (lower is better)"
     )
     wall_base = statistics.median(walls["off"])
     cpu_base = statistics.median(cpus["off"]) + threads["off"]
@@ -318,6 +355,8 @@ async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
         if name == "sdk":
             line += f", + {deferred * 1e6:6.1f} us recording its metric points at collection"
         print(line)
+    if args.profile:
+        print(await profile_otlp(configs["otlp"], args.k, args.runs))
 
 
 def _vs(value: float, base: float) -> str:

@@ -7,8 +7,9 @@
 - ``gen_ai.client.operation.time_to_first_chunk`` (histogram, ``s``): each streamed model
   call, from the request to the first chunk of the answer it returned.
 - ``agent_flow.context.utilization`` (histogram, ratio): each prompt section's share of the
-  budget (``agent_flow.prompt.section``: system_template, environment, tools, history,
-  priming, reserve, and total), one point per prompt built.
+  budget (``agent_flow.prompt.section``): environment, tools, history and total, one point
+  per prompt built; system_template, priming and reserve, which hardly change within a run,
+  one point at its first prompt and one whenever their share changes.
 - ``agent_flow.history.pruned_entries`` (counter): entries dropped, elided or summarized
   (``agent_flow.history.prune_action``).
 - ``agent_flow.history.pruned_tokens`` (counter, ``{token}``): history tokens pruning freed.
@@ -44,8 +45,12 @@ if TYPE_CHECKING:
 Attributes: TypeAlias = Mapping[str, Any]
 _Record: TypeAlias = Callable[[float, Attributes], None]
 
-_SECTIONS = ("system_template", "environment", "tools", "history", "priming", "reserve", "total")
-_SECTION_ATTRIBUTES = tuple((section, {n.SECTION: section}) for section in _SECTIONS)
+# The sections whose share changes from prompt to prompt, and those that stay (the reserve and
+# the priming are fixed; the system template changes only with a skill).
+_VARYING = ("environment", "tools", "history", "total")
+_STEADY = ("system_template", "priming", "reserve")
+_VARYING_ATTRIBUTES = tuple((section, {n.SECTION: section}) for section in _VARYING)
+_STEADY_ATTRIBUTES = tuple((section, {n.SECTION: section}) for section in _STEADY)
 _PRUNE_ATTRIBUTES = {
     action: {n.PRUNE_ACTION: action} for action in ("dropped", "elided", "summarized")
 }
@@ -161,13 +166,27 @@ class _Metrics:
             attributes = {**attributes, n.ERROR_TYPE: error}
         self._queue(self._duration.record, duration_ms / 1000, attributes)
 
-    def prompt(self, breakdown: PromptBreakdown) -> None:
+    def prompt(self, breakdown: PromptBreakdown, previous: PromptBreakdown | None) -> None:
+        """The shares of a prompt's sections: the steady ones only when they changed.
+
+        Args:
+            breakdown: The prompt's.
+            previous: The run's previous prompt's (``None``: this is its first).
+        """
         budget = breakdown.budget
         if budget <= 0:
             return
         queue, record = self._queue, self._utilization.record
-        for section, attributes in _SECTION_ATTRIBUTES:
+        for section, attributes in _VARYING_ATTRIBUTES:
             queue(record, getattr(breakdown, section) / budget, attributes)
+        for section, attributes in _STEADY_ATTRIBUTES:
+            share = getattr(breakdown, section) / budget
+            if (
+                previous is None
+                or previous.budget <= 0
+                or getattr(previous, section) / previous.budget != share
+            ):
+                queue(record, share, attributes)
 
     def pruned(self, report: PruneReport) -> None:
         for action, ids in (

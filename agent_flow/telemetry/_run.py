@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from agent_flow.llm.observers import ModelCallObserver
     from agent_flow.messages import ToolDefinition
+    from agent_flow.prompt import PromptBreakdown
     from agent_flow.telemetry._metrics import CallAttributes
 
 __all__ = ["RunSpans", "attach", "current_task", "detach"]
@@ -53,10 +54,12 @@ class RunSpans:
     client_temperature: float | None
     # Each answering model's metric attributes, built once per run.
     call_attributes: dict[str | None, CallAttributes] = field(default_factory=dict)
-    # The prompt built for the next call: when, and its breakdown as attributes.
-    prompt_at: int = 0
+    # The prompt built for the next call: its breakdown, and that as attributes.
+    breakdown: PromptBreakdown | None = None
     prompt_attributes: dict[str, Any] = field(default_factory=dict)
     chat: Span | None = None
+    # What the observer saw of the answer, set on the chat span when the call is counted.
+    answered: dict[str, Any] = field(default_factory=dict)
     # The model call in flight: when it started (perf_counter), the seconds to its first
     # chunk (streamed answers), its attempts.
     call_started: float | None = None

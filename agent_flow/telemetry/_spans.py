@@ -140,7 +140,8 @@ class _EventTracer:
         metrics = self._metrics
         match event:
             case ContextBuilt() if metrics is not None:
-                metrics.prompt(event.breakdown)
+                previous, run.breakdown = run.breakdown, event.breakdown
+                metrics.prompt(event.breakdown, previous)
             case ModelResponded() if metrics is not None:
                 first = self._call_ended(run) if event.source == "agent" else None
                 metrics.model_call(event, self._call_attributes(run, event), first)
@@ -272,12 +273,17 @@ class _EventTracer:
 
     def _context_built(self, run: _RunSpans, event: ContextBuilt) -> None:
         breakdown = event.breakdown
+        previous, run.breakdown = run.breakdown, breakdown
         attributes = {key: getattr(breakdown, name) for key, name in _BREAKDOWN_ATTRIBUTES}
         attributes[n.ITERATION] = event.iteration
-        run.prompt_at = ns(event.timestamp)
         run.prompt_attributes = attributes
+        if run.recording and (previous is None or _steady(previous) != _steady(breakdown)):
+            # What stays from prompt to prompt is said once, on the run's span.
+            run.span.set_attributes(
+                {key: getattr(breakdown, name) for key, name in _STEADY_BREAKDOWN}
+            )
         if self._metrics is not None:
-            self._metrics.prompt(breakdown)
+            self._metrics.prompt(breakdown, previous)
 
     def _chat_span(self, run: _RunSpans, start: int, attributes: dict[str, Any]) -> Span:
         return self._tracer.start_span(
@@ -291,6 +297,10 @@ class _EventTracer:
     def _model_responded(self, run: _RunSpans, event: ModelResponded) -> None:
         end = ns(event.timestamp)
         first: float | None = None
+        # With what the observer saw of the answer, in one call to the SDK.
+        attributes: dict[str, Any] = run.answered if event.source == "agent" else {}
+        if event.source == "agent":
+            run.answered = {}
         if event.source == "agent" and run.chat is not None:
             span, run.chat = run.chat, None
             detach(run, _CHAT)
@@ -301,12 +311,10 @@ class _EventTracer:
             start = end - int(event.duration_ms * 1_000_000)
             prompt = run.prompt_attributes if event.source == "agent" else {}
             span = self._chat_span(run, start, {**prompt, n.ITERATION: event.iteration})
-        attributes: dict[str, Any] = {
-            n.CALL_SOURCE: event.source,
-            n.INPUT_TOKENS: event.prompt_tokens,
-            n.OUTPUT_TOKENS: event.completion_tokens,
-            n.TOOL_CALLS: event.tool_calls,
-        }
+        attributes[n.CALL_SOURCE] = event.source
+        attributes[n.INPUT_TOKENS] = event.prompt_tokens
+        attributes[n.OUTPUT_TOKENS] = event.completion_tokens
+        attributes[n.TOOL_CALLS] = event.tool_calls
         if event.model:
             attributes[n.RESPONSE_MODEL] = event.model
         if event.finish_reason:
@@ -335,6 +343,7 @@ class _EventTracer:
     def _call_ended(self, run: _RunSpans) -> float | None:
         """Forget the call in flight; return its seconds to the first chunk (streamed)."""
         first, run.first_chunk, run.call_started, run.attempts = run.first_chunk, None, None, 1
+        run.answered = {}
         return first
 
     def _call_failed(
@@ -348,11 +357,12 @@ class _EventTracer:
         else:
             error, said = failure, ""
         seconds = time.perf_counter() - run.call_started
+        answered = run.answered
         self._call_ended(run)
         chat, run.chat = run.chat, None
         if chat is not None:
             detach(run, _CHAT)
-            chat.set_attribute(n.ERROR_TYPE, error)
+            chat.set_attributes({**answered, n.ERROR_TYPE: error})
             chat.set_status(StatusCode.ERROR, self._said(said) if said else None)
             chat.end(end_time=end)
         if self._metrics is not None:
@@ -372,7 +382,7 @@ class _EventTracer:
             run.descriptions = {tool.name: tool.description for tool in request.tools}
         if not run.recording:
             return
-        attributes = dict(run.prompt_attributes)
+        attributes = {**run.chat_attributes, **run.prompt_attributes}
         max_tokens = request.max_tokens
         if run.client_max_tokens is not None:
             max_tokens = min(max_tokens or run.client_max_tokens, run.client_max_tokens)
@@ -393,7 +403,13 @@ class _EventTracer:
             attributes[n.INPUT_MESSAGES] = input_messages(request.messages)
             if request.tools:
                 attributes[n.TOOL_DEFINITIONS] = tool_definitions(request.tools)
-        run.chat = self._chat_span(run, time.time_ns(), attributes)
+        run.chat = self._tracer.start_span(
+            f"{n.CHAT} {run.model}",
+            context=run.parent,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=time.time_ns(),
+        )
         attach(run, _CHAT, run.chat)
 
     def first_chunk(self, run_id: str) -> None:
@@ -427,7 +443,7 @@ class _EventTracer:
         run = self._runs.get(run_id)
         if run is None or run.chat is None:
             return
-        attributes: dict[str, Any] = {}
+        attributes = run.answered  # set with the rest when the call is counted
         if completion.response_id:
             attributes[n.RESPONSE_ID] = completion.response_id
         if run.first_chunk is not None:
@@ -436,7 +452,6 @@ class _EventTracer:
             attributes[n.ATTEMPTS] = run.attempts
         if self._capture:
             attributes[n.OUTPUT_MESSAGES] = output_messages(completion)
-        run.chat.set_attributes(attributes)
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -531,7 +546,16 @@ class _EventTracer:
             self._metrics.pruned(event.report)
 
 
-# The chat span's attribute for each field of the prompt's breakdown, in its order.
+# The fields of a prompt's breakdown fixed for a run (the budget, the reserve, the priming),
+# on the run's span; the others on each chat span. Each as its attribute.
+_STEADY_FIELDS: Final = ("budget", "reserve", "priming")
+_STEADY_BREAKDOWN: Final = tuple((f"{n.PROMPT_PREFIX}{name}", name) for name in _STEADY_FIELDS)
 _BREAKDOWN_ATTRIBUTES: Final = tuple(
-    (f"{n.PROMPT_PREFIX}{name}", name) for name in PromptBreakdown.model_fields
+    (f"{n.PROMPT_PREFIX}{name}", name)
+    for name in PromptBreakdown.model_fields
+    if name not in _STEADY_FIELDS
 )
+
+
+def _steady(breakdown: PromptBreakdown) -> tuple[int, int, int]:
+    return breakdown.budget, breakdown.reserve, breakdown.priming
