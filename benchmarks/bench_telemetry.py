@@ -11,19 +11,23 @@ any overhead shows at its largest), tiktoken budgeting on. Four configurations:
   exporter) and `MeterProvider` whose periodic reader collects every second into memory;
 - otlp: what ``agent-flow --otel`` runs (`configure_otlp`): the SDK with a batch span
   processor and a periodic metric reader, exporting over OTLP/HTTP to a receiver in another
-  process (``python -m tests.otlp_receiver``, which decodes nothing), every span and point.
+  process (``python -m tests.otlp_receiver``, which decodes nothing), every span and point;
+- otlp 1/10: the same with ``OTEL_TRACES_SAMPLER=traceidratio`` and
+  ``OTEL_TRACES_SAMPLER_ARG=0.1``: one run in ten traced, every run's metrics recorded.
 
-Rounds interleave the configurations (off, api, sdk, otlp, off, ...) so that machine load
+Rounds interleave the configurations (off, api, sdk, otlp, otlp 1/10, off, ...) so that machine load
 affects them alike. A configuration's CPU per model turn is the main thread's CPU time during
 its runs plus all the CPU time its own background threads spent (the SDK's export and collect
-threads, read per thread) and the final flush of what they still held: what the process pays
-for the turn, wherever it pays it; waiting for a core is not counted. Each configuration's
+threads, read per thread), the recording of the metric points its runs queued (done after
+each run, so that no other configuration's reader records them) and the final flush of what
+its threads still held: what the process pays for the turn, wherever it pays it; waiting for a
+core is not counted. Each configuration's
 median run is printed per model turn beside off's, split into the loop and the threads.
 
 Then the profile: the hook alone, one recorded run's events replayed through each
 configuration's event hook and model-call observer, CPU per turn, the queued metric points
-recorded apart; and with ``--profile``, cProfile's top functions of the otlp configuration's
-main thread (its threads are in the split above).
+recorded apart; and with ``--profile``, where the otlp configuration's CPU per turn goes: the
+hook and the model-call observer in the loop, the span and the metric export apart.
 
 With ``--http`` the loop is the real one: `OpenAIClient` streaming from the scripted server
 (`bench_loop`'s answers) over loopback HTTP, the server on a thread of its own whose CPU time is
@@ -38,10 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
-import io
 import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -166,7 +167,33 @@ def _started_since(before: set[threading.Thread]) -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread not in before]
 
 
-def setups(endpoint: str) -> tuple[dict[str, Setup], OTLPExport]:
+def _otlp(endpoint: str, **variables: str) -> tuple[Setup, OTLPExport]:
+    """The otlp configuration (with these ``OTEL_*`` variables set while it is built)."""
+    before = set(threading.enumerate())
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+    try:
+        export = configure_otlp("bench", set_global=False)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+    def otlp(agent: AgentExecutor) -> None:
+        instrument(
+            agent, tracer_provider=export.tracer_provider, meter_provider=export.meter_provider
+        )
+
+    def flush() -> None:
+        export.tracer_provider.force_flush()
+        export.meter_provider.force_flush()
+
+    return Setup(otlp, _started_since(before), flush), export
+
+
+def setups(endpoint: str) -> tuple[dict[str, Setup], list[OTLPExport]]:
     before = set(threading.enumerate())
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
@@ -179,27 +206,18 @@ def setups(endpoint: str) -> tuple[dict[str, Setup], OTLPExport]:
         exporter.clear()
 
     sdk_threads = _started_since(before)
-    before = set(threading.enumerate())
-    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-    export = configure_otlp("bench", set_global=False)
-
-    def otlp(agent: AgentExecutor) -> None:
-        instrument(
-            agent,
-            tracer_provider=export.tracer_provider,
-            meter_provider=export.meter_provider,
-        )
-
-    def flush() -> None:
-        export.tracer_provider.force_flush()
-        export.meter_provider.force_flush()
-
+    otlp, export = _otlp(endpoint)
+    # One run in ten traced (the standard sampler variables): the others record metrics only.
+    sampled, sampled_export = _otlp(
+        endpoint, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.1"
+    )
     return {
         "off": Setup(lambda agent: None),
         "api": Setup(lambda agent: instrument(agent)),
         "sdk": Setup(sdk, sdk_threads),
-        "otlp": Setup(otlp, _started_since(before), flush),
-    }, export
+        "otlp": otlp,
+        "otlp 1/10": sampled,
+    }, [export, sampled_export]
 
 
 async def one_run(k: int, setup: Setup, latency: float = 0.0) -> tuple[float, float, int]:
@@ -249,16 +267,83 @@ def hook_cost(events: list[AgentEvent], turns: int, rounds: int) -> dict[str, tu
     return costs
 
 
-async def profile_otlp(setup: Setup, k: int, runs: int) -> str:
-    """cProfile's top functions of the otlp configuration's main thread over `runs` runs."""
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(runs):
-        await one_run(k, setup)
-    profiler.disable()
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
-    return out.getvalue()
+async def profile_otlp(k: int, runs: int, endpoint: str) -> None:
+    """Where the otlp configuration's CPU per turn goes: in the loop, and in the exporter.
+
+    In the loop: the CPU time spent inside the event hook and the model-call observer
+    (SDK span work they call included), against the main thread's whole time; the rest is
+    what the loop pays around them (the event bus calling the hook, contexts, allocation).
+    In the exporter: its own SDK providers whose batch holds everything until the end, then
+    the span export (OTLP protobuf encoding and sending) and the metric export (recording the
+    queued points, encoding, sending) timed apart.
+    """
+    from agent_flow.telemetry._spans import _EventTracer
+
+    spent: dict[str, int] = {}
+
+    def timed(name: str, method: Callable[..., object]) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            started = time.thread_time_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0) + time.thread_time_ns() - started
+
+        return run
+
+    patched = {
+        name: getattr(_EventTracer, name)
+        for name in ("__call__", "call_started", "first_chunk", "attempt_failed", "call_finished")
+    }
+    os.environ.update(
+        OTEL_BSP_SCHEDULE_DELAY="3600000",
+        OTEL_BSP_MAX_QUEUE_SIZE="1000000",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1000000",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+    )
+    export = configure_otlp("bench", set_global=False)
+    setup = Setup(
+        lambda agent: instrument(
+            agent, tracer_provider=export.tracer_provider, meter_provider=export.meter_provider
+        )
+    )
+    await one_run(k, setup)
+    export.tracer_provider.force_flush()
+    export.meter_provider.force_flush()
+    for name, method in patched.items():
+        setattr(_EventTracer, name, timed(name if name != "__call__" else "hook", method))
+    loop = recording = 0.0
+    turns = 0
+    flush_pending()
+    try:
+        for _ in range(runs):
+            _, cpu, n = await one_run(k, setup)
+            loop += cpu
+            turns += n
+            started = time.thread_time()
+            flush_pending()  # before another configuration's reader records them
+            recording += time.thread_time() - started
+    finally:
+        for name, method in patched.items():
+            setattr(_EventTracer, name, method)
+    started = time.thread_time()
+    export.tracer_provider.force_flush()
+    spans = time.thread_time() - started
+    started = time.thread_time()
+    export.meter_provider.force_flush()
+    metrics = time.thread_time() - started + recording
+    export.shutdown()
+    hook = spent.get("hook", 0) / 1e9
+    observer = sum(v for name, v in spent.items() if name != "hook") / 1e9
+    total = loop / turns * 1e6
+    print(f"where otlp's CPU per turn goes ({runs} runs; the loop's whole: {total:.0f} us):")
+    for label, seconds in (
+        ("in the loop: the event hook (span work included)", hook),
+        ("in the loop: the model-call observer (chat spans opened)", observer),
+        ("exporter: spans encoded to OTLP protobuf and sent", spans),
+        ("exporter: metric points recorded, encoded and sent", metrics),
+    ):
+        print(f"  {seconds / turns * 1e6:6.1f} us  {label}")
 
 
 def main() -> None:
@@ -272,7 +357,9 @@ def main() -> None:
         help="the model's simulated latency per streamed chunk (0: answers at once)",
     )
     parser.add_argument("--quick", action="store_true", help="10 runs (a quick look)")
-    parser.add_argument("--profile", action="store_true", help="cProfile the otlp loop")
+    parser.add_argument(
+        "--profile", action="store_true", help="where the otlp configuration's CPU goes"
+    )
     parser.add_argument(
         "--http",
         action="store_true",
@@ -296,9 +383,10 @@ def main() -> None:
     assert receiver.stdout is not None
     assert receiver.stdin is not None
     try:
-        configs, export = setups(receiver.stdout.readline().strip())
+        configs, exports = setups(receiver.stdout.readline().strip())
         asyncio.run(measure(args, configs))
-        export.shutdown()
+        for export in exports:
+            export.shutdown()
     finally:
         receiver.stdin.close()
         receiver.wait()
@@ -309,15 +397,22 @@ def main() -> None:
 async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
     for setup in configs.values():  # warm up: imports, price data, tokenizer
         await one_run(args.k, setup)
+    flush_pending()
     thread_cpu = {name: setup.thread_cpu() for name, setup in configs.items()}
     walls: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
+    # The metric points a run queued are recorded by whichever reader collects next, in its
+    # thread: record them after each run instead, charged to the run's configuration.
+    recorded = dict.fromkeys(configs, 0.0)
     turns = 0
     for _ in range(args.runs):
         for name, setup in configs.items():
             wall, cpu, turns = await one_run(args.k, setup, args.latency_ms / 1000)
             walls[name].append(wall / turns)
             cpus[name].append(cpu / turns)
+            started = time.thread_time()
+            flush_pending()
+            recorded[name] += time.thread_time() - started
     # The threads' CPU, and the export of what they still hold (a flush runs it in the
     # calling thread), spread over every turn of the configuration's runs.
     threads = {}
@@ -325,7 +420,7 @@ async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
         flushed = time.thread_time()
         setup.flush()
         flushed = time.thread_time() - flushed
-        spent = setup.thread_cpu() - thread_cpu[name] + flushed
+        spent = setup.thread_cpu() - thread_cpu[name] + flushed + recorded[name]
         threads[name] = spent / (args.runs * turns)
     model = "OpenAIClient over loopback HTTP" if CLIENT else "an in-process model"
     print(
@@ -339,7 +434,7 @@ async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
         loop = statistics.median(cpus[name])
         total = loop + threads[name]
         print(
-            f"  {name:>4}: wall {wall * 1e3:6.3f} ms ({_vs(wall, wall_base)})"
+            f"  {name:>9}: wall {wall * 1e3:6.3f} ms ({_vs(wall, wall_base)})"
             f"  cpu {total * 1e3:6.3f} ms ({_vs(total, cpu_base)})"
             f"  = loop {loop * 1e3:6.3f} ms + threads {threads[name] * 1e3:6.3f} ms"
         )
@@ -356,7 +451,7 @@ async def measure(args: argparse.Namespace, configs: dict[str, Setup]) -> None:
             line += f", + {deferred * 1e6:6.1f} us recording its metric points at collection"
         print(line)
     if args.profile:
-        print(await profile_otlp(configs["otlp"], args.k, args.runs))
+        await profile_otlp(args.k, args.runs, os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
 
 
 def _vs(value: float, base: float) -> str:
