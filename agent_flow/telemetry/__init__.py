@@ -7,16 +7,22 @@ semantic conventions 1.44.0, see `SEMCONV_VERSION`) with agent_flow's budget sto
     instrument(agent)                  # the global tracer and meter providers
     await agent.run("...")
 
-The core never imports this package: it plugs in as an `agent_flow.events.EventBus` hook.
-It needs ``opentelemetry-api`` (``pip install 'agent-flow[otel]'`` brings it with the SDK and
-an OTLP exporter) and imports it only when called. With the API and no SDK configured the
-tracer is OpenTelemetry's no-op one, and that is all a run pays. `configure_otlp` sets up the
-SDK to export to an OTLP endpoint from the standard ``OTEL_*`` variables (what
-``agent-flow --otel`` does).
+The core never imports this package: it plugs in as an `agent_flow.events.EventBus` hook and,
+for what only a model call holds (its request, its first chunk, its failed attempts, its
+answer), as a model-call observer (`agent_flow.llm.observers`). Each span is current while
+its operation runs, so spans of instrumented libraries (the MCP SDK's, an HTTP client's)
+nest under it. A run's ``gen_ai.conversation.id`` is its agent's session (``agent_flow.run.id``
+names the run). It needs ``opentelemetry-api`` (``pip install 'agent-flow[otel]'`` brings it
+with the SDK and an OTLP exporter) and imports it only when called. With the API and no SDK
+configured the tracer is OpenTelemetry's no-op one, and a run pays for no span work.
+`configure_otlp` sets up the SDK to export to an OTLP endpoint from the standard ``OTEL_*``
+variables (what ``agent-flow --otel`` does).
 
-Message contents (task, answers, tool arguments and results) are recorded only when
+Contents (the task, prompts, answers, tool definitions, arguments and results, and error,
+warning, plan and approval texts, which may repeat them) are recorded only when
 ``capture_content`` is true, or, when it is not given, when
-``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``. API keys never are.
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``: without, no attribute,
+status or event holds any. API keys never are.
 """
 
 from __future__ import annotations
