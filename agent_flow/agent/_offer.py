@@ -1,8 +1,11 @@
 """The tools an agent offers now: its `ToolFilter` and the definitions it selects.
 
 The loop asks several times per turn (the prompt, the tool gate, pruning), and the answer only
-changes when the config, the active skill, the policy's deny list, the registered tools or the
-other agents' MCP tools on a shared executor do: both are kept until one of those changes.
+changes when the config, the active skill, the policy's deny list, the registered tools, the
+other agents' MCP tools on a shared executor or the output type do: both are kept until one of
+those changes. With an output schema, the built-in ``task_completion`` is offered with that
+schema as its ``result`` (`with_result_schema`), so the first request already tells the model
+what to return.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent_flow.messages import ToolDefinition
+from agent_flow.tools.control import task_completion, with_result_schema
 from agent_flow.tools.filters import LOOP_TOOL_NAMES, ToolFilter
 
 if TYPE_CHECKING:
@@ -40,6 +44,7 @@ class _ToolOffer:
             policy.denied_tools,
             tools.version,
             foreign,
+            agent.output_type,
         )
         if key == self._key:
             return
@@ -51,7 +56,18 @@ class _ToolOffer:
             skill=agent.skill.allowed_tools if agent.skill is not None else None,
             foreign=foreign,
         )
-        self._offered = tuple(self._filter.select(tools.definitions()))
+        offered = self._filter.select(tools.definitions())
+        schema = (
+            agent.output_type.model_json_schema()
+            if agent.output_type is not None
+            else config.output_schema
+        )
+        registered = tools.tools.get(task_completion.name)
+        if schema is not None and registered is not None and registered.tool is task_completion:
+            offered = [
+                with_result_schema(d, schema) if d.name == registered.name else d for d in offered
+            ]
+        self._offered = tuple(offered)
         self._key = key
 
     def gate(self, agent: AgentExecutor) -> ToolFilter:

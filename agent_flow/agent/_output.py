@@ -1,18 +1,84 @@
-"""Output validation: checking a final answer against the run's output schema or model.
+"""The run's output schema: telling the model from the first request, and checking its answer.
 
-A run's answer comes as text (an answer without tool calls: `_validate_output`) or as the
-``result`` of a ``task_completion`` call (`_validate_result`); both are held to the same
-schema, so ``output_type`` holds however the run ends.
+Telling: with an output schema (``output_type`` or ``config.output_schema``), the model is
+offered ``task_completion`` with that schema as its ``result`` (`agent._offer`), and a request
+that offers no tools carries it as ``response_format`` (`_response_format`): a server that
+constrains its output to a schema (llama.cpp, vLLM, Ollama, OpenAI) then answers in it. A
+request with tools does not: such a grammar would keep a local server from calling them. A
+server that refuses the field (HTTP 400 or 422) is asked again without it, and never sent it
+again (`_call_with_format`).
+
+Checking: a run's answer comes as text (an answer without tool calls: `_validate_output`) or
+as the ``result`` of a ``task_completion`` call (`_validate_result`); both are held to the
+same schema, so ``output_type`` holds however the run ends. ``task_completion`` checks its
+result itself (`_output_check`), so that a wrong one is refused in the call's own result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import weakref
+from typing import TYPE_CHECKING
 
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow.agent._model_call import _CallState, _checkpointed_call
+from agent_flow.errors import ModelBadRequestError
+from agent_flow.events import WarningRaised
+from agent_flow.llm.base import Completion, LLMRequest
+from agent_flow.tools import OutputCheck
+
+if TYPE_CHECKING:
+    from agent_flow.agent._loop import _Run
+
+# Model clients whose server refused `response_format`: it is not sent to them again.
+_REFUSES_FORMAT: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def _output_check(schema: JsonObject, model: type[BaseModel] | None) -> OutputCheck:
+    """What ``task_completion`` checks its result with: the same rules as the loop's."""
+
+    def problem(result: JsonValue, summary: str) -> str | None:
+        return _validate_result(result, summary, schema, model)[1]
+
+    return OutputCheck(schema=schema, problem=problem)
+
+
+def _response_format(run: _Run, schema: JsonObject | None, *, tools: bool) -> JsonObject | None:
+    """The ``response_format`` of a request, or None (no schema, tools offered, refused)."""
+    if schema is None or tools or run.agent.llm in _REFUSES_FORMAT:
+        return None
+    model = run.agent.output_type
+    title = model.__name__ if model is not None else schema.get("title")
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", title if isinstance(title, str) else "")[:64]
+    return {"type": "json_schema", "json_schema": {"name": name or "output", "schema": schema}}
+
+
+async def _call_with_format(run: _Run, request: LLMRequest, call: _CallState) -> Completion:
+    """Make the call; if the server refuses its ``response_format``, make it again without."""
+    try:
+        return await _checkpointed_call(run, request, call)
+    except ModelBadRequestError as err:
+        if request.response_format is None or err.status_code not in (400, 422):
+            raise
+        # A client that cannot be referenced weakly is simply asked again each time.
+        with contextlib.suppress(TypeError):
+            _REFUSES_FORMAT.add(run.agent.llm)
+        await run.emit(
+            WarningRaised,
+            message=(
+                f"the model server refused response_format ({err}); asking again without "
+                "it (the output schema is still in the prompt's tools and checked)"
+            ),
+            source="model",
+        )
+        return await _checkpointed_call(
+            run, request.model_copy(update={"response_format": None}), call
+        )
 
 
 def _validate_output(

@@ -18,14 +18,19 @@ from agent_flow._types import JsonObject
 from agent_flow.agent._cost import _admit_or_stop
 from agent_flow.agent._model_call import (
     _CallState,
-    _checkpointed_call,
     _count_model_call,
     _estimated_usage,
     _output_allowance,
     _retrying,
     _tools_not_counted,
 )
-from agent_flow.agent._output import _validate_output, _validate_result
+from agent_flow.agent._output import (
+    _call_with_format,
+    _output_check,
+    _response_format,
+    _validate_output,
+    _validate_result,
+)
 from agent_flow.agent.outcome import (
     Continue,
     Finish,
@@ -117,7 +122,12 @@ async def _model_step(run: _Run) -> Step:
     over_budget = await _admit_or_stop(run, plan)
     if over_budget is not None:
         return over_budget
-    request = LLMRequest(messages=prompt.messages, tools=prompt.tools, max_tokens=allowed)
+    request = LLMRequest(
+        messages=prompt.messages,
+        tools=prompt.tools,
+        max_tokens=allowed,
+        response_format=_response_format(run, _output_schema(run), tools=bool(prompt.tools)),
+    )
 
     completion: Completion | None = None
     started = time.perf_counter()
@@ -125,7 +135,7 @@ async def _model_step(run: _Run) -> Step:
     attempts = run.agent.config.model_retries + 1
     for attempt in range(1, attempts + 1):
         try:
-            completion = await _checkpointed_call(run, request, call)
+            completion = await _call_with_format(run, request, call)
             break
         except ModelError as err:
             # A client with its own retry layer (err.attempts set) has retried already.
@@ -198,11 +208,12 @@ def _output_schema(run: _Run) -> JsonObject | None:
     return run.agent.config.output_schema
 
 
-async def _correct(run: _Run, problem: str, *, answer: str, text: str, again: str) -> Step:
+async def _correct(run: _Run, problem: str, *, answer: str, text: str, again: str | None) -> Step:
     """Ask for a correction of an `answer` that missed the output schema, or give up.
 
     Corrections are bounded (``max_output_retries``); then the run ends as OUTPUT_INVALID
-    with `text` as its final text.
+    with `text` as its final text. `again` is the request added as a user message (None: the
+    model was told already, in the refused call's result).
     """
     if run.output_retries >= run.agent.config.max_output_retries:
         err = OutputValidationError(
@@ -214,7 +225,8 @@ async def _correct(run: _Run, problem: str, *, answer: str, text: str, again: st
         await run._error(err, fatal=True)
         return Finish(StopReason.OUTPUT_INVALID, text=text)
     run.output_retries += 1
-    run.agent.history.add(UserMessage(content=f"{problem}\n{again}"))
+    if again is not None:
+        run.agent.history.add(UserMessage(content=f"{problem}\n{again}"))
     return Continue()
 
 
@@ -256,6 +268,7 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     }
     allowed = [r for r in requests if r.id not in refused]
     version_before = run.agent.environment.version
+    schema = _output_schema(run)
     outcomes = {
         o.call.id: o
         for o in await run.agent.tools.execute(
@@ -264,6 +277,7 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
             environment=run.agent.environment,
             hooks=run.agent._hooks,
             approval=run.agent.approval,
+            output=_output_check(schema, run.agent.output_type) if schema is not None else None,
         )
     }
 
@@ -316,15 +330,17 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
                 duration_ms=result.duration_seconds * 1000,
             )
         )
-        if result.control is not None and not result.is_error:
+        # A refused task_completion is an error result that still signals: a correction.
+        refused_completion = _refused(result.control)
+        if result.control is not None and (not result.is_error or refused_completion):
             if isinstance(result.control, PlanUpdate):
                 await run.emit(
                     PlanUpdated,
                     plan=result.control.plan,
                     current_step=result.control.current_step,
                 )
-            elif control is None:
-                control = result.control
+            elif control is None or (_refused(control) and not refused_completion):
+                control = result.control  # the first signal; a refused completion gives way
 
     changes = run.agent.environment.changes(since_version=version_before)
     if changes:
@@ -337,6 +353,11 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     if control is not None:
         return await _control(run, control)
     return await _check_stuck(run, requests, outcomes)
+
+
+def _refused(control: ControlSignal | None) -> bool:
+    """Whether `control` is a ``task_completion`` its tool refused (the result did not fit)."""
+    return isinstance(control, TaskCompletion) and control.problem is not None
 
 
 def _refusal(run: _Run, request: ToolCall) -> ToolResult:
@@ -352,6 +373,10 @@ def _refusal(run: _Run, request: ToolCall) -> ToolResult:
 
 async def _control(run: _Run, control: ControlSignal) -> Step:
     match control:
+        case TaskCompletion(summary=summary, problem=str(refused)):
+            # Refused by the tool itself, which told the model why: count the correction.
+            answer = summary if control.result is None else json.dumps(control.result)
+            return await _correct(run, refused, answer=answer, text=summary, again=None)
         case TaskCompletion(summary=summary, result=result):
             schema = _output_schema(run)
             if schema is not None:

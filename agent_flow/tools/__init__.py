@@ -50,6 +50,7 @@ from agent_flow.tools.control import (
     converse,
     task_completion,
     update_plan,
+    with_result_schema,
 )
 from agent_flow.tools.executor import (
     MAX_TOOL_NAME_LENGTH,
@@ -100,6 +101,7 @@ from agent_flow.tools.results import (
     ControlSignal,
     ConverseMessage,
     ErrorKind,
+    OutputCheck,
     PlanUpdate,
     TaskCompletion,
     ToolResult,
@@ -166,6 +168,7 @@ __all__ = [
     "MCPServerStdio",
     "MCPServers",
     "MCPTool",
+    "OutputCheck",
     "PlanStepInput",
     "PlanUpdate",
     "PolicyDecision",
@@ -208,5 +211,6 @@ __all__ = [
     "to_tool_result",
     "tool",
     "update_plan",
+    "with_result_schema",
     "workspace_tools",
 ]

@@ -41,7 +41,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ToolDefinitionError, ToolError
 from agent_flow.tools.policy import ToolPolicy
-from agent_flow.tools.results import ToolResult
+from agent_flow.tools.results import OutputCheck, ToolResult
 
 if TYPE_CHECKING:
     from agent_flow.environment import Environment
@@ -87,12 +87,15 @@ class ToolContext:
         tool_name: The registered (possibly namespaced) name of the tool.
         run_id: The agent run the call belongs to (empty outside a run).
         environment: The run's environment, when the loop passed one.
+        output: What the run's final result must match, when it has an output schema
+            (``task_completion`` checks its result against it).
     """
 
     call_id: str = ""
     tool_name: str = ""
     run_id: str = ""
     environment: Environment | None = None
+    output: OutputCheck | None = None
     progress_callback: ProgressCallback | None = field(default=None, repr=False)
 
     async def report_progress(

@@ -2,7 +2,10 @@
 
 The model ends a run by calling one of three tools rather than by merely stopping:
 
-- ``task_completion(summary, result?)`` — the task is done;
+- ``task_completion(summary, result?)`` — the task is done; when the run has an output
+  schema, the model is offered that schema for ``result`` (`with_result_schema`) and a result
+  that does not match is refused in the call's own result (`OutputCheck`), so the model gets
+  one consistent message;
 - ``ask_question(question, options?)`` — the model needs the user's answer;
 - ``converse(message)`` — the model answers conversationally.
 
@@ -17,11 +20,14 @@ what happened, the loop decides).
 
 from __future__ import annotations
 
+import json
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_flow._types import JsonValue
+from agent_flow._types import JsonObject, JsonValue
 from agent_flow.environment import PlanStep, TaskStatus
 from agent_flow.errors import ToolError
+from agent_flow.messages import ToolDefinition
 from agent_flow.tools.base import Tool, ToolContext, tool
 from agent_flow.tools.policy import ToolPolicy
 from agent_flow.tools.results import (
@@ -40,24 +46,67 @@ __all__ = [
     "converse",
     "task_completion",
     "update_plan",
+    "with_result_schema",
 ]
 
 _CONTROL = ToolPolicy(read_only=True)
 
 
 @tool(policy=_CONTROL, blocking=False)
-def task_completion(summary: str, result: JsonValue = None) -> ToolResult:
+def task_completion(summary: str, context: ToolContext, result: JsonValue = None) -> ToolResult:
     """Finish the task and present the outcome to the user. Call this only when done.
 
     Args:
         summary: What was done and what came out of it, for the user.
+        context: Supplied by the executor, not by the model.
         result: Optional structured result (any JSON value).
     """
+    check = context.output
+    problem = check.problem(result, summary) if check is not None else None
+    if check is not None and problem is not None:
+        return ToolResult(
+            content=(
+                "Not complete: the result of your task_completion call does not match the "
+                f"required output schema: {problem}\nCall task_completion again with a result "
+                f"that matches this schema:\n{json.dumps(check.schema)}"
+            ),
+            is_error=True,
+            error_kind="reported",
+            data={"summary": summary, "result": result, "problem": problem},
+            control=TaskCompletion(summary=summary, result=result, problem=problem),
+        )
     return ToolResult(
         content="Task marked as complete.",
         data={"summary": summary, "result": result},
         control=TaskCompletion(summary=summary, result=result),
     )
+
+
+def with_result_schema(definition: ToolDefinition, schema: JsonObject) -> ToolDefinition:
+    """``task_completion``'s definition with `schema` as its ``result``, now required.
+
+    The schema's own definitions (``$defs``, which its ``$ref`` pointers name from its root)
+    move to the root of the parameters, where those pointers still lead.
+    """
+    body = dict(schema)
+    defs = body.pop("$defs", None)
+    description = "The task's result, as JSON matching this schema."
+    if isinstance(body.get("description"), str):
+        description += f" {body['description']}"
+    parameters: JsonObject = dict(definition.parameters)
+    properties = parameters.get("properties")
+    parameters["properties"] = {
+        **(properties if isinstance(properties, dict) else {}),
+        "result": {**body, "description": description},
+    }
+    required = parameters.get("required")
+    names: list[JsonValue] = [str(r) for r in required] if isinstance(required, list) else []
+    parameters["required"] = names if "result" in names else [*names, "result"]
+    # The definitions of the old `result` (any JSON) give way to those of the schema.
+    parameters.pop("$defs", None)
+    if isinstance(defs, dict):
+        parameters["$defs"] = defs
+    return definition.model_copy(update={"parameters": parameters})
 
 
 @tool(policy=_CONTROL, blocking=False)

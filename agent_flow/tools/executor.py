@@ -77,7 +77,7 @@ from agent_flow.tools.policy import (
     PolicyDecision,
     PolicyEngine,
 )
-from agent_flow.tools.results import ErrorKind, ToolResult
+from agent_flow.tools.results import ErrorKind, OutputCheck, ToolResult
 
 if TYPE_CHECKING:
     from agent_flow.environment import Environment
@@ -147,6 +147,7 @@ class _Scope:
     environment: Environment | None
     hooks: ToolHooks
     approval: ApprovalCallback | None
+    output: OutputCheck | None = None
 
 
 class ToolExecutor(ToolRegistry):
@@ -226,6 +227,7 @@ class ToolExecutor(ToolRegistry):
         environment: Environment | None = None,
         hooks: ToolHooks | None = None,
         approval: ApprovalCallback | None = None,
+        output: OutputCheck | None = None,
     ) -> list[ToolOutcome]:
         """Execute one turn's calls concurrently and return their outcomes in call order.
 
@@ -239,6 +241,8 @@ class ToolExecutor(ToolRegistry):
             approval: Answers approval requests of these calls only, instead of the
                 executor's `approval` (so agents sharing an executor each answer for their
                 own calls).
+            output: What the run's final result must match (given to tools in their
+                `ToolContext`; ``task_completion`` checks its result against it).
 
         Never raises for anything a tool does; cancellation propagates (running tools are
         cancelled).
@@ -248,6 +252,7 @@ class ToolExecutor(ToolRegistry):
             environment=environment,
             hooks=hooks if hooks is not None else self.hooks,
             approval=approval if approval is not None else self.approval,
+            output=output,
         )
         ran: list[_Ran | None] = [None] * len(calls)
 
@@ -274,10 +279,16 @@ class ToolExecutor(ToolRegistry):
         environment: Environment | None = None,
         hooks: ToolHooks | None = None,
         approval: ApprovalCallback | None = None,
+        output: OutputCheck | None = None,
     ) -> ToolOutcome:
         """Execute a single call (see `execute`)."""
         (outcome,) = await self.execute(
-            [call], run_id=run_id, environment=environment, hooks=hooks, approval=approval
+            [call],
+            run_id=run_id,
+            environment=environment,
+            hooks=hooks,
+            approval=approval,
+            output=output,
         )
         return outcome
 
@@ -371,6 +382,7 @@ class ToolExecutor(ToolRegistry):
             tool_name=registered.name,
             run_id=scope.run_id,
             environment=scope.environment,
+            output=scope.output,
             progress_callback=self._progress_reporter(call, scope.hooks),
         )
         if self._semaphore is None:

@@ -12,11 +12,13 @@ decides whether to stop (`ControlSignal.ends_loop`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agent_flow._types import JsonValue
+from agent_flow._types import JsonObject, JsonValue
 from agent_flow.environment import PlanStep
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "ControlSignal",
     "ConverseMessage",
     "ErrorKind",
+    "OutputCheck",
     "PlanUpdate",
     "TaskCompletion",
     "ToolResult",
@@ -67,7 +70,12 @@ class Attachment(BaseModel):
 
 
 class TaskCompletion(BaseModel):
-    """The model declares the task done; the loop stops and reports `summary`."""
+    """The model declares the task done; the loop stops and reports `summary`.
+
+    With `problem` set, the result did not match the run's output schema: the model was told
+    so in the call's own (error) result, and the loop counts a correction instead of stopping
+    (or ends the run as ``output_invalid`` once the corrections are used up).
+    """
 
     model_config = ConfigDict(frozen=True)
     ends_loop: ClassVar[bool] = True
@@ -75,6 +83,24 @@ class TaskCompletion(BaseModel):
     kind: Literal["task_completion"] = "task_completion"
     summary: str
     result: JsonValue = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """What a run's final result must match, for ``task_completion`` to check when called.
+
+    The agent passes one to `ToolExecutor.execute` when it has an output schema, so that a
+    result that does not match is refused in the call's own result: one consistent message to
+    the model, never "Task marked as complete." followed by a correction.
+
+    Attributes:
+        schema: The result's JSON schema (the model is offered it as ``result``'s schema).
+        problem: What is wrong with a ``(result, summary)`` pair, or None when it matches.
+    """
+
+    schema: JsonObject
+    problem: Callable[[JsonValue, str], str | None]
 
 
 class UserQuestion(BaseModel):
