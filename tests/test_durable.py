@@ -142,3 +142,34 @@ async def test_a_durable_run_refuses_tools_that_need_approval(tmp_path: Path) ->
     assert use.error_kind == "not_approved"
     assert "durable run" in use.content and "has no one to ask" in use.content
     assert outcome.final_text == "gave up"
+
+
+async def test_a_sessions_runs_wait_in_the_queue_one_at_a_time_while_others_go_on(
+    tmp_path: Path,
+) -> None:
+    # Each tool call takes 0.1 s: the first run of the session is surely in flight when the
+    # second is enqueued. The queue is partitioned by session: the second waits in the queue
+    # (not in a worker slot, on the session's claim), and another session's run goes on.
+    llm, tools = model_and_tools(tmp_path, None, pause=0.1)
+    async with on_sqlite(tmp_path, llm, tools) as (store, client):
+        busy, other = await store.create(agent="durable"), await store.create(agent="durable")
+        first = await client.enqueue(busy.id, "count 6")
+        while not counts_of(tmp_path, first.run_id):  # noqa: ASYNC110 (a file, no event)
+            await asyncio.sleep(0.02)
+        second = await client.enqueue(busy.id, "count 1")
+        third = await client.enqueue(other.id, "count 1")
+        await asyncio.sleep(0.2)  # a few polls of the queue
+        assert await second.state() == "queued"  # not dequeued to wait for the claim
+        for handle in (first, second, third):
+            assert (await asyncio.wait_for(handle.outcome(), 60)).final_text == "done"
+        events = await store.events(busy.id)
+        runs = [e.run_id for e in events if e.kind in ("run_started", "run_finished")]
+        # Never interleaved: started, finished, started, finished, in enqueue order.
+        assert runs == [first.run_id, first.run_id, second.run_id, second.run_id]
+        ended = next(
+            e.timestamp for e in events if e.kind == "run_finished" and e.run_id == first.run_id
+        )
+        started_other = next(
+            e.timestamp for e in await store.events(other.id) if e.kind == "run_started"
+        )
+        assert started_other < ended  # the other session did not wait for the busy one

@@ -166,6 +166,8 @@ class DurableClient:
             "queue_name": self.durable.queue,
             "workflow_id": request.run_id,
             "app_version": _app_version(),
+            # The queue is partitioned by session: its runs execute one at a time.
+            "queue_partition_key": session_id,
         }
         await self._client.enqueue_async(options, request.model_dump_json())
         return RunHandle(self._client, request.run_id, session_id, self.store)

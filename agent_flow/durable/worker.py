@@ -107,6 +107,9 @@ class DurableWorker:
             self.durable.queue,
             worker_concurrency=self._concurrency,
             global_concurrency=self.durable.global_concurrency,
+            # Partitioned by session (`DurableClient.enqueue`): one run of a session executes
+            # at a time across the fleet; the next waits in the queue, not in a worker's slot.
+            partition_concurrency=1,
             polling_interval_sec=self.durable.poll_seconds,
             on_conflict="always_update",
         )
