@@ -127,13 +127,7 @@ def test_the_readme_property_test_for_your_own_code_passes(
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match is not None
     pytester.makepyfile(test_mine=match.group(1))
-    # The harness's settings, not the reader's: no deadlines on a loaded 2-core machine, and
-    # fewer examples (the suite runs these properties in full elsewhere).
-    pytester.makeconftest(
-        "from hypothesis import settings\n"
-        "settings.register_profile('ci', deadline=None, max_examples=20, database=None)\n"
-        "settings.load_profile('ci')\n"
-    )
+    # The reader's file exactly as copied: it loads the kit's settings profile itself.
     # Only pytest itself: the plugins installed for the suite (schemathesis, ...) take seconds
     # to import and play no part here.
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
