@@ -9,6 +9,8 @@ The pieces, by module:
 - `_loop`: one run, from the user's message to its outcome (cancellation, errors, saving);
 - `_steps`: the model step and the tool step;
 - `_output`: validating a final answer against the output schema;
+- `_deferred`: the calls a run hands to its caller (external tools, deferred approvals) and
+  the `DeferredResults` that answer them;
 - `_hooks`: the tool executor's progress as run events;
 - `_build`: the counter, pruning strategy and tool executor a config describes
   (`tool_executor_from_config`).
@@ -17,9 +19,11 @@ The pieces, by module:
 from __future__ import annotations
 
 from agent_flow.agent._build import tool_executor_from_config
+from agent_flow.agent._deferred import DeferredResults
 from agent_flow.agent.executor import AgentExecutor
 from agent_flow.agent.outcome import (
     Continue,
+    DeferredCall,
     ExecutionOutcome,
     Finish,
     RunTools,
@@ -30,6 +34,8 @@ from agent_flow.agent.outcome import (
 __all__ = [
     "AgentExecutor",
     "Continue",
+    "DeferredCall",
+    "DeferredResults",
     "ExecutionOutcome",
     "Finish",
     "RunTools",

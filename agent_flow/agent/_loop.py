@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import time
 import weakref
 from collections.abc import Callable, Coroutine
@@ -44,6 +45,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from agent_flow.agent._cost import _admit, _base_url, _Billing, _model_name, _past_limit
+from agent_flow.agent._deferred import DeferredResults, take_up_answers
 from agent_flow.agent._model_call import _count_model_call
 from agent_flow.agent._steps import _model_step, _tool_step
 from agent_flow.agent._task import settle_task
@@ -120,10 +122,25 @@ class _Run:
     emit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The events published during a durable model call, recorded with its result.
     captured: list[AgentEvent] | None = None
+    # The caller's answers to the calls the last run handed over, taken up first (`_deferred`).
+    answers: DeferredResults | None = None
+    # Hand calls that need approval to the caller instead of asking the approver.
+    defer_approvals: bool = False
 
     @property
     def recorder(self) -> StepRecorder | None:
         return self.agent.recorder
+
+    def lapsed(self) -> bool:
+        """Whether this run was claimed and can no longer start (its claim is void).
+
+        Claimed, never started, the claim holds while its coroutine can still run; one that
+        was dropped unawaited, or whose task was cancelled before it ran, frees the agent.
+        """
+        if self.task is not None:
+            return False
+        coroutine = self.coroutine() if self.coroutine is not None else None
+        return coroutine is None or inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED
 
     def cancel(self) -> None:
         """End this run as CANCELLED: cancel its task, or, before it started, ask it to stop."""
@@ -138,8 +155,8 @@ class _Run:
             self.cancelled_task = True
             self.task.cancel()
 
-    async def execute(self, message: str) -> ExecutionOutcome:
-        """Run the loop on a new user message until a `Finish`; see `AgentExecutor`."""
+    async def execute(self, message: str | None) -> ExecutionOutcome:
+        """Run the loop on a new user message (or answers only) until a `Finish`."""
         self.task = asyncio.current_task()
         self.started = time.perf_counter()
         self.started_at = datetime.now(UTC)
@@ -149,13 +166,15 @@ class _Run:
         try:
             if self.recorder is not None:
                 await self.recorder.start(
-                    agent=self.agent.config.name, task=message, run_id=self.run_id
+                    agent=self.agent.config.name, task=message or "", run_id=self.run_id
                 )
-            self._close_pending("the previous run ended before this call finished")
-            self.agent.history.add(UserMessage(content=message))
+            answered = self.answers.call_ids if self.answers is not None else frozenset()
+            self._close_pending("the previous run ended before this call finished", keep=answered)
+            if message is not None and not answered:  # else after the answers' results
+                self.agent.history.add(UserMessage(content=message))
             await self.emit(
                 RunStarted,
-                task=message,
+                task=message or "",
                 agent=self.agent.config.name,
                 model=_model_name(self.agent.llm),
                 base_url=_base_url(self.agent.llm),
@@ -166,7 +185,9 @@ class _Run:
                 # Cancelled before the task first ran: the message is recorded, nothing done.
                 finish = Finish(StopReason.CANCELLED)
             else:
-                finish = await self._loop()
+                # The caller's answers to the calls the last run handed over come first.
+                taken = await take_up_answers(self, message if answered else None)
+                finish = taken if taken is not None else await self._loop()
             if self.cancelled_task:
                 # `cancel()` came from inside this task (a hook, a tool) where no await
                 # delivered it: take it here, not at the caller's next await.
@@ -292,6 +313,7 @@ class _Run:
             started_at=self.started_at,
             duration_ms=duration_ms,
             environment_version=self.agent.environment.version,
+            deferred=finish.deferred,
         )
 
     async def _settle_task(self, reason: StopReason) -> None:
@@ -345,9 +367,11 @@ class _Run:
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def _close_pending(self, reason: str) -> None:
-        """Answer calls left without results, so the history never has a dangling call."""
+    def _close_pending(self, reason: str, *, keep: frozenset[str] = frozenset()) -> None:
+        """Answer calls left without results (but `keep`), so no call is left dangling."""
         for call in self.agent.history.pending_calls():
+            if call.call_id in keep:
+                continue
             self.agent.history.add(
                 ToolResultEntry(
                     call_id=call.call_id,

@@ -91,6 +91,17 @@ class AgentMCP:
         self._views: dict[tuple[str, ComponentKind], list[str]] = {}
         self._updates: dict[str, int] = {}
 
+    @property
+    def needed(self) -> bool:
+        """Whether the agent must be started before it runs: its config or shared servers."""
+        config = self.config
+        return bool(
+            config.mcp_servers
+            or self.shared is not None
+            or config.mcp.resources
+            or any(skill.mcp_prompt is not None for skill in config.skills)
+        )
+
     def current_run(self) -> str | None:
         """The id of the run the agent is executing now (None between runs)."""
         return self._current_run() if self._current_run is not None else None

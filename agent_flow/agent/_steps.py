@@ -4,7 +4,8 @@
 the assistant turn and decides what follows: `RunTools`, or for a plain answer a `Finish`
 (a valid final answer) or `Continue` (a correction or a re-prompt). `_tool_step` executes
 the calls (refusing tools the `ToolFilter` withholds), records their results, honours
-loop-control tools and watches for a stuck model, returning `Continue` or `Finish`.
+loop-control tools and watches for a stuck model, returning `Continue` or `Finish`; calls it
+hands to the run's caller end the run with `StopReason.DEFERRED` (`agent_flow.agent._deferred`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from agent_flow._types import JsonObject
 from agent_flow.agent._cost import _admit_or_stop
+from agent_flow.agent._deferred import route_calls
 from agent_flow.agent._model_call import (
     _CallState,
     _count_model_call,
@@ -269,20 +271,25 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     allowed = [r for r in requests if r.id not in refused]
     version_before = run.agent.environment.version
     schema = _output_schema(run)
+    # Calls handed to the caller, and the caller's answers to earlier ones (`_deferred`).
+    routed = await route_calls(run, allowed)
     outcomes = {
         o.call.id: o
         for o in await run.agent.tools.execute(
-            allowed,
+            routed.execute,
             run_id=run.run_id,
             environment=run.agent.environment,
             hooks=run.agent._hooks,
-            approval=run.agent.approval,
+            approval=routed.approval or run.agent.approval,
             output=_output_check(schema, run.agent.output_type) if schema is not None else None,
         )
     }
+    outcomes.update(routed.outcomes)
 
     control: ControlSignal | None = None
     for request in requests:
+        if request.id in routed.handed:
+            continue  # stays open in the history until the caller answers it
         outcome = outcomes.get(request.id)
         result = outcome.result if outcome is not None else refused[request.id]
         if outcome is None:
@@ -350,6 +357,8 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
             version=run.agent.environment.version,
             changes=tuple(changes),
         )
+    if routed.handed:
+        return Finish(StopReason.DEFERRED, deferred=tuple(routed.handed.values()))
     if control is not None:
         return await _control(run, control)
     return await _check_stuck(run, requests, outcomes)

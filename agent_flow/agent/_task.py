@@ -31,6 +31,7 @@ TASK_STATUS_AFTER: dict[StopReason, TaskStatus | None] = {
     StopReason.ANSWERED: TaskStatus.COMPLETED,
     StopReason.CONVERSE: TaskStatus.COMPLETED,
     StopReason.WAITING_FOR_USER: TaskStatus.WAITING,
+    StopReason.DEFERRED: TaskStatus.WAITING,
     StopReason.MAX_ITERATIONS: TaskStatus.FAILED,
     StopReason.TOKEN_LIMIT: TaskStatus.FAILED,
     StopReason.COST_LIMIT: TaskStatus.FAILED,

@@ -11,7 +11,6 @@ by step, is in `agent_flow.agent._loop`; saving is its `StepRecorder`'s job
 
 from __future__ import annotations
 
-import inspect
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -26,6 +25,7 @@ from agent_flow.agent._build import (
     _strategy,
     tool_executor_from_config,
 )
+from agent_flow.agent._deferred import DeferredResults, check_answers
 from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent._mcp import AgentMCP
@@ -290,22 +290,13 @@ class AgentExecutor:
                 "and build a new agent after aclose"
             )
         self._state = "started"  # taken while starting, so a second start fails at once
-        if not self._uses_mcp():
+        if not self.mcp.needed:
             return
         try:
             await self.mcp.start(self.environment)
         except BaseException:
             self._state = "new"
             raise
-
-    def _uses_mcp(self) -> bool:
-        config = self.config
-        return bool(
-            config.mcp_servers
-            or self.mcp.shared is not None
-            or config.mcp.resources
-            or any(skill.mcp_prompt is not None for skill in config.skills)
-        )
 
     async def aclose(self) -> None:
         """Stop the MCP servers and close the model client `from_config` built.
@@ -488,7 +479,7 @@ class AgentExecutor:
         return self._offer.gate(self)
 
     def run(
-        self, task: str, *, run_id: str | None = None
+        self, task: str, *, run_id: str | None = None, defer_approvals: bool = False
     ) -> Coroutine[object, None, ExecutionOutcome]:
         """Run the agent on `task` until a stop condition; see the class docstring.
 
@@ -504,27 +495,38 @@ class AgentExecutor:
         `StopReason.CANCELLED` and returns its outcome.
 
         `run_id` names the run (a new random id if None); a durable run passes its own, so
-        that a recovered run numbers its events under the same id.
+        that a recovered run numbers its events under the same id. With `defer_approvals`,
+        a call that needs approval ends the run with `StopReason.DEFERRED`, handed to the
+        caller (answer it with `send`), instead of waiting for the approver.
 
         Raises:
             UserError: The agent is already running, or its config names MCP servers and it
                 was not entered (``async with agent:``) or started (raised by this call,
                 not when awaited).
         """
-        return self._claimed(task, objective=task, run_id=run_id)
+        return self._claimed(task, task, run_id, None, defer_approvals)
 
     def send(
-        self, message: str, *, run_id: str | None = None
+        self,
+        message: str | None = None,
+        *,
+        run_id: str | None = None,
+        results: DeferredResults | None = None,
+        defer_approvals: bool = False,
     ) -> Coroutine[object, None, ExecutionOutcome]:
         """Continue the conversation with a new user message (e.g. answering a question).
 
         A task "waiting" for the user's answer goes back to "in progress". Claimed when
-        called, like `run`; `run_id` as in `run`.
+        called, like `run`; `run_id` and `defer_approvals` as in `run`. `results` answers
+        the calls the last run handed over (`ExecutionOutcome.deferred`): they come first,
+        then `message`, if any (one of the two is needed).
 
         Raises:
-            UserError: The agent is already running.
+            UserError: The agent is already running, or `results` do not fit the calls
+                waiting (`agent_flow.agent._deferred.check_answers`).
         """
-        return self._claimed(message, objective=None, run_id=run_id)
+        check_answers(self, message, results)
+        return self._claimed(message, None, run_id, results, defer_approvals)
 
     def cancel(self) -> None:
         """Cancel the current run: tools in flight are cancelled, `run` returns CANCELLED.
@@ -537,19 +539,26 @@ class AgentExecutor:
     # -- the run -----------------------------------------------------------------------
 
     def _claimed(
-        self, message: str, *, objective: str | None, run_id: str | None = None
+        self,
+        message: str | None,
+        objective: str | None,
+        run_id: str | None,
+        answers: DeferredResults | None,
+        defer_approvals: bool,
     ) -> Coroutine[object, None, ExecutionOutcome]:
         """Claim the next run now and return the coroutine that will execute it."""
         if self._running():
             raise UserError("this agent is already running; await the current run first")
-        if self._uses_mcp() and self._state != "started":
+        if self.mcp.needed and self._state != "started":
             # Running without them would silently offer the model fewer tools than configured.
             names = ", ".join(server.name for server in self.config.mcp_servers) or "shared"
             raise UserError(
                 f"this agent's config names MCP servers ({names}) that are not running; "
                 "use `async with agent:` (or `await agent.start()`) before running it"
             )
-        run = _Run(self, run_id=run_id or uuid.uuid4().hex)
+        run = _Run(
+            self, run_id or uuid.uuid4().hex, answers=answers, defer_approvals=defer_approvals
+        )
         coroutine = self._execute(run, message, objective=objective)
         run.coroutine = weakref.ref(coroutine)
         self._run = run
@@ -560,18 +569,13 @@ class AgentExecutor:
 
     def _running(self) -> bool:
         """Whether a run is under way, or claimed by a coroutine that may still start it."""
-        run = self._run
-        if run is None or run.task is not None:
-            return run is not None
-        # Claimed, never started: the claim holds while its coroutine can still run. One that
-        # was dropped unawaited, or whose task was cancelled before it ran, frees the agent.
-        coroutine = run.coroutine() if run.coroutine is not None else None
-        if coroutine is None or inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED:
+        if self._run is not None and self._run.lapsed():
             self._run = None
-            return False
-        return True
+        return self._run is not None
 
-    async def _execute(self, run: _Run, message: str, *, objective: str | None) -> ExecutionOutcome:
+    async def _execute(
+        self, run: _Run, message: str | None, *, objective: str | None
+    ) -> ExecutionOutcome:
         try:
             set_task(self.environment, self.history, objective)
             return await run.execute(message)

@@ -1,7 +1,8 @@
 """What a run produces: its `StopReason`, the loop's typed steps and the `ExecutionOutcome`.
 
 A step of the loop returns `Continue`, `RunTools` or `Finish` (the `Step` union); a run ends
-with an `ExecutionOutcome` that records every `ToolUse` and `RunErrorInfo` along the way.
+with an `ExecutionOutcome` that records every `ToolUse` and `RunErrorInfo` along the way, and
+each `DeferredCall` it handed to its caller (`agent_flow.agent._deferred`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TypeAlias, TypeVar
+from typing import Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,6 +21,7 @@ from agent_flow.messages import ToolCall
 
 __all__ = [
     "Continue",
+    "DeferredCall",
     "ExecutionOutcome",
     "Finish",
     "RunErrorInfo",
@@ -64,6 +66,30 @@ class StopReason(StrEnum):
     INTERRUPTED = "interrupted"
     """The process running it died (killed, crashed, lost its lease) before it ended; stored
     by whoever next claims the session, never published by the run itself."""
+    DEFERRED = "deferred"
+    """The run handed tool calls to its caller: calls of external tools (a front end's), or
+    approvals the run was asked to defer. `ExecutionOutcome.deferred` lists them; continue
+    with `AgentExecutor.send` and their `DeferredResults`."""
+
+
+class DeferredCall(FrozenModel):
+    """A tool call a run handed to its caller instead of executing it.
+
+    Attributes:
+        call_id: The call's id; its answer is keyed by it (`DeferredResults`).
+        name: The tool the model called.
+        arguments: The arguments as the model wrote them (JSON text).
+        kind: ``"external"``: an `ExternalTool`'s call, for the caller to run and answer with
+            its result; ``"approval"``: a call the policy holds for approval, for the caller to
+            approve or deny (the agent then runs it, or tells the model it was refused).
+        reason: Why approval is needed (the policy's reason; empty for external calls).
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+    kind: Literal["external", "approval"]
+    reason: str = ""
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -88,6 +114,8 @@ class Finish:
     reason: StopReason
     text: str = ""
     output: JsonValue = None
+    #: The calls handed to the caller (`StopReason.DEFERRED` only).
+    deferred: tuple[DeferredCall, ...] = ()
 
 
 Step: TypeAlias = Continue | RunTools | Finish
@@ -143,6 +171,7 @@ class ExecutionOutcome(BaseModel):
         started_at: When the run began.
         duration_ms: How long it took.
         environment_version: The environment's version at the end.
+        deferred: The calls handed to the caller, in call order (`StopReason.DEFERRED`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -161,6 +190,7 @@ class ExecutionOutcome(BaseModel):
     started_at: datetime
     duration_ms: float
     environment_version: int
+    deferred: tuple[DeferredCall, ...] = ()
 
     def output_as(self, model: type[M]) -> M:
         """Return `output` validated as `model`.

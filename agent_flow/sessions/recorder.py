@@ -120,6 +120,7 @@ _STATUS_OF_REASON: dict[StopReason, SessionStatus] = {
     StopReason.ANSWERED: "completed",
     StopReason.CONVERSE: "completed",
     StopReason.WAITING_FOR_USER: "waiting",
+    StopReason.DEFERRED: "waiting",
     StopReason.CANCELLED: "cancelled",
     StopReason.INTERRUPTED: "interrupted",
 }

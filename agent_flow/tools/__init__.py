@@ -17,6 +17,8 @@ The pieces, by module:
 - `workspace`: `Workspace`, `workspace_tools` and `ShellSettings` (the shell's environment
   and confinement);
 - `SecretRedactor`: known secret values, redacted from every tool result by the executor;
+- `ExternalTool`: a tool the agent offers but its caller runs (a front end's tool): a run
+  ends with its call handed over (`agent_flow.agent.DeferredResults` answers it);
 - `control`: ``task_completion``, ``ask_question``, ``converse`` and ``update_plan``.
 
 The modules starting with ``_`` hold the parts behind `executor` (registry, argument
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from agent_flow.tools._external import ExternalTool
 from agent_flow.tools._secrets import SecretRedactor, looks_secret
 from agent_flow.tools.base import (
     BaseTool,
@@ -154,6 +157,7 @@ __all__ = [
     "ControlSignal",
     "ConverseMessage",
     "ErrorKind",
+    "ExternalTool",
     "FunctionTool",
     "HandlerError",
     "HandlerRegistry",
