@@ -207,7 +207,41 @@ _BUNDLED: dict[str, tuple[str, str, str, dict[str, int]]] = {
         _HARMONY_SPECIAL,
     ),
 }
-_ranks: dict[str, dict[bytes, int]] = {}
+
+
+class _RanksOnFile(dict[bytes, int]):
+    """What a built encoding keeps of its mergeable ranks: nothing, and where to read them.
+
+    tiktoken's Rust tokenizer holds the ranks it was built from; the encoding keeps the
+    Python dict too, only to pickle itself (about 28 MB of Python objects for ``o200k_base``).
+    This empty stand-in pickles as the ranks read again from the file.
+    """
+
+    def __init__(self, stem: str, sha256: str) -> None:
+        """Stand for the ranks of a bundled rank file (`stem`, its `sha256`).
+
+        An offline registration's name with an empty `sha256` stands for its ranks.
+        """
+        super().__init__()
+        self.stem = stem
+        self.sha256 = sha256
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_reloaded_ranks, (self.stem, self.sha256))
+
+
+def _reloaded_ranks(stem: str, sha256: str) -> dict[bytes, int]:
+    if not sha256:  # an offline registration's: its constructor reads them
+        import tiktoken.registry
+
+        constructor = tiktoken.registry.ENCODING_CONSTRUCTORS
+        assert constructor is not None
+        offline: dict[bytes, int] = constructor[stem]()["mergeable_ranks"]
+        return offline
+    ranks = _load_ranks(stem, sha256)
+    if ranks is None:
+        raise FileNotFoundError(f"the tokenizer file {stem}.tiktoken.gz is gone")
+    return ranks
 
 
 def _bundled_rank_file(stem: str) -> Path | None:
@@ -230,8 +264,6 @@ def _bundled_rank_file(stem: str) -> Path | None:
 
 def _load_ranks(stem: str, sha256: str) -> dict[bytes, int] | None:
     """The mergeable ranks of a bundled rank file, or None if it is missing or not genuine."""
-    if stem in _ranks:
-        return _ranks[stem]
     path = _bundled_rank_file(stem)
     if path is None:
         return None
@@ -248,12 +280,10 @@ def _load_ranks(stem: str, sha256: str) -> dict[bytes, int] | None:
         )
         return None
     # The same format tiktoken's own loader reads: one "<base64 token> <rank>" per line.
-    ranks = {
+    return {
         base64.b64decode(token): int(rank)
         for token, rank in (line.split() for line in content.splitlines() if line)
     }
-    _ranks[stem] = ranks
-    return ranks
 
 
 def _bundled_encoding(name: str) -> tiktoken.Encoding | None:
@@ -266,9 +296,12 @@ def _bundled_encoding(name: str) -> tiktoken.Encoding | None:
     ranks = _load_ranks(stem, sha256)
     if ranks is None:
         return None
-    return tiktoken.Encoding(
+    encoding = tiktoken.Encoding(
         name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special)
     )
+    # Built: the Python dict is needed again only to pickle the encoding (see `_RanksOnFile`).
+    encoding._mergeable_ranks = _RanksOnFile(stem, sha256)
+    return encoding
 
 
 def _installed_encoding(name: str) -> tiktoken.Encoding | None:
@@ -287,6 +320,7 @@ def _installed_encoding(name: str) -> tiktoken.Encoding | None:
         offline = f"{name}_offline"
         if offline in tiktoken.registry.list_encoding_names():
             encoding = tiktoken.get_encoding(offline)
+            encoding._mergeable_ranks = _RanksOnFile(offline, "")  # see `_RanksOnFile`
         else:
             found = _bundled_encoding(name)
             if found is None:

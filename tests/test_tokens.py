@@ -139,7 +139,6 @@ def test_a_rank_file_that_is_not_the_published_one_is_refused(
     fake = tmp_path / "o200k_base.tiktoken.gz"
     fake.write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
     monkeypatch.setattr(tokens, "_encodings", {})
-    monkeypatch.setattr(tokens, "_ranks", {})
     monkeypatch.setattr(tokens, "_bundled_rank_file", lambda stem: fake)
     with pytest.warns(TokenizerFallbackWarning) as caught:
         counter = TiktokenCounter("gpt-4o")
@@ -153,7 +152,6 @@ def test_without_bpe_openai_gpt_4o_falls_back_with_the_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(tokens, "_encodings", {})
-    monkeypatch.setattr(tokens, "_ranks", {})
     monkeypatch.setattr(tokens, "_bundled_rank_file", lambda stem: None)
     with pytest.warns(TokenizerFallbackWarning, match="'o200k_base'.*is not installed"):
         assert TiktokenCounter("gpt-4o").name == "tiktoken:cl100k_base"
@@ -171,3 +169,29 @@ def test_loading_o200k_never_imports_the_rust_extension() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@functools.cache
+def _pickled_o200k() -> tuple[object, object]:
+    import pickle
+
+    from agent_flow.tokens import _installed_encoding
+
+    encoding = _installed_encoding("o200k_base")
+    assert encoding is not None
+    return encoding, pickle.loads(pickle.dumps(encoding))
+
+
+def test_an_encoding_keeps_no_python_copy_of_its_ranks() -> None:
+    encoding, _ = _pickled_o200k()
+    # The ranks live in tiktoken's tokenizer only (28 MB of Python objects saved).
+    assert len(encoding._mergeable_ranks) == 0  # type: ignore[attr-defined]
+
+
+@settings(max_examples=50)
+@given(text=st.text(max_size=200))
+def test_an_encoding_pickles_with_its_ranks_read_again(text: str) -> None:
+    encoding, copy = _pickled_o200k()
+    assert copy.encode(text, disallowed_special=()) == encoding.encode(  # type: ignore[attr-defined]
+        text, disallowed_special=()
+    )
