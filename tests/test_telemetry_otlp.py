@@ -350,12 +350,12 @@ async def test_without_contents_nothing_a_run_was_told_or_said_leaves_the_proces
 
     arguments = json.dumps({"key": said("args")})
     monkeypatch = pytest.MonkeyPatch()
+    logged = LogRecords()
     try:
         async with (
             OpenAIServer() as server,
             exporting(monkeypatch) as (receiver, export),
         ):
-            logged = LogRecords()
             server.script(
                 error_reply(500, f"overloaded: {said('error')}"),
                 sse_reply(
@@ -374,10 +374,10 @@ async def test_without_contents_nothing_a_run_was_told_or_said_leaves_the_proces
             failed = await agent.send(f"and: {said('task')}")
             await client.aclose()
             flush(export)
-            logged.close()
             raw = b"".join(body for _, body in receiver.raw)
             spans = receiver.spans()
     finally:
+        logged.close()
         monkeypatch.undo()
 
     assert answered.stop_reason == "answered"
