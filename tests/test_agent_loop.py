@@ -219,7 +219,12 @@ async def test_a_store_that_fails_gives_an_error_outcome_with_the_cause(fail: st
     if fail == "end":
         assert outcome.final_text == "ok"  # what the run achieved is kept
     seen = await bounded(events)
-    assert [e.kind for e in seen[-2:]] == ["execution_error", "run_finished"]
+    kinds = [e.kind for e in seen if e.kind != "environment_updated"]
+    assert kinds[-2:] == ["execution_error", "run_finished"]
+    # The run's end said what it did to the task: failed, with the run.
+    (last,) = [e for e in seen if isinstance(e, EnvironmentUpdated)][-1:]
+    assert last.source == "run_finished" and last.changes[-1].new == "failed"
+    assert agent.environment.task.status is TaskStatus.FAILED
     assert [e.seq for e in seen] == list(range(len(seen)))
     assert getattr(seen[-1], "stop_reason", None) == "error"
     # The agent is usable again, and its next save carries what the failed one could not.

@@ -82,7 +82,8 @@ async def test_a_run_cut_off_mid_answer_keeps_its_session_and_events(
     kinds = [event.kind for event in events]
     assert kinds.count("model_output_discarded") == 2  # the third attempt's ends the run
     assert kinds.count("text_delta") == 6  # what the model did send, kept
-    assert kinds[-2:] == ["execution_error", "run_finished"]
+    # The error, the task marked failed (`TASK_STATUS_AFTER`), the end.
+    assert kinds[-3:] == ["execution_error", "environment_updated", "run_finished"]
     assert [entry.kind for entry in state.entries] == ["user_message"]
     # Kept, so the hint to continue it is printed.
     assert f"--session {info.id}" in out

@@ -35,6 +35,7 @@ How a run ends:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import time
@@ -82,6 +83,13 @@ from agent_flow.llm.metering import listen_for_model_calls
 if TYPE_CHECKING:
     from agent_flow.agent.executor import AgentExecutor
     from agent_flow.sessions.protocol import StepRecorder
+
+
+#: The run whose loop is executing in this context (its tools' tasks inherit it); a delegation
+#: (`agent_flow.delegation`) reads its parent run here.
+CURRENT_RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+    "agent_flow_current_run", default=None
+)
 
 
 @dataclass(eq=False)
@@ -215,6 +223,14 @@ class _Run:
         return outcome
 
     async def _loop(self) -> Finish:
+        # Tools called in this loop (a delegation among them) find their run here.
+        token = CURRENT_RUN.set(self)
+        try:
+            return await self._steps()
+        finally:
+            CURRENT_RUN.reset(token)
+
+    async def _steps(self) -> Finish:
         while True:
             limit = self._limit_reached()
             if limit is not None:
@@ -294,6 +310,7 @@ class _Run:
             except Exception as err:
                 await self._error(_wrap(err), fatal=True)
                 finish = Finish(StopReason.ERROR, text=finish.text, output=finish.output)
+                await self._settle_task(finish.reason)  # the task failed with the run
                 async with self.emit_lock:
                     await self._publish(self._finished_event(finish, duration_ms))
         finally:
