@@ -232,7 +232,13 @@ class IncompleteStreamError(ModelResponseError):
 
 
 class MalformedChunkError(ModelResponseError):
-    """A chunk of a streamed answer was not valid JSON."""
+    """A chunk of a streamed answer was not valid JSON, or not a JSON object.
+
+    Retryable, like a stream cut mid-answer (`OpenAIClient` tries again, except a second time
+    for the same corruption at the same place).
+    """
+
+    retryable = True
 
 
 class ToolError(AgentFlowError):
