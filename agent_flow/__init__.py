@@ -34,6 +34,7 @@ if _TYPE_CHECKING:
         load_config,
     )
     from agent_flow.context import ContextManager
+    from agent_flow.delegation import Delegate, DelegationResult
     from agent_flow.environment import (
         ArtifactInfo,
         Environment,
@@ -105,6 +106,8 @@ _LAZY = {
     "Continue": "agent_flow.agent",
     "DeferredCall": "agent_flow.agent",
     "DeferredResults": "agent_flow.agent",
+    "Delegate": "agent_flow.delegation",
+    "DelegationResult": "agent_flow.delegation",
     "DropOldest": "agent_flow.history",
     "ElideToolResults": "agent_flow.history",
     "Environment": "agent_flow.environment",
@@ -190,6 +193,8 @@ __all__ = [
     "Continue",
     "DeferredCall",
     "DeferredResults",
+    "Delegate",
+    "DelegationResult",
     "DropOldest",
     "ElideToolResults",
     "Environment",

@@ -176,3 +176,31 @@ this long. A run that cannot renew within it stops (its writes would be refused 
 SERVER_CONTEXT_PROBE_SECONDS: Final = 2.0
 """How long `run` and `chat` wait for a local model server to report its context size (a local
 server answers in milliseconds; one that does not answer leaves the budget as configured)."""
+
+
+# -- the inspector (agent-flow serve) ---------------------------------------------------------
+
+INSPECTOR_PROMPTS_KEPT: Final = 16
+"""Prompts a live session of the server keeps, as sent, for the inspector (its latest steps)."""
+
+INSPECTOR_PROMPT_CHARS: Final = 2_000_000
+"""Characters those prompts may hold together per session (the oldest go first; the latest
+one is always kept), so a long-context session costs a bounded amount of memory."""
+
+DEMO_SERVE_PACE: Final = 0.1
+"""Seconds between two chunks the scripted model of ``agent-flow serve --demo`` streams: its run
+takes about 40 s (besides the time its approvals wait), a pace a person can follow."""
+
+
+# -- delegation (agent_flow.delegation) -------------------------------------------------------
+
+DEFAULT_DELEGATION_TIMEOUT: Final = 600.0
+"""Seconds a delegated child run may take (its tool call's timeout): a child makes several
+model calls, so the tool default (`DEFAULT_TOOL_TIMEOUT`) would cut most of them short."""
+
+DEFAULT_MAX_CONCURRENT_CHILDREN: Final = 4
+"""Children of one `Delegate` running at once (more calls in one step wait for a slot)."""
+
+DELEGATION_PARENT_TASK: Final = "/extensions/parent_task"
+"""Where a child finds the parent's ``/task`` pointers it was given (its own ``/task`` is its
+sub-task): ``/task/objective`` is projected to ``/extensions/parent_task/objective``."""

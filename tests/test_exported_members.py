@@ -9,6 +9,7 @@ PUBLIC_MODULES = [
     "agent_flow.agent",
     "agent_flow.config",
     "agent_flow.context",
+    "agent_flow.delegation",
     "agent_flow.environment",
     "agent_flow.errors",
     "agent_flow.events",

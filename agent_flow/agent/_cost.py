@@ -21,9 +21,10 @@ server counts it (the largest ratio seen) and price it as the priciest model tha
 
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from agent_flow.agent.outcome import Finish, StopReason
 from agent_flow.errors import ConfigError, CostLimitError
@@ -34,6 +35,30 @@ from agent_flow.pricing import Pricing, price_usage
 
 if TYPE_CHECKING:
     from agent_flow.agent._loop import _Run
+
+
+class ParentBudget(Protocol):
+    """The budget of the run a child was delegated from (`agent_flow.delegation`).
+
+    Set in `PARENT_BUDGET` while the child runs: every model call of the child is admitted by
+    it before `_admit` checks the child's own limits, and counted into it once made, so the
+    parent's (and its ancestors') limits cover the child and its usage rolls up.
+    """
+
+    async def admit(self, child: _Run, plan: ModelCallPlan) -> None:
+        """Refuse the child's planned call (raise `CostLimitError`) if the parent cannot pay."""
+        ...
+
+    async def count(self, child: _Run, report: ModelCallReport, cost: float | None) -> None:
+        """Add the child's finished call to the parent's usage and cost."""
+        ...
+
+
+#: The budget a delegated child's calls are also admitted by and counted into (None: a
+#: top-level run).
+PARENT_BUDGET: contextvars.ContextVar[ParentBudget | None] = contextvars.ContextVar(
+    "agent_flow_parent_budget", default=None
+)
 
 
 def _model_name(client: object) -> str:
@@ -155,6 +180,9 @@ async def _admit(run: _Run, plan: ModelCallPlan) -> None:
         CostLimitError: What the run spent plus the call's worst case would pass the limit.
         ConfigError: There is a limit and the model asked for has no known price.
     """
+    parent = PARENT_BUDGET.get()
+    if parent is not None:
+        await parent.admit(run, plan)
     limit = run.agent.config.max_cost_usd
     if limit is None:
         return
@@ -189,7 +217,8 @@ async def _admit_or_stop(run: _Run, plan: ModelCallPlan) -> Finish | None:
     try:
         await _admit(run, plan)
     except CostLimitError as err:
-        return Finish(StopReason.COST_LIMIT, text=str(err))
+        # A parent's spent token limit refuses a child's call as TOKEN_LIMIT (`PARENT_BUDGET`).
+        return Finish(getattr(err, "stop_reason", StopReason.COST_LIMIT), text=str(err))
     except ConfigError as err:
         await run._error(err, fatal=True)
         return Finish(StopReason.ERROR, text=str(err))
@@ -204,8 +233,12 @@ async def _settle(run: _Run, report: ModelCallReport, cost: float | None) -> Non
     """Compare a finished call's cost with the worst case it was admitted with.
 
     A call billed beyond it is reported, and its server's billing remembered for the worst
-    cases of later calls. Runs only under a limit, for calls admitted with a plan.
+    cases of later calls. Runs only under a limit, for calls admitted with a plan. A delegated
+    child's call is first counted into its parent (`PARENT_BUDGET`).
     """
+    parent = PARENT_BUDGET.get()
+    if parent is not None:
+        await parent.count(run, report, cost)
     plan = report.plan
     if plan is None or run.agent.config.max_cost_usd is None:
         return

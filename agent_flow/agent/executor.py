@@ -442,7 +442,7 @@ class AgentExecutor:
         """Subscribe to this agent's events of its current or next run; see `EventBus.subscribe`.
 
         The subscription ends when that run ends (events already queued can still be read),
-        also on a bus shared with other agents, whose events it does not receive.
+        also on a shared bus: other agents' events stay out, its delegated children's come in.
         """
         subscription = self.events.subscribe(
             maxsize=maxsize, policy=policy, kinds=kinds, where=self._is_mine
@@ -453,7 +453,7 @@ class AgentExecutor:
 
     def _is_mine(self, event: AgentEvent) -> bool:
         run = self._run
-        return run is not None and event.run_id == run.run_id
+        return run is not None and (event.run_id == run.run_id or run.run_id in event.path)
 
     def activate_skill(self, name: str | None) -> None:
         """Switch to the skill called `name` (``None``: back to the agent's own prompt).

@@ -1,7 +1,8 @@
 """The events themselves: one frozen model per fact a run reports, their union and JSON lines.
 
 Every event is tagged by ``kind`` and stamped with the run id, a sequence number (gap-free per
-run, starting at 0) and a UTC timestamp, so it serializes to one JSON line and back
+run, starting at 0), a UTC timestamp and, for a delegated child run's events, the ``path`` of
+run ids it was delegated from, so it serializes to one JSON line and back
 (`event_to_json`, `event_from_json`).
 """
 
@@ -63,6 +64,10 @@ class _Event(BaseModel):
     run_id: str
     seq: int
     timestamp: datetime = Field(default_factory=_now)
+    #: The run ids of the runs this one was delegated from, outermost first: empty for a
+    #: top-level run's events, ``(parent,)`` for a child's (`agent_flow.delegation`). Left
+    #: out of the JSON when empty, so the lines of top-level runs read as before.
+    path: tuple[str, ...] = Field(default=(), exclude_if=lambda path: not path)
 
 
 class RunStarted(_Event):
