@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import NoReturn
 
-from agent_flow._defaults import DEFAULT_REPLAY_MAX_WAIT
+from agent_flow._defaults import DEFAULT_REPLAY_MAX_WAIT, DEMO_SERVE_PACE
 from agent_flow.cli._exit import EXIT_USAGE, _Streams
 from agent_flow.cli._lab_args import add_lab_arguments
 from agent_flow.cli._prompt import EDITING_HELP
@@ -414,6 +414,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="export every run as OpenTelemetry GenAI traces and metrics over OTLP/HTTP (as "
         "the agent command's --otel); a request's W3C traceparent makes its run part of the "
         "caller's trace",
+    )
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="serve the offline scripted run of `agent-flow demo` (no model server, no key): "
+        "its run starts at once in session 'demo'; watch it in the inspector",
+    )
+    serve.add_argument(
+        "--demo-pace",
+        type=_speed,
+        default=DEMO_SERVE_PACE,
+        metavar="SECONDS",
+        help="with --demo: seconds between the scripted model's streamed chunks (default "
+        f"{DEMO_SERVE_PACE:g}; 0: as fast as it goes)",
     )
     serve.set_defaults(handler=_handler("agent_flow.cli._serve", "_serve_command"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,10 +14,12 @@ from pydantic import ValidationError
 from agent_flow.cli._build import _load_config
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli._run import _OTLP_ENDPOINTS
-from agent_flow.cli._sessions import _store
+from agent_flow.cli._sessions import _check_db, _store
 from agent_flow.errors import ConfigError
+from agent_flow.sessions import SessionStore, open_store
 
 if TYPE_CHECKING:
+    from agent_flow._demo.serve import DemoServer
     from agent_flow.durable import DurableClient
 
 #: Where ``serve`` reads the bearer token when ``--token`` is not given.
@@ -70,8 +73,9 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
     def warn(text: str) -> None:
         streams.stderr.write(f"agent-flow: warning: {text}\n")
 
-    config = _load_config(args.config, warn)
-    durable = _durable_client(args.config)
+    demo = _demo(args) if args.demo else None
+    config = demo.config if demo is not None else _load_config(args.config, warn)
+    durable = _durable_client(args.config) if demo is None else None
     on_agent = None
     export = None
     if args.otel or any(os.environ.get(name) for name in _OTLP_ENDPOINTS):
@@ -80,9 +84,14 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
 
         export, on_agent = configure_otlp(), instrument
     try:
-        async with _store(args) as store:
+        async with _store(args) if demo is None else _demo_store(args, demo) as store:
             app = create_app(
-                config, store=store, settings=settings, on_agent=on_agent, durable=durable
+                config,
+                store=store,
+                settings=settings,
+                on_agent=on_agent,
+                durable=durable,
+                llm_factory=demo.llm if demo is not None else None,
             )
             # Event streams stay open until their client leaves: give them 5 s on shutdown.
             server = uvicorn.Server(
@@ -95,14 +104,27 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
             shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
             shown = f"[{shown}]" if ":" in shown else shown
             address = f"http://{shown}:{settings.port}/"
+            fragment = f"#token={token}" if made_token else ""
+            if demo is not None:
+                from agent_flow._demo.serve import start_demo_session
+
+                session = await start_demo_session(app)
+                fragment += f"{'&' if fragment else '#'}session={session}"
+                streams.stderr.write(
+                    "agent-flow: demo: a scripted model (no model server, no key) is fixing a "
+                    f"bug in {demo.project}, in session {session!r}; watch it in the inspector, "
+                    "and approve its commands and writes there\n"
+                )
             if made_token:
                 streams.stderr.write(
-                    f"agent-flow: serving; open the inspector at {address}#token={token}\n"
+                    f"agent-flow: serving; open the inspector at {address}{fragment}\n"
                     f"agent-flow: API clients send 'Authorization: Bearer {token}' (set "
                     f"{TOKEN_VARIABLE} to choose it; --no-token serves without)\n"
                 )
             else:
-                streams.stderr.write(f"agent-flow: serving; the inspector is at {address}\n")
+                streams.stderr.write(
+                    f"agent-flow: serving; the inspector is at {address}{fragment}\n"
+                )
             streams.stderr.flush()
             await server.serve()
     finally:
@@ -111,6 +133,25 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         if durable is not None:
             durable.close()
     return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> DemoServer:
+    """The scripted agent of ``serve --demo``, its project in a new temporary directory."""
+    from agent_flow._demo.serve import demo_server
+
+    if args.config is not None:
+        raise _Failure(
+            EXIT_USAGE,
+            "--demo serves its own scripted agent and takes no --config; drop one of them",
+        )
+    base = Path(tempfile.mkdtemp(prefix="agent-flow-serve-demo-"))
+    return demo_server(base, pace=args.demo_pace)
+
+
+def _demo_store(args: argparse.Namespace, demo: DemoServer) -> SessionStore:
+    """``--db``, else a SQLite file beside the demo's project."""
+    _check_db(args.db)
+    return open_store(args.db if args.db is not None else str(demo.base / "sessions.db"))
 
 
 def _durable_client(config: str | None) -> DurableClient | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib.resources
 import ipaddress
 import json
 import logging
@@ -71,7 +72,16 @@ class User:
 ADMIN = User("admin", admin=True)
 
 #: The inspector's files hold no data: they load without a token (the page asks for it).
-_PUBLIC = frozenset({"/", "/static/inspector.js", "/static/inspector.css"})
+_PUBLIC = frozenset(
+    {
+        "/",
+        *(
+            f"/static/{item.name}"
+            for item in importlib.resources.files("agent_flow.server").joinpath("static").iterdir()
+            if item.name.endswith((".js", ".css"))
+        ),
+    }
+)
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 

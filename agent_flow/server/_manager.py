@@ -44,6 +44,7 @@ from agent_flow.server._clients import ModelClients
 from agent_flow.server._errors import ApiError
 from agent_flow.server._live import LiveSession, buffering_recorder
 from agent_flow.server._options import session_config
+from agent_flow.server._prompts import PromptTap
 from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
@@ -303,8 +304,10 @@ class SessionManager:
             llm, close_llm = client, client.aclose
         tools = self._tools_factory(config) if self._tools_factory is not None else None
         history, environment = resumed_state(state, config)
+        # The inspector's view of each step's prompt as sent (bounded; see _prompts).
+        tap = PromptTap(llm, live)
         agent = AgentExecutor(
-            llm,
+            tap,
             config=config,
             history=history,
             environment=environment,
@@ -314,6 +317,7 @@ class SessionManager:
             approval=live.approve,
             bus=live.bus,
         )
+        tap.attach(agent.context)
         return agent, close_llm
 
     async def send(

@@ -10,6 +10,7 @@ Routes (JSON unless said otherwise; every 4xx body is an `ErrorBody`):
 - ``GET /sessions/{id}/approvals``, ``POST /sessions/{id}/approvals/{call_id}``;
 - ``POST /sessions/{id}/cancel``; ``POST /sessions/{id}/resume``;
 - ``GET /sessions/{id}/export`` JSON lines;
+- ``GET /sessions/{id}/prompts/{event_id}`` the prompt a step sent (`agent_flow.server._prompts`);
 - ``POST /agui`` AG-UI (`agent_flow.server._agui`);
 - ``GET /`` the inspector page (``static/``; it calls the routes above).
 
@@ -48,6 +49,7 @@ from agent_flow.server._live import LiveSession
 from agent_flow.server._manager import LLMFactory, SessionManager, ToolsFactory
 from agent_flow.server._middleware import BodyLimitMiddleware
 from agent_flow.server._openapi import EVENT_STREAM, Refusals, complete_document
+from agent_flow.server._prompts import PromptView, prompt_of
 from agent_flow.server._sse import EventStreamResponse
 from agent_flow.server.models import (
     EVENT_ID_PATTERN,
@@ -349,6 +351,22 @@ def create_app(
             max_wait=settings.watcher_max_wait,
         )
 
+    @app.get(
+        "/sessions/{session_id}/prompts/{event_id}",
+        response_model=PromptView,
+        responses=refusals.of("GET", 404, 422),
+    )
+    async def read_prompt(
+        live: Live, event_id: Annotated[int, Path(ge=0, le=2**63 - 1)]
+    ) -> PromptView:
+        """The prompt one step sent (``event_id``: its ``context_built`` event), as sent.
+
+        Every message with its tokens, the environment's part of the system message, the
+        tools offered. A live session keeps its latest steps' prompts; otherwise 404
+        ``prompt_not_kept`` (the event itself still has the step's tokens per section).
+        """
+        return prompt_of(live, event_id)
+
     @app.get("/", include_in_schema=False)
     async def inspector() -> HTMLResponse:
         """The inspector page (static; it reads everything through the API)."""
@@ -437,8 +455,14 @@ def _trace_carrier(request: Request) -> dict[str, str]:
     return {name: value for name in TRACE_HEADERS if (value := request.headers.get(name))}
 
 
-#: The inspector's files besides the page, with their media types.
-_ASSETS = {"inspector.js": "text/javascript", "inspector.css": "text/css"}
+#: The media types of the inspector's files besides the page.
+_MEDIA = {".js": "text/javascript", ".css": "text/css"}
+#: The inspector's files besides the page (every script and style sheet in ``static/``).
+_ASSETS = {
+    item.name: _MEDIA[item.name[item.name.rindex(".") :]]
+    for item in importlib.resources.files("agent_flow.server").joinpath("static").iterdir()
+    if item.name.endswith(tuple(_MEDIA))
+}
 
 
 def _static(name: str) -> str:
