@@ -21,7 +21,14 @@ from tests.openai_server import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = ("coding_agent", "data_analysis", "custom_tool", "event_consumers", "pruning_strategies")
+EXAMPLES = (
+    "coding_agent",
+    "data_analysis",
+    "custom_tool",
+    "event_consumers",
+    "pruning_strategies",
+    "delegation",
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +75,24 @@ def test_the_coding_agent_maps_the_project_records_a_design_and_writes_code(
     ) in out
     assert "designing struct: Environment (Observer pattern for tool result updates)" in out
     assert "wrote src/agent_flow/environment.rs: True" in out
+
+
+def test_the_coder_delegates_to_a_read_only_researcher_whose_findings_it_then_uses(
+    outputs: dict[str, str],
+) -> None:
+    out = outputs["delegation"]
+    assert "outcome: completed: Fixed total() to sum every price." in out
+    assert "coder tool calls: investigate, write_file, task_completion" in out
+    # The researcher tried to write and was refused; it cannot have asked for approval.
+    assert "tools search_text, read_file, task_completion; refused: write_file" in out
+    assert out.count("approval asked:") == 1
+    assert (
+        "known facts: ['tests/test_totals.py fails', "
+        "'total() iterates prices[1:], so it skips the first price']"
+    ) in out
+    assert "sources: {'src/totals.py': 'researcher'}" in out
+    assert "model calls in the coder's totals: 7 " in out  # 3 of the coder's, 4 of the child's
+    assert "src/totals.py fixed: True" in out
 
 
 def test_the_data_analysis_agent_keeps_its_dataset_in_a_typed_extension(
