@@ -1,30 +1,34 @@
-"""The AG-UI endpoint: every event validates against the official types, and the state deltas
-applied to the snapshot (with an independent RFC 6902 implementation) give the server's
-environment exactly."""
+"""The AG-UI endpoint's stream: every event validates against the official types, the state
+deltas applied to the snapshot (with an independent RFC 6902 implementation) give the server's
+environment exactly, and no agent event is told twice (only unmapped kinds go as CUSTOM)."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
 
+import httpx2
 import jsonpatch
 from ag_ui.core import Event, EventType
 from pydantic import TypeAdapter
 
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.environment import Environment
+from agent_flow.events import EVENT_KINDS
 from agent_flow.server import create_app
-from agent_flow.server._agui import AgUiRun
+from agent_flow.server._agui import MAPPING, UNMAPPED, AgUiRun
 from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import ToolContext, ToolExecutor, tool
 from tests.server_harness import frames, serving
 
 EVENT = TypeAdapter(Event)
+CONFIG = AgentConfig(context=ContextConfig(counter="approx"))
 
 
 @tool
@@ -54,19 +58,32 @@ def _tools(config: AgentConfig) -> ToolExecutor:
     return executor
 
 
-def _input(thread: str, run: str, text: str) -> dict[str, Any]:
-    return {
+def _input(
+    thread: str,
+    run: str,
+    text: str | None = None,
+    *,
+    messages: list[Any] | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """A run input as a JSON body (camelCase, as clients send it)."""
+    body: dict[str, Any] = {
         "threadId": thread,
         "runId": run,
         "state": {},
-        "messages": [{"id": f"m-{run}", "role": "user", "content": text}],
+        "messages": messages
+        if messages is not None
+        else [{"id": f"m-{run}", "role": "user", "content": text}],
         "tools": [],
         "context": [],
         "forwardedProps": {},
     }
+    body.update(more)
+    return body
 
 
-async def _run(client: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+async def _run(client: httpx2.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """POST a run input; every event it streams, each checked against the AG-UI types."""
     got: list[dict[str, Any]] = []
     async with client.stream("POST", "/agui", json=body) as response:
         assert response.status_code == 200, await response.aread()
@@ -77,14 +94,19 @@ async def _run(client: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     return got
 
 
-def _replay(events: list[dict[str, Any]]) -> Any:
-    state: Any = None
+def _replay(events: list[dict[str, Any]], state: Any = None) -> Any:
     for event in events:
         if event["type"] == EventType.STATE_SNAPSHOT.value:
             state = event["snapshot"]
         elif event["type"] == EventType.STATE_DELTA.value:
             state = jsonpatch.apply_patch(state, event["delta"])
     return state
+
+
+async def _server_state(client: httpx2.AsyncClient, thread: str) -> dict[str, Any]:
+    """The session's environment as the AG-UI state holds it: its sections and version."""
+    view = (await client.get(f"/sessions/{thread}")).json()
+    return {**view["environment"], "version": view["environment_version"]}
 
 
 async def test_deltas_applied_to_the_snapshot_reproduce_the_environment() -> None:
@@ -107,12 +129,7 @@ async def test_deltas_applied_to_the_snapshot_reproduce_the_environment() -> Non
         ]
     )
     store = InMemorySessionStore()
-    app = create_app(
-        AgentConfig(context=ContextConfig(counter="approx")),
-        store=store,
-        llm_factory=lambda config: model,
-        tools_factory=_tools,
-    )
+    app = create_app(CONFIG, store=store, llm_factory=lambda config: model, tools_factory=_tools)
     async with serving(app) as client:
         first = await _run(client, _input("thread-1", "r1", "take notes"))
         types = [event["type"] for event in first]
@@ -122,13 +139,13 @@ async def test_deltas_applied_to_the_snapshot_reproduce_the_environment() -> Non
         assert "TEXT_MESSAGE_CONTENT" in types
         text = "".join(e["delta"] for e in first if e["type"] == "TEXT_MESSAGE_CONTENT")
         assert text == "planningnoted it"
-        server_state = (await client.get("/sessions/thread-1")).json()["environment"]
+        server_state = await _server_state(client, "thread-1")
         assert _replay(first) == server_state
         assert server_state["extensions"]["notes"]["first"] == {"text": "1", "tags": ["z", "b"]}
+        assert server_state["task"]["plan"][0]["description"] == "note"
         # A second run on the thread continues the same session from a fresh snapshot.
         second = await _run(client, _input("thread-1", "r2", "one more"))
-        server_state = (await client.get("/sessions/thread-1")).json()["environment"]
-        assert _replay(second) == server_state
+        assert _replay(second) == await _server_state(client, "thread-1")
         assert second[-1]["result"]["final_text"] == "second done"
         bad = await client.post("/agui", json=_input("../x", "r3", "hi"))
         assert bad.status_code == 422 and bad.json()["field"] == "threadId"
@@ -142,7 +159,7 @@ def test_a_trimmed_change_log_or_odd_writes_resend_a_snapshot_that_still_matches
     replica = run.opening()[1].snapshot
     for index in range(5):
         env.set(f"/extensions/k{index}", index)
-    events = run.state_events()
+    events = run.state.events()
     assert [event.type for event in events] == [EventType.STATE_SNAPSHOT]
     replica = events[0].snapshot
     kinds = []
@@ -153,9 +170,75 @@ def test_a_trimmed_change_log_or_odd_writes_resend_a_snapshot_that_still_matches
     ]:
         first()
         second()
-        for event in run.state_events():
+        for event in run.state.events():
             kinds.append(event.type)
             wire = json.loads(event.model_dump_json(by_alias=True))
             replica = jsonpatch.apply_patch(replica, wire["delta"])
-        assert replica == json.loads(env.to_json())["state"]
+        assert replica == {**json.loads(env.to_json())["state"], "version": env.version}
     assert kinds == [EventType.STATE_DELTA] * 3
+
+
+def test_every_agent_event_kind_is_mapped_or_sent_as_custom_and_never_both() -> None:
+    assert set(MAPPING) | UNMAPPED == EVENT_KINDS, "a new event kind needs a decision here"
+    assert not set(MAPPING) & UNMAPPED
+
+
+async def test_an_eight_call_run_sends_each_event_once_and_only_unmapped_kinds_as_custom() -> None:
+    # Eight model calls, seven of them calling a tool with streamed arguments.
+    script = [
+        reply(f"step {i}", tool_calls=[call("note", key=f"k{i}", value="v" * 40, call_id=f"n{i}")])
+        for i in range(7)
+    ]
+    model = ScriptedLLM([*script, reply("all noted")], chunk_size=4)
+    store = InMemorySessionStore()
+    app = create_app(CONFIG, store=store, llm_factory=lambda config: model, tools_factory=_tools)
+    async with serving(app) as client:
+        events = await _run(client, _input("eight", "r1", "take eight notes"))
+        stored = await store.events("eight")
+    assert len(model.requests) == 8
+    kinds = Counter(event.kind for event in stored)
+    assert kinds["tool_call_arguments_delta"] > 7, "the model streamed the arguments"
+    custom = Counter(e["name"] for e in events if e["type"] == "CUSTOM")
+    # Exactly the unmapped kinds, each as often as the run published it, and nothing else.
+    assert custom == Counter({kind: n for kind, n in kinds.items() if kind in UNMAPPED})
+    assert set(custom) <= UNMAPPED and "tool_call_arguments_delta" not in custom
+    types = Counter(e["type"] for e in events)
+    assert types["TOOL_CALL_ARGS"] == types["TOOL_CALL_START"] == types["TOOL_CALL_RESULT"] == 7
+    assert types["STEP_STARTED"] == types["STEP_FINISHED"] == 8
+    args = [json.loads(e["delta"]) for e in events if e["type"] == "TOOL_CALL_ARGS"]
+    assert args[0] == {"key": "k0", "value": "v" * 40}, "the arguments come once, whole"
+    assert types["CUSTOM"] < 40, f"{types['CUSTOM']} CUSTOM events for an 8-call run"
+
+
+async def test_reasoning_and_an_answer_the_model_did_not_stream_reach_the_client() -> None:
+    model = ScriptedLLM(
+        [
+            reply(
+                "",
+                thinking="weighing it",
+                tool_calls=[call("task_completion", summary="all done", call_id="t1")],
+            )
+        ]
+    )
+    app = create_app(CONFIG, store=InMemorySessionStore(), llm_factory=lambda config: model)
+    async with serving(app) as client:
+        events = await _run(client, _input("think", "r1", "do it"))
+    types = [e["type"] for e in events]
+    start = types.index("REASONING_START")
+    assert types[start : start + 2] == ["REASONING_START", "REASONING_MESSAGE_START"]
+    assert "REASONING_END" in types[start:]
+    thought = "".join(e["delta"] for e in events if e["type"] == "REASONING_MESSAGE_CONTENT")
+    assert thought == "weighing it"
+    said = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert said == "all done"
+    assert types.index("TEXT_MESSAGE_END") < types.index("RUN_FINISHED")
+    assert events[-1]["result"]["stop_reason"] == "completed"
+
+
+async def test_a_failed_run_ends_with_run_error() -> None:
+    model = ScriptedLLM([])  # no answer at all: the model call fails
+    app = create_app(CONFIG, store=InMemorySessionStore(), llm_factory=lambda config: model)
+    async with serving(app) as client:
+        events = await _run(client, _input("broken", "r1", "hello"))
+    assert events[-1]["type"] == "RUN_ERROR"
+    assert "RUN_FINISHED" not in [e["type"] for e in events]

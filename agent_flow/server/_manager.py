@@ -27,13 +27,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from agent_flow._defaults import SESSION_LEASE_SECONDS
-from agent_flow.agent import AgentExecutor
+from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.agent._task import resumed_state
 from agent_flow.config import AgentConfig
 from agent_flow.errors import AgentFlowError, SessionBusyError, SessionNotFoundError
@@ -58,7 +58,7 @@ from agent_flow.tools import ApprovalResponse, ToolExecutor
 if TYPE_CHECKING:
     from agent_flow.durable import DurableClient, RunHandle
 
-__all__ = ["LLMFactory", "SessionManager", "ToolsFactory"]
+__all__ = ["LLMFactory", "RunStarter", "SessionManager", "ToolsFactory"]
 
 logger = logging.getLogger("agent_flow.server")
 
@@ -66,6 +66,8 @@ logger = logging.getLogger("agent_flow.server")
 LLMFactory = Callable[[AgentConfig], LLMClient]
 #: Builds the tool executor of a session from its config (default: from the config).
 ToolsFactory = Callable[[AgentConfig], ToolExecutor]
+#: Starts a run of a session's agent under a run id (`SessionManager.send`).
+RunStarter = Callable[[AgentExecutor, str], Coroutine[object, None, ExecutionOutcome]]
 
 
 class SessionManager:
@@ -321,12 +323,20 @@ class SessionManager:
         return agent, close_llm
 
     async def send(
-        self, session_id: str, message: str, *, trace: Mapping[str, str] | None = None
+        self,
+        session_id: str,
+        message: str,
+        *,
+        trace: Mapping[str, str] | None = None,
+        start: RunStarter | None = None,
     ) -> tuple[str, int]:
         """Start a run of the session on `message`; its run id and its first event's id.
 
         `trace` is the requester's trace context (`agent_flow.telemetry.propagation`): the
-        run, which outlives the request, continues that trace.
+        run, which outlives the request, continues that trace. `start`, when given, starts
+        the run instead (`agent_flow.server._agui_route`): called with the session's agent
+        and the run id while the session is held and claimed, it may change the agent's
+        state first, and raise `ApiError` to start nothing.
 
         Raises:
             ApiError: 404 for an unknown session, 409 (with its id) while a run is under way.
@@ -374,7 +384,9 @@ class SessionManager:
                 ended = await self._interrupted_end(live, lease)
                 first = len(agent.history) == 0 and agent.environment.task.objective == ""
                 coroutine = (
-                    agent.run(message, run_id=run_id)
+                    start(agent, run_id)
+                    if start is not None
+                    else agent.run(message, run_id=run_id)
                     if first
                     else agent.send(message, run_id=run_id)
                 )

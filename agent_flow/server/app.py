@@ -11,7 +11,7 @@ Routes (JSON unless said otherwise; every 4xx body is an `ErrorBody`):
 - ``POST /sessions/{id}/cancel``; ``POST /sessions/{id}/resume``;
 - ``GET /sessions/{id}/export`` JSON lines;
 - ``GET /sessions/{id}/prompts/{event_id}`` the prompt a step sent (`agent_flow.server._prompts`);
-- ``POST /agui`` AG-UI (`agent_flow.server._agui`);
+- ``POST /agui`` AG-UI (`agent_flow.server._agui_route`);
 - ``GET /`` the inspector page (``static/``; it calls the routes above).
 
 Before any route, `agent_flow.server._auth.GuardMiddleware` refuses foreign ``Host`` names,
@@ -41,7 +41,8 @@ from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment
 from agent_flow.events import ContextBuilt
 from agent_flow.history import History
-from agent_flow.server._agui import AgUiInput, AgUiRun, user_text
+from agent_flow.server._agui import AgUiInput
+from agent_flow.server._agui_route import agui_run as agui_stream
 from agent_flow.server._auth import GuardMiddleware, User, Users, audit_log, request_user
 from agent_flow.server._endpoints import EndpointList, endpoints
 from agent_flow.server._errors import ApiError, install_error_handlers
@@ -389,42 +390,28 @@ def create_app(
         },
     )
     async def agui_run(body: AgUiInput, request: Request, user: CurrentUser) -> StreamingResponse:
-        """AG-UI: run the thread's session on the last user message; stream AG-UI events.
+        """AG-UI: run the thread's session on the new messages; stream AG-UI events.
 
-        The thread id is the session id (a session is created for a new thread). The
-        environment is the shared state: a ``STATE_SNAPSHOT`` first, then ``STATE_DELTA``
-        JSON Patches as it changes. The run waits for a client that stops reading only up to
+        The thread id is the session id (a session is created for a new thread, its earlier
+        messages seed its history). The environment is the shared state: a
+        ``STATE_SNAPSHOT`` first, then ``STATE_DELTA`` JSON Patches as it changes; the
+        client's ``state`` is written when it is based on the current ``version`` (422
+        ``invalid_state`` when the environment refuses it; otherwise a ``CUSTOM``
+        ``state_not_applied`` says it was not). ``context`` lands in the environment's
+        knowledge; front-end ``tools`` are offered beside the server's, and a call of one
+        ends the run with the call for the client, answered by a tool message in the next
+        input. A client declaring ``approve_tool_call`` answers approvals the same way. The
+        run waits for a client that stops reading only up to
         `ServerSettings.watcher_max_wait` seconds; then its oldest events are dropped and a
         ``CUSTOM`` event named ``events_dropped`` tells it so.
         """
-        thread = body.thread_id
-        message = user_text(body)
-        if message is None:
-            raise ApiError(
-                422, "invalid_field", "messages holds no user message with text", field="messages"
-            )
-        if manager.loaded(thread) is None:
-            try:
-                await manager.info(thread)
-            except ApiError:
-                await manager.create(
-                    CreateSession(session_id=thread, title=message[:80]), owner=_owner(user, users)
-                )
-        agent = await manager.resume(thread, user)
-        live = await manager.live(thread, user)
-        subscription = live.bus.subscribe(
-            policy="wait", maxsize=settings.watcher_queue, max_wait=settings.watcher_max_wait
-        )
-        run = AgUiRun(thread, body.run_id, agent.environment)
-        try:
-            agent_run_id, _ = await manager.send(thread, message, trace=_trace_carrier(request))
-        except BaseException:
-            await subscription.aclose()
-            raise
-        return StreamingResponse(
-            run.stream(subscription, agent_run_id),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
+        return await agui_stream(
+            manager,
+            settings,
+            body,
+            user=user,
+            owner=_owner(user, users),
+            trace=_trace_carrier(request),
         )
 
     def openapi() -> dict[str, Any]:
