@@ -338,13 +338,14 @@ class Delegate(Generic[_Out]):
         # The child is one step of a durable parent: its own calls are not steps.
         runner = STEP_RUNNER.set(None)
         budget = PARENT_BUDGET.set(meter) if meter is not None else None
-        running = agent.run(task)
-        child_run = agent._run
+        child_run: _Run | None = None
         try:
+            # Entered first: a child whose config names MCP servers starts them here.
             async with agent:
+                running = agent.run(task)
+                child_run = agent._run
                 return await running
         finally:
-            running.close()  # never started (an error entering the agent): release the claim
             if budget is not None:
                 PARENT_BUDGET.reset(budget)
             STEP_RUNNER.reset(runner)

@@ -27,6 +27,7 @@ from agent_flow.llm.base import LLMRequest, Usage
 from agent_flow.messages import ToolCall
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, reply
 from agent_flow.tools import ApprovalRequest, ToolExecutor, ToolPolicy, tool
+from tests.helpers import stdio_server
 
 APPROX = ContextConfig(max_tokens=6000, counter="approx")
 SETTINGS = settings(
@@ -531,3 +532,17 @@ async def test_a_delegate_outside_any_run_still_runs_its_child() -> None:
     )
     assert outcome.result.content == "alone"
     assert DelegationResult.model_validate(outcome.result.data).stop_reason is StopReason.ANSWERED
+
+
+async def test_a_child_whose_config_names_mcp_servers_starts_and_stops_them() -> None:
+    child_llm = ScriptedLLM(
+        [reply(tool_calls=[call("basic_echo", text="from the child")]), "echoed"]
+    )
+    config = AgentConfig(context=APPROX, mcp_servers=(stdio_server("basic", "basic_server.py"),))
+    delegate = Delegate("investigate", "I.", llm=child_llm, config=config)
+    agent = parent_agent(delegating("t"), delegate)
+    outcome = await agent.run("go")
+    assert outcome.final_text == "parent done: echoed"
+    echoed = [m for m in child_llm.requests[1].messages if m.role == "tool"]
+    assert "from the child" in str(echoed[0].content)
+    assert "basic_echo" not in delegate.tools  # its tools left with its server
