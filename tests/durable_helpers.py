@@ -4,6 +4,7 @@ processes (`tests/durable_app.py`), and the tool's side-effect counters."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +119,26 @@ async def on_sqlite(
         DurableClient(durable) as client,
     ):
         yield store, client
+
+
+async def assert_each_ran_once(
+    store: SessionStore, counts: Path, runs: list[tuple[str, str]], outcomes: dict[str, Any]
+) -> None:
+    """Every run of `runs` (session, run) finished once: its answer, one start and one end,
+    ids without gap or repeat, its session left completed and unclaimed, and its counting
+    tool (not idempotent) run at most once per call and exactly once per completed call."""
+    for session_id, run_id in runs:
+        outcome = outcomes[run_id]
+        assert outcome.final_text == "done", (run_id, outcome)
+        events = await store.events(session_id, run_id=run_id)
+        assert [e.seq for e in events] == list(range(len(events))), run_id
+        kinds = [e.kind for e in events]
+        assert kinds.count("run_started") == 1 and kinds.count("run_finished") == 1
+        info = await store.info(session_id)
+        assert info.status == "completed" and info.lease_run is None, info
+        executed = counts_of(counts, run_id)
+        assert len(executed) == len(set(executed)), (run_id, executed)
+        for use in outcome.tool_uses:
+            n = json.loads(use.arguments)["n"]
+            if use.error_kind != "interrupted":
+                assert executed.count(n) == 1, (run_id, executed)

@@ -17,7 +17,6 @@ and required under ``CI=true``, where CI runs as root.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ pytest.importorskip("dbos", reason="the multi-host test needs the durable extra"
 
 from agent_flow.durable import DurableClient, DurableConfig
 from agent_flow.sessions import open_store
-from tests.durable_helpers import ROOT, counts_of
+from tests.durable_helpers import ROOT, assert_each_ran_once, counts_of
 from tests.private_postgres import PrivatePostgres, private_postgres_or_skip
 
 CALLS = 5
@@ -183,21 +182,7 @@ async def test_runs_finish_once_when_a_hosts_link_goes_down_mid_run_and_comes_ba
                 handle = client.handle(run_id, session_id)
                 outcomes[run_id] = await asyncio.wait_for(handle.outcome(), 180)
             assert all(worker.poll() is None for worker in workers)
-            for session_id, run_id in runs:
-                outcome = outcomes[run_id]
-                assert outcome.final_text == "done", (run_id, outcome)
-                events = await store.events(session_id, run_id=run_id)
-                assert [e.seq for e in events] == list(range(len(events))), run_id
-                kinds = [e.kind for e in events]
-                assert kinds.count("run_started") == 1 and kinds.count("run_finished") == 1
-                info = await store.info(session_id)
-                assert info.status == "completed" and info.lease_run is None, info
-                executed = counts_of(tmp_path, run_id)
-                assert len(executed) == len(set(executed)), (run_id, executed)
-                for use in outcome.tool_uses:
-                    n = json.loads(use.arguments)["n"]
-                    if use.error_kind != "interrupted":
-                        assert executed.count(n) == 1, (run_id, executed)
+            await assert_each_ran_once(store, tmp_path, runs, outcomes)
     finally:
         for worker in workers:
             if worker.poll() is None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ import psycopg
 
 from agent_flow.durable import DurableClient, DurableConfig
 from agent_flow.sessions import open_store
-from tests.durable_helpers import Workers, counts_of
+from tests.durable_helpers import Workers, assert_each_ran_once, counts_of
 from tests.private_postgres import PrivatePostgres, private_postgres_or_skip
 
 CALLS = 5  # tool calls per run
@@ -110,20 +109,6 @@ async def test_every_run_finishes_once_through_a_restart_cut_connections_and_a_k
                 handle = client.handle(run_id, session_id)
                 outcomes[run_id] = await asyncio.wait_for(handle.outcome(), 300)
             assert second.poll() is None  # the survivor lived through it all
-            for session_id, run_id in runs:
-                outcome = outcomes[run_id]
-                assert outcome.final_text == "done", (run_id, outcome)
-                events = await store.events(session_id, run_id=run_id)
-                assert [e.seq for e in events] == list(range(len(events))), run_id
-                kinds = [e.kind for e in events]
-                assert kinds.count("run_started") == 1 and kinds.count("run_finished") == 1
-                info = await store.info(session_id)
-                assert info.status == "completed" and info.lease_run is None, info
-                executed = counts_of(tmp_path, run_id)
-                assert len(executed) == len(set(executed)), (run_id, executed)  # never twice
-                for use in outcome.tool_uses:
-                    n = json.loads(use.arguments)["n"]
-                    if use.error_kind != "interrupted":
-                        assert executed.count(n) == 1, (run_id, executed)
+            await assert_each_ran_once(store, tmp_path, runs, outcomes)
     finally:
         group.stop()
