@@ -367,3 +367,45 @@ async def test_the_readme_custom_tool_agent_takes_model_and_base_url(
     assert (result.code, result.out, result.err) == (0, "Rain in Tokyo.\n", "")
     assert [body["model"] for body in openai_server.bodies] == ["test-model"] * 2
     assert openai_server.bodies[1]["messages"][-1]["content"] == "Tokyo: 64°F, light rain"
+
+
+DELEGATING_AGENT = """
+from agent_flow import AgentExecutor, Delegate
+from agent_flow.testing import ScriptedLLM
+
+
+def build_agent(llm=None):
+    agent = AgentExecutor(llm)
+    Delegate("investigate", "Investigate a question.", llm=ScriptedLLM(["CHILD-ANSWER"])).add_to(
+        agent
+    )
+    return agent
+"""
+
+
+@pytest.mark.parametrize("mode", ["-q", "--json", "read"])
+async def test_a_delegated_childs_events_are_not_the_users_answer(
+    openai_server: OpenAIServer, tmp_path: Path, mode: str
+) -> None:
+    module = tmp_path / "delegating.py"
+    module.write_text(DELEGATING_AGENT)
+    openai_server.script(
+        sse_reply(tool_call_chunks([("call_1", "investigate", json.dumps({"task": "look"}))])),
+        sse_reply(text_chunks("PARENT-ANSWER")),
+    )
+    flags = [] if mode == "read" else [mode]
+    result = await invoke_async(
+        ["run", "go", "--agent", f"{module}:build_agent", *model_flags(openai_server), *flags]
+    )
+    assert result.code == 0, result.err
+    if mode == "--json":
+        events = [json.loads(line) for line in result.out.splitlines()]
+        child = [e for e in events if e.get("path")]
+        assert child and {e["kind"] for e in child} >= {"run_started", "run_finished"}
+        top = [e for e in events if not e.get("path") and e["kind"] == "run_finished"]
+        assert len(top) == 1
+    else:
+        assert "PARENT-ANSWER" in result.out
+        assert "CHILD-ANSWER" not in result.out
+        if mode == "-q":
+            assert result.out == "PARENT-ANSWER\n"

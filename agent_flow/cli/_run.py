@@ -208,7 +208,14 @@ async def _open_session(
         args,
         agent.context.max_tokens,
     )
-    agent.events.on(None, JsonLinesWriter(streams.stdout) if mode == "json" else renderer)
+    if mode == "json":
+        agent.events.on(None, JsonLinesWriter(streams.stdout))  # every event, `path` and all
+    elif mode == "trace":
+        agent.events.on(None, renderer)  # a delegated child's events too, under its run id
+    else:
+        # The answer and the status line are the top-level run's: a delegated child's events
+        # (their `path` names the parent run) are not the user's answer.
+        agent.events.on(None, lambda event: None if event.path else renderer(event))
     return _Session(agent, llm, store, renderer, bool(args.session), asker, mode)
 
 
