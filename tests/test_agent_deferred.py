@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_flow import AgentConfig, AgentExecutor, DeferredResults, StopReason
+from agent_flow import AgentConfig, AgentExecutor, DeferredCall, DeferredResults, StopReason
 from agent_flow.config import ContextConfig
 from agent_flow.errors import UserError
 from agent_flow.history import ToolCallEntry, ToolResultEntry
@@ -294,3 +294,18 @@ async def test_any_mix_of_calls_and_answers_keeps_every_call_answered_once(
     made = [e.call_id for e in agent.history.entries if isinstance(e, ToolCallEntry)]
     answered = [e.call_id for e in agent.history.entries if isinstance(e, ToolResultEntry)]
     assert sorted(made) == sorted(answered)
+
+
+@given(
+    calls=st.dictionaries(st.text(min_size=1, max_size=4), st.text(max_size=5), max_size=3),
+    approvals=st.dictionaries(st.text(min_size=1, max_size=4), st.booleans(), max_size=3),
+)
+def test_answers_and_deferred_calls_round_trip_through_json(
+    calls: dict[str, str], approvals: dict[str, bool]
+) -> None:
+    answers = DeferredResults(calls=calls, approvals=approvals)
+    assert {k: v.content for k, v in answers.calls.items()} == calls
+    assert {k: v.approved for k, v in answers.approvals.items()} == approvals
+    assert DeferredResults.model_validate_json(answers.model_dump_json()) == answers
+    deferred = DeferredCall(call_id="c", name="n", arguments="{}", kind="approval", reason="r")
+    assert DeferredCall.model_validate_json(deferred.model_dump_json()) == deferred
