@@ -1,7 +1,9 @@
 """`agent-flow serve --demo` as a real process on a loopback port: no model server, no key.
 
 The demo's scripted run starts by itself in session ``demo``; a client watches it over SSE and
-approves what it asks, as a newcomer would in the inspector, and the run fixes the project.
+approves what it asks, and so does a newcomer in the inspector (Chromium through Playwright,
+at the address the process printed); the run fixes the project. Screenshot:
+``inspector-demo.png``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ pytest.importorskip("fastapi", reason="the server tests need the 'server' extra"
 
 from agent_flow._demo.scenario import DEMO_TASK, EVENT_KINDS
 from agent_flow._demo.serve import DEMO_MODEL
+from tests.inspector_browser import inspector
 from tests.server_harness import frames, free_port
 
 
@@ -157,3 +160,33 @@ async def test_serve_demo_refuses_a_config(tmp_path: Path) -> None:
     _, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 2
     assert "--demo serves its own scripted agent and takes no --config" in err.decode()
+
+
+async def test_a_newcomer_watches_the_demo_in_the_inspector(tmp_path: Path) -> None:
+    async with demo_process(tmp_path) as (_, printed):
+        line = next(line for line in printed if "open the inspector at" in line)
+        address = line.split("open the inspector at ", 1)[1].strip()
+        async with inspector(address, height=1000) as opened:
+            page = opened.page
+            await page.locator("#session-title", has_text="Demo: fix the csvstats bug").wait_for()
+            # Approve what the scripted model asks, as the newcomer would, until it finishes.
+            approved = 0
+            next_thing = page.locator(".approval button.approve, #conversation .run-end")
+            while True:
+                await next_thing.first.wait_for()
+                if await page.locator("#conversation .run-end").count():
+                    break
+                await page.locator(".approval button.approve").first.click()
+                approved += 1
+            assert approved >= 2
+            await page.locator("#conversation .run-end", has_text="completed").wait_for()
+            conversation = page.locator("#conversation")
+            assert DEMO_TASK in await conversation.locator(".msg.user").first.inner_text()
+            names = await conversation.locator("details.tool .tool-name").all_inner_texts()
+            assert {"update_plan", "run_command", "project_lint", "write_file"} <= set(names)
+            answer = await conversation.locator(".msg.answer").inner_text()
+            assert "lines[1:-1] -> lines[1:]" in answer
+            await page.locator("#status-pill", has_text="completed").wait_for()
+            await page.locator("#task-status", has_text="completed").wait_for()
+            await page.locator("#budget .bar-row").nth(9).wait_for()
+            await opened.shot("inspector-demo")

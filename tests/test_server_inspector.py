@@ -1,17 +1,15 @@
 """The inspector page in a real browser: Debian's chromium driven by Playwright, against a real
 server on a loopback port with a scripted model.
 
-Open a session, send a task, watch the events arrive, approve a tool from the page, and see the
-environment tree and the budget bars update. A screenshot is kept in ``test-artifacts/``.
-Without chromium the test skips with the reason, except under CI (CI=true), where it fails.
+A run as people read it: the user's message, the model's answers rendered as Markdown (safely),
+tool calls folded with their results, text deltas folded in the event list, an approval
+answered from the page, and the header's statuses agreeing with the environment tree.
+Screenshots: ``inspector.png``, ``inspector-conversation.png``, ``inspector-statuses.png``.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +20,24 @@ from agent_flow.server import create_app
 from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import RiskLevel, ToolExecutor, ToolPolicy, tool
+from tests.inspector_browser import inspector
 from tests.server_harness import serving
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+#: The answer: Markdown a model writes, with HTML it must not get to run.
+ANSWER = """## Deployed
+
+The service runs on **staging** now:
+
+- build `1.4.2` passed its checks
+- the health probe answers in *40 ms*
+
+| check | result |
+|---|---|
+| smoke | ok |
+
+See [the runbook](https://example.org/runbook), not [this](javascript:alert(1)).
+<script>alert(1)</script><img src=x onerror="alert(2)">
+"""
 
 
 @tool(policy=ToolPolicy(requires_approval=True, risk=RiskLevel.HIGH))
@@ -38,22 +50,24 @@ def deploy(target: str) -> str:
     return f"deployed to {target}"
 
 
-def _browser_or_skip() -> None:
-    if Path(CHROMIUM).exists():
-        return
-    reason = "the inspector test needs Debian's chromium (apt-get install chromium)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI must install it (.ci/run does)")
-    pytest.skip(reason)
+def _app(model: ScriptedLLM) -> object:
+    tools = ToolExecutor()
+    tools.register(deploy)
+    return create_app(
+        # A small budget, so the bars show its parts.
+        AgentConfig(context=ContextConfig(counter="approx", max_tokens=1500)),
+        store=InMemorySessionStore(),
+        llm_factory=lambda config: model,
+        tools_factory=lambda config: tools,
+    )
 
 
-async def test_the_inspector_shows_a_run_live_and_approves_a_tool() -> None:
-    _browser_or_skip()
-    playwright_api = pytest.importorskip("playwright.async_api")
+async def test_the_inspector_shows_the_conversation_of_a_run_and_approves_a_tool() -> None:
     model = ScriptedLLM(
         [
             reply(
-                "planning",
+                "I'll plan it, then deploy.",
+                thinking="Staging first; report after.",
                 tool_calls=[
                     call(
                         "update_plan",
@@ -63,63 +77,137 @@ async def test_the_inspector_shows_a_run_live_and_approves_a_tool() -> None:
                     call("deploy", target="staging", call_id="c1"),
                 ],
             ),
-            reply("deployed and reported"),
+            reply(ANSWER),
         ]
     )
-    tools = ToolExecutor()
-    tools.register(deploy)
-    app = create_app(
-        # A small budget, so the bars show its parts.
-        AgentConfig(context=ContextConfig(counter="approx", max_tokens=1500)),
-        store=InMemorySessionStore(),
-        llm_factory=lambda config: model,
-        tools_factory=lambda config: tools,
-    )
-    async with serving(app) as client, playwright_api.async_playwright() as playwright:
-        # Playwright gives every launch a fresh temporary profile (its own --user-data-dir).
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-            ],
+    async with serving(_app(model)) as client, inspector(str(client.base_url) + "/") as opened:
+        page = opened.page
+        await page.click("#new-session")
+        await page.fill("#new-title", "Deploy to staging")
+        await page.click("#new-create")
+        await page.locator("#session-title", has_text="Deploy to staging").wait_for()
+        await page.fill("#message", "deploy to staging")
+        await page.click("#send")
+        approve = page.locator(".approval[data-call='c1'] button.approve")
+        await approve.wait_for()
+        # The folded call says it waits, in the conversation too.
+        waiting = page.locator("details.tool[data-call='c1'] .status")
+        await waiting.filter(has_text="waiting for approval").wait_for()
+        await approve.click()
+        await page.locator("#conversation .run-end", has_text="answered").wait_for()
+        assert await page.locator(".approval").count() == 0
+
+        conversation = page.locator("#conversation")
+        assert await conversation.locator(".msg.user .text").all_inner_texts() == [
+            "deploy to staging"
+        ]
+        # Tool calls folded with their results: closed, their status in the summary.
+        calls = conversation.locator("details.tool")
+        assert await calls.count() == 2
+        assert await calls.evaluate_all("nodes => nodes.map(n => n.open)") == [False, False]
+        deployed = conversation.locator("details.tool[data-call='c1']")
+        assert re.fullmatch(
+            r"deploy \{\"target\": \"staging\"\} ✓ \d+ ms",
+            await deployed.locator("summary").inner_text(),
         )
-        try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            await page.goto(str(client.base_url) + "/")
-            await page.click("#new-session")
-            await page.wait_for_selector("#session-pane:not([hidden])")
-            await page.fill("#message", "deploy to staging")
-            await page.click("#send")
-            approve = page.locator(".approval[data-call='c1'] button.approve")
-            await approve.wait_for()
-            await page.locator("#events li.approval_required").wait_for()
-            await approve.click()
-            await page.locator("#events li.run_finished").wait_for()
-            await page.locator("#session-status", has_text="completed").wait_for()
-            assert await page.locator(".approval").count() == 0
-            events = await page.locator("#events li").all_inner_texts()
-            assert any("deployed to staging" in text for text in events)
-            # Cost beside tokens: the scripted model has no price, so it is unknown, not $0.
-            calls = [text for text in events if text.startswith("model_responded")]
-            assert len(calls) == 2
-            assert all(re.search(r"\d+\+\d+ tokens · cost unknown$", text) for text in calls)
-            spent = await page.locator("#session-cost").inner_text()
-            assert re.fullmatch(r"2 model calls · \d+ tokens · cost unknown", spent), spent
-            assert await page.locator("#budget .bar-row").count() == 2
-            segments = await page.locator("#budget .bar-row").first.locator(".seg").count()
-            assert segments == 6
-            objective = page.locator("#environment li[data-pointer='/task/objective']")
-            assert "deploy to staging" in await objective.inner_text()
-            plan = await page.locator("#plan li").all_inner_texts()
-            assert plan == ["deploy", "report"]
-            ARTIFACTS.mkdir(exist_ok=True)
-            await page.screenshot(path=str(ARTIFACTS / "inspector.png"), full_page=True)
-            assert errors == []
-        finally:
-            await browser.close()
+        await opened.shot("inspector")
+        await deployed.locator("summary").click()
+        assert await deployed.locator("pre.result").inner_text() == "deployed to staging"
+        assert '"target": "staging"' in await deployed.locator("pre.arguments").inner_text()
+        # The thinking is folded too.
+        assert await conversation.locator("details.thinking").evaluate("n => n.open") is False
+
+        # The answer as Markdown: structure, a safe link only, and no markup from the text.
+        answer = conversation.locator(".msg.assistant .md").last
+        assert await answer.locator("h2").inner_text() == "Deployed"
+        assert await answer.locator("strong").inner_text() == "staging"
+        assert await answer.locator("li").all_inner_texts() == [
+            "build 1.4.2 passed its checks",
+            "the health probe answers in 40 ms",
+        ]
+        assert await answer.locator("li code").inner_text() == "1.4.2"
+        assert await answer.locator("td").all_inner_texts() == ["smoke", "ok"]
+        links = answer.locator("a")
+        assert await links.count() == 1
+        assert await links.get_attribute("href") == "https://example.org/runbook"
+        assert await links.get_attribute("rel") == "noopener noreferrer"
+        assert await conversation.locator("script, img, [onerror]").count() == 0
+        text = await answer.inner_text()
+        assert "<script>alert(1)</script>" in text
+        assert "[this](javascript:alert(1))" in text
+        assert "## Deployed" not in text
+
+        # Cost beside tokens: the scripted model has no price, so it is unknown, not $0.
+        spent = await page.locator("#session-cost").inner_text()
+        assert re.fullmatch(r"2 model calls · \d+ tokens · cost unknown", spent), spent
+        assert await page.locator("#budget .bar-row").count() == 2
+        assert await page.locator("#budget .bar-row").first.locator(".seg").count() == 6
+        await opened.shot("inspector-conversation")
+
+        # The event list: each run of deltas is one folded row until opened.
+        await page.click(".tab[data-tab='events']")
+        events = page.locator("#events")
+        await events.locator("li.run_finished").wait_for()
+        groups = events.locator("li.deltas")
+        assert await groups.count() == 2
+        assert await events.locator("li.text_delta").count() == 0
+        summary = await groups.last.locator("summary").inner_text()
+        assert re.match(r"\d+ deltas \(text_delta\): \"## Deployed", summary), summary
+        folded = int(summary.split(" ", 1)[0])
+        await groups.last.locator("summary").click()
+        opened_rows = groups.last.locator("li.text_delta")
+        await opened_rows.nth(folded - 1).wait_for()
+        assert await opened_rows.count() == folded
+        rows = await events.locator(":scope > li").all_inner_texts()
+        calls_made = [row for row in rows if "model_responded" in row]
+        assert len(calls_made) == 2
+        assert all(re.search(r"\d+\+\d+ tokens · cost unknown$", row) for row in calls_made)
+        assert any("deployed to staging" in row for row in rows)
+
+        # The plan and the environment.
+        await page.click(".tab[data-tab='environment']")
+        assert await page.locator("#plan li").all_inner_texts() == ["deploy", "report"]
+        objective = page.locator("#environment li[data-pointer='/task/objective']")
+        assert "deploy to staging" in await objective.inner_text()
+
+
+async def test_the_header_and_the_tree_agree_on_statuses() -> None:
+    model = ScriptedLLM(
+        [
+            reply("Done: it is deployed."),
+            reply(tool_calls=[call("ask_question", question="Which region next?")]),
+        ]
+    )
+    async with serving(_app(model)) as client, inspector(str(client.base_url) + "/") as opened:
+        page = opened.page
+        await page.click("#new-session")
+        await page.click("#new-create")
+        await page.wait_for_selector("#session-pane:not([hidden])")
+        await page.click(".tab[data-tab='environment']")
+        tree_status = page.locator("#environment li[data-pointer='/task/status'] > .value")
+
+        async def statuses() -> tuple[str, str, str]:
+            return (
+                await page.locator("#status-pill").inner_text(),
+                await page.locator("#task-status").inner_text(),
+                await tree_status.inner_text(),
+            )
+
+        # An answered run: the session completed, and so did its task.
+        await page.fill("#message", "is it deployed?")
+        await page.click("#send")
+        await page.locator("#conversation .run-end", has_text="answered").wait_for()
+        await page.locator("#status-pill", has_text="completed").wait_for()
+        await page.locator("#task-status", has_text="completed").wait_for()
+        assert await statuses() == ("completed", "completed", '"completed"')
+        await opened.shot("inspector-statuses")
+
+        # A question: both wait for the user.
+        await page.fill("#message", "and next?")
+        await page.click("#send")
+        await page.locator("#conversation .run-end", has_text="waiting_for_user").wait_for()
+        await page.locator("#status-pill", has_text="waiting").wait_for()
+        await page.locator("#task-status", has_text="waiting").wait_for()
+        assert await statuses() == ("waiting", "waiting", '"waiting"')
+        listed = page.locator("#sessions li.selected .pill")
+        assert await listed.inner_text() == "waiting"
