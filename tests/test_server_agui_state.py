@@ -209,3 +209,16 @@ async def test_over_http_a_current_state_is_written_a_stale_one_is_not_and_a_bad
         assert await _server_state(client, "t") == before
         assert len(await store.events("t")) == events_before
         assert (await client.get("/sessions/t")).json()["state"] == "idle"
+
+
+async def test_a_new_threads_initial_state_without_a_version_is_written() -> None:
+    app = create_app(
+        CONFIG, store=InMemorySessionStore(), llm_factory=lambda config: ScriptedLLM(["hi"])
+    )
+    async with serving(app) as client:
+        events = await _run(
+            client, _input("fresh", "r1", "hello", state={"extensions": {"theme": "dark"}})
+        )
+        assert events[1]["snapshot"]["extensions"] == {"theme": "dark"}
+        assert "state_not_applied" not in [e.get("name") for e in events]
+        assert (await _server_state(client, "fresh"))["extensions"] == {"theme": "dark"}
