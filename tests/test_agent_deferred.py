@@ -161,6 +161,8 @@ async def test_answers_that_do_not_fit_the_calls_waiting_are_refused_when_send_i
         agent.send(results=DeferredResults(calls={"c1": "x"}, approvals={"c1": True}))
     with pytest.raises(UserError, match="needs a message"):
         agent.send()
+    with pytest.raises(UserError, match="needs a message"):
+        agent.send(results=DeferredResults())
     assert agent.run_id is None, "a refused send claims no run"
 
 

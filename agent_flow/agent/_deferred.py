@@ -113,7 +113,7 @@ def check_answers(
             (only its approval can be given), or an approval answers an external tool's call
             (give its result).
     """
-    if answers is None:
+    if answers is None or not answers.call_ids:
         if message is None:
             raise UserError("send needs a message, or results for the calls handed over")
         return
