@@ -170,7 +170,7 @@ class PromptTap:
                 event=event,
                 request=request,
                 environment=self._environment_span(request.messages),
-                chars=sum(_chars(message) for message in request.messages),
+                chars=_chars(request.messages),
             )
         )
 
@@ -196,8 +196,15 @@ class PromptTap:
         return len(head), len(content) - len(tail)
 
 
-def _chars(message: ChatMessage) -> int:
-    return len(message.content) + sum(len(c.arguments) + len(c.name) for c in message.tool_calls)
+def _chars(messages: tuple[ChatMessage, ...]) -> int:
+    """The characters of `messages` (a plain loop: it runs on every model call)."""
+    chars = 0
+    for message in messages:
+        chars += len(message.content)
+        if message.tool_calls:
+            for tool_call in message.tool_calls:
+                chars += len(tool_call.arguments)
+    return chars
 
 
 def prompt_of(live: LiveSession, event_id: int) -> PromptView:
