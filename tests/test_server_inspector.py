@@ -211,3 +211,45 @@ async def test_the_header_and_the_tree_agree_on_statuses() -> None:
         assert await statuses() == ("waiting", "waiting", '"waiting"')
         listed = page.locator("#sessions li.selected .pill")
         assert await listed.inner_text() == "waiting"
+
+
+async def test_a_delegated_sub_task_shows_as_notes_in_the_parents_conversation() -> None:
+    from agent_flow.delegation import Delegate
+
+    child = ScriptedLLM(["The parser drops the last row."])
+    investigate = Delegate("investigate", "Investigate a question and report.", llm=child)
+    parent = ScriptedLLM(
+        [
+            reply(tool_calls=[call("investigate", task="why are totals low?", call_id="d1")]),
+            reply("The parser drops the last row; fixing it next."),
+        ]
+    )
+    tools = ToolExecutor()
+    tools.register(investigate)
+    app = create_app(
+        AgentConfig(context=ContextConfig(counter="approx", max_tokens=4000)),
+        store=InMemorySessionStore(),
+        llm_factory=lambda config: parent,
+        tools_factory=lambda config: tools,
+    )
+    async with serving(app) as client, inspector(str(client.base_url) + "/") as opened:
+        page = opened.page
+        await page.click("#new-session")
+        await page.click("#new-create")
+        await page.wait_for_selector("#session-pane:not([hidden])")
+        await page.fill("#message", "find out why totals are low")
+        await page.click("#send")
+        await page.locator("#conversation .run-end", has_text="answered").wait_for()
+        conversation = page.locator("#conversation")
+        # One user message (the child's sub-task is no message of the user's), one run end.
+        assert await conversation.locator(".msg.user").count() == 1
+        assert await conversation.locator(".run-end").count() == 1
+        notes = await conversation.locator(".note.child").all_inner_texts()
+        assert notes == [
+            "↳ delegated a sub-task: why are totals low?",
+            "↳ the sub-task ended answered: The parser drops the last row.",
+        ]
+        assert await page.locator("#budget .bar-row").count() == 2  # the parent's steps only
+        await page.click(".tab[data-tab='events']")
+        child_rows = page.locator("#events > li", has_text="↳")
+        assert await child_rows.count() >= 2

@@ -44,6 +44,13 @@ export class Conversation {
   }
 
   onEvent(event) {
+    // A delegated child run's events (their `path` names the runs above): its start and end
+    // as notes; its steps are its own, and its result comes back as the delegating call's.
+    if (event.path && event.path.length) {
+      if (event.kind === "run_started") this.note(`↳ delegated a sub-task: ${clip(event.task, 160)}`, "child");
+      if (event.kind === "run_finished") this.note(`↳ the sub-task ended ${event.stop_reason}: ${clip(event.final_text, 160)}`, "child");
+      return;
+    }
     switch (event.kind) {
       case "run_started":
         this.turn = null;

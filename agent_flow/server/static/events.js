@@ -34,7 +34,7 @@ export function describe(event) {
 
 function row(id, event) {
   return element("li", { class: event.kind, "data-id": id },
-    element("span", { class: "seq" }, id === null ? "–" : `#${event.seq}`), " ",
+    element("span", { class: "seq" }, `${event.path && event.path.length ? "↳" : "#"}${event.seq}`), " ",
     element("span", { class: "kind" }, event.kind), " ", describe(event));
 }
 

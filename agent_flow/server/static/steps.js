@@ -57,6 +57,7 @@ export class Steps {
   }
 
   onEvent(id, event) {
+    if (event.path && event.path.length) return;  // a delegated child's steps are its own
     if (event.kind === "environment_updated") {
       for (const change of event.changes) this.changes.push({ ...change, source: event.source });
       if (this.selected === this.latestId()) this.renderChanges();
