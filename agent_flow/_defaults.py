@@ -126,6 +126,10 @@ DURABLE_POLL_SECONDS: Final = 0.2
 DURABLE_CANCEL_CHECK_SECONDS: Final = 0.5
 """How often, at most, a running durable run reads whether it was cancelled (one status read)."""
 
+DURABLE_CANCEL_SETTLE_SECONDS: Final = 600.0
+"""How long `RunHandle.outcome` waits for a cancelled run's execution to stop and store its
+end (it stops at its next model or tool call; a call under way finishes first)."""
+
 DURABLE_STORE_OUTAGE_SECONDS: Final = 300.0
 """How long a durable run whose session store fails (a step not recorded, a claim lost to an
 outage, a read refused) keeps being recovered in place before its workflow fails."""

@@ -319,8 +319,12 @@ def _installed_encoding(name: str) -> tiktoken.Encoding | None:
 
         offline = f"{name}_offline"
         if offline in tiktoken.registry.list_encoding_names():
-            encoding = tiktoken.get_encoding(offline)
-            encoding._mergeable_ranks = _RanksOnFile(offline, "")  # see `_RanksOnFile`
+            # Built from its constructor, not `get_encoding` (whose cached object others may
+            # use): ours alone, so it may drop its Python ranks (`_RanksOnFile`).
+            constructors = tiktoken.registry.ENCODING_CONSTRUCTORS
+            assert constructors is not None
+            encoding = tiktoken.Encoding(**constructors[offline]())
+            encoding._mergeable_ranks = _RanksOnFile(offline, "")
         else:
             found = _bundled_encoding(name)
             if found is None:

@@ -173,3 +173,22 @@ async def test_a_sessions_runs_wait_in_the_queue_one_at_a_time_while_others_go_o
             e.timestamp for e in await store.events(other.id) if e.kind == "run_started"
         )
         assert started_other < ended  # the other session did not wait for the busy one
+
+
+async def test_outcome_right_after_cancel_waits_for_the_run_to_stop(tmp_path: Path) -> None:
+    from agent_flow.agent import StopReason
+
+    llm, tools = model_and_tools(tmp_path, None, pause=0.1)
+    async with on_sqlite(tmp_path, llm, tools) as (store, client):
+        client.store = store  # the outcome of a cancelled run is read there
+        info = await store.create(agent="durable")
+        handle = await client.enqueue(info.id, "count 50")
+        while not counts_of(tmp_path, handle.run_id):  # noqa: ASYNC110 (a file, no event)
+            await asyncio.sleep(0.02)
+        await handle.cancel()
+        # DBOS says "cancelled" at once; the run is still stopping: not over yet.
+        assert await handle.state() in ("running", "cancelled")
+        outcome = await asyncio.wait_for(handle.outcome(), 60)
+        assert outcome.stop_reason == StopReason.CANCELLED
+        assert await handle.state() == "cancelled"
+        assert 1 <= len(counts_of(tmp_path, handle.run_id)) < 50

@@ -42,3 +42,20 @@ async def test_a_sessions_tracking_goes_with_its_history_and_saves_stay_exact(
         again = await store.load(info.id)
         assert [e.id for e in again.entries] == [e.id for e in history.entries]
         assert len(await store.events(info.id)) == 8
+
+
+async def test_a_load_that_is_only_looked_at_keeps_nothing(tmp_path: Path) -> None:
+    async with SQLiteSessionStore(tmp_path / "s.db") as store:
+        info = await store.create()
+        history, environment = History(), Environment()
+        events = add_step(history, environment, 0)
+        await store.save_step(info.id, history=history, environment=environment, events=events)
+        del history, environment
+        gc.collect()
+        gc.collect()
+        state = await store.load(info.id)  # GET /sessions/{id}, say: a reader, no writer
+        assert info.id in store._tracked  # for a writer that resumes from it
+        del state
+        gc.collect()
+        gc.collect()
+        assert info.id not in store._tracked

@@ -194,8 +194,13 @@ class _Run:
                 finish = Finish(StopReason.CANCELLED)
             else:
                 # The caller's answers to the calls the last run handed over come first.
-                taken = await take_up_answers(self, message if answered else None)
-                finish = taken if taken is not None else await self._loop()
+                # Tools called from here on (a delegation among them) find their run here.
+                token = CURRENT_RUN.set(self)
+                try:
+                    taken = await take_up_answers(self, message if answered else None)
+                    finish = taken if taken is not None else await self._steps()
+                finally:
+                    CURRENT_RUN.reset(token)
             if self.cancelled_task:
                 # `cancel()` came from inside this task (a hook, a tool) where no await
                 # delivered it: take it here, not at the caller's next await.
@@ -221,14 +226,6 @@ class _Run:
         if outside is not None:
             raise outside
         return outcome
-
-    async def _loop(self) -> Finish:
-        # Tools called in this loop (a delegation among them) find their run here.
-        token = CURRENT_RUN.set(self)
-        try:
-            return await self._steps()
-        finally:
-            CURRENT_RUN.reset(token)
 
     async def _steps(self) -> Finish:
         while True:
@@ -302,7 +299,6 @@ class _Run:
         duration_ms = (time.perf_counter() - self.started) * 1000
         try:
             try:
-                await self._settle_task(finish.reason)
                 await self._end(finish, duration_ms)
             except asyncio.CancelledError:
                 raise
@@ -310,8 +306,10 @@ class _Run:
             except Exception as err:
                 await self._error(_wrap(err), fatal=True)
                 finish = Finish(StopReason.ERROR, text=finish.text, output=finish.output)
-                await self._settle_task(finish.reason)  # the task failed with the run
                 async with self.emit_lock:
+                    settled = self._settled(finish.reason)  # the task failed with the run
+                    if settled is not None:
+                        await self._publish(settled)
                     await self._publish(self._finished_event(finish, duration_ms))
         finally:
             self.agent._run_ended()
@@ -333,30 +331,51 @@ class _Run:
             deferred=finish.deferred,
         )
 
-    async def _settle_task(self, reason: StopReason) -> None:
-        """Set ``/task/status`` as the run's end leaves it, and say so (`settle_task`)."""
+    def _settled(self, reason: StopReason) -> EnvironmentUpdated | None:
+        """Set ``/task/status`` as the run's end leaves it (`settle_task`).
+
+        Returns the event saying so, numbered ``self.seq`` (the caller counts it), or None when
+        nothing changed. The caller holds the emit lock.
+        """
         environment = self.agent.environment
         before = environment.version
-        if settle_task(environment, reason):
-            await self.emit(
-                EnvironmentUpdated,
-                source="run_finished",
-                version=environment.version,
-                changes=tuple(environment.changes(since_version=before)),
-            )
+        if not settle_task(environment, reason):
+            return None
+        event = EnvironmentUpdated(
+            run_id=self.run_id,
+            seq=self.seq,
+            source="run_finished",
+            version=environment.version,
+            changes=tuple(environment.changes(since_version=before)),
+        )
+        return event
 
     async def _end(self, finish: Finish, duration_ms: float) -> None:
         """Save `RunFinished` with the final state, then publish it."""
         async with self.emit_lock:
+            # What the end does to the task is saved with the end, and published before it.
+            settled = self._settled(finish.reason)
+            if settled is not None:
+                self.seq += 1
             event = self._finished_event(finish, duration_ms)
             interrupted: asyncio.CancelledError | None = None
             if self.recorder is not None:
+                if settled is not None:
+                    self.recorder.record(settled)
                 try:
                     await self.recorder.finish(self.agent.history, self.agent.environment, event)
                 except asyncio.CancelledError as err:
                     # The recorder let its write finish first: the end is saved; say so.
                     interrupted = err
+                except Exception:
+                    # Not saved: the run ends in error (`_finish`). The task's change did
+                    # happen: say so, in its place, before the error.
+                    if settled is not None:
+                        await self.agent.events.publish(settled)
+                    raise
             self.seq += 1
+            if settled is not None:
+                await self.agent.events.publish(settled)
             await self.agent.events.publish(event)
         if interrupted is not None:
             raise interrupted

@@ -42,7 +42,6 @@ from agent_flow.agent.outcome import (
     StopReason,
     ToolUse,
 )
-from agent_flow.environment import TaskStatus
 from agent_flow.errors import (
     ContextBudgetError,
     ModelError,
@@ -401,10 +400,9 @@ async def _control(run: _Run, control: ControlSignal) -> Step:
                         again="Call task_completion again with a result that matches this "
                         f"schema:\n{json.dumps(schema)}",
                     )
-            run.agent.environment.update_section("task", status=TaskStatus.COMPLETED.value)
+            # /task/status is set (and announced) by the run's end: `settle_task`.
             return Finish(StopReason.COMPLETED, text=summary, output=result)
         case UserQuestion(question=question):
-            run.agent.environment.update_section("task", status=TaskStatus.WAITING.value)
             return Finish(StopReason.WAITING_FOR_USER, text=question)
         case ConverseMessage(message=message):
             return Finish(StopReason.CONVERSE, text=message)

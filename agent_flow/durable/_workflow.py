@@ -240,13 +240,16 @@ async def _execute_recovering(runtime: Runtime, request: RunRequest) -> Executio
     the run where it was, as a crash would. After a pause (doubling from
     `DURABLE_RECORD_RETRY_SECONDS` up to `DURABLE_RECORD_RETRY_MAX_SECONDS`) the run is
     recovered in this process from what the store holds, for up to
-    `DURABLE_STORE_OUTAGE_SECONDS`. Then, or when a recovery meets steps that differ from the
-    records (`DurableReplayError`), the workflow fails with the reason (an `AgentFlowError`:
-    DBOS records the workflow as failed, `RunHandle.outcome` raises it); a run left without
-    its end gets an ``interrupted`` one when its session is next opened.
+    `DURABLE_STORE_OUTAGE_SECONDS` from the first failure. Then, or when a recovery meets
+    steps that differ from the records (`DurableReplayError`), the workflow fails with the
+    reason (an `AgentFlowError`: DBOS records the workflow as failed, `RunHandle.outcome`
+    raises it); a run left without its end gets an ``interrupted`` one when its session is
+    next opened.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + DURABLE_STORE_OUTAGE_SECONDS
+    # The window runs from the first failure: a run's age (or its wait for the claim) does not
+    # shorten it.
+    deadline: float | None = None
     pause = DURABLE_RECORD_RETRY_SECONDS
     attempt = 0
     while True:
@@ -256,6 +259,8 @@ async def _execute_recovering(runtime: Runtime, request: RunRequest) -> Executio
         except DurableReplayError as err:
             raise AgentFlowError(str(err)) from err
         except (StepRecordError, StoreError) as err:
+            if deadline is None:
+                deadline = loop.time() + DURABLE_STORE_OUTAGE_SECONDS
             if isinstance(err, SessionBusyError) or loop.time() + pause > deadline:
                 raise AgentFlowError(
                     f"{err} (gave up after {attempt} attempts in "

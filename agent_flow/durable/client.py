@@ -16,11 +16,13 @@ from typing import Any, Literal, Self
 from dbos import DBOS, DBOSClient
 from dbos import error as dbos_error
 
+from agent_flow._defaults import DURABLE_CANCEL_SETTLE_SECONDS
 from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.config import AgentConfig
 from agent_flow.durable._workflow import OUTCOME_CHECKPOINT, WORKFLOW_NAME, RunRequest
 from agent_flow.durable.config import DurableConfig
 from agent_flow.errors import RunError
+from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.telemetry.propagation import inject_context
 
@@ -59,13 +61,20 @@ class RunHandle:
         return f"RunHandle(run_id={self.run_id!r}, session_id={self.session_id!r})"
 
     async def state(self) -> RunState:
-        """Where the run is now (for a cancelled run, what its stored outcome says, if known)."""
+        """Where the run is now.
+
+        For a cancelled run, with the session store: ``running`` while its execution is
+        still stopping (it started, and its end is not stored yet), then what its stored
+        outcome says (``succeeded`` when the cancel came after its last step).
+        """
         handle: Any = await self._client.retrieve_workflow_async(self.run_id)
         state = _STATES.get((await handle.get_status()).status, "running")
-        if state == "cancelled":
-            stored = await self._stored_outcome()
-            if stored is not None and stored.stop_reason != StopReason.CANCELLED:
-                return "succeeded"  # the cancel came after the run's last step
+        if state == "cancelled" and self._store is not None:
+            records = await self._store.checkpoints(self.session_id, self.run_id)
+            stored = _outcome_in(records)
+            if stored is None:
+                return "running" if records else "cancelled"
+            return "cancelled" if stored.stop_reason == StopReason.CANCELLED else "succeeded"
         return state
 
     async def cancel(self) -> None:
@@ -97,7 +106,7 @@ class RunHandle:
         except asyncio.CancelledError:
             raise
         except dbos_error.DBOSAwaitedWorkflowCancelledError as err:
-            stored = await self._stored_outcome()
+            stored = await self._stopped_outcome(poll_seconds)
             if stored is not None:
                 return stored
             raise RunError(
@@ -108,13 +117,33 @@ class RunHandle:
             raise RunError(f"durable run {self.run_id} failed: {err}") from err
         return ExecutionOutcome.model_validate_json(raw)
 
-    async def _stored_outcome(self) -> ExecutionOutcome | None:
+    async def _stopped_outcome(self, poll_seconds: float) -> ExecutionOutcome | None:
+        """The outcome a cancelled run stores once its execution stopped.
+
+        None when it never started, or the client has no store. DBOS says "cancelled" at
+        once; the execution stops at its next model or tool call, waited for up to
+        `DURABLE_CANCEL_SETTLE_SECONDS`.
+        """
         if self._store is None:
             return None
-        records = await self._store.checkpoints(self.session_id, self.run_id)
-        if records and records[-1].name == OUTCOME_CHECKPOINT:
-            return ExecutionOutcome.model_validate_json(records[-1].result)
-        return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DURABLE_CANCEL_SETTLE_SECONDS
+        while True:
+            records = await self._store.checkpoints(self.session_id, self.run_id)
+            stored = _outcome_in(records)
+            if stored is not None:
+                return stored
+            if not records or loop.time() >= deadline:
+                # Cancelled while queued (it never started), or it did not stop in time.
+                return None
+            await asyncio.sleep(poll_seconds)
+
+
+def _outcome_in(records: list[Checkpoint]) -> ExecutionOutcome | None:
+    """The outcome a run stored as its last checkpoint, if it ended."""
+    if records and records[-1].name == OUTCOME_CHECKPOINT:
+        return ExecutionOutcome.model_validate_json(records[-1].result)
+    return None
 
 
 class DurableClient:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -97,6 +98,7 @@ class SessionManager:
         self._live: dict[str, LiveSession] = {}
         self._closers: dict[str, Callable[[], Awaitable[None]]] = {}
         self._loading = asyncio.Lock()
+        self._building = threading.Lock()
         #: One SDK client per model endpoint, shared by the sessions (closed at shutdown).
         self.clients = ModelClients()
         self._evicting: asyncio.Task[None] | None = None
@@ -293,7 +295,17 @@ class SessionManager:
     def _build(
         self, live: LiveSession, state: SessionState
     ) -> tuple[AgentExecutor, Callable[[], Awaitable[None]] | None]:
-        """The session's agent from its stored `state`, and how to close its client (a thread)."""
+        """The session's agent from its stored `state`, and how to close its client (a thread).
+
+        One at a time: a `tools_factory` may hand every session one shared `ToolExecutor`,
+        which the agent's constructor registers control tools into.
+        """
+        with self._building:
+            return self._build_now(live, state)
+
+    def _build_now(
+        self, live: LiveSession, state: SessionState
+    ) -> tuple[AgentExecutor, Callable[[], Awaitable[None]] | None]:
         config = self.session_config(live.options)
         close_llm: Callable[[], Awaitable[None]] | None = None
         if self._llm_factory is not None:

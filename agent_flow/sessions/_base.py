@@ -308,7 +308,7 @@ class _StoreBase(_EventReads):
                 except _StaleError:
                     # Written by another store (or by a save of ours that was cancelled while
                     # it committed): forget what we thought was stored and compare again.
-                    del self._tracked[session_id]
+                    self._tracked.pop(session_id, None)  # (or its history is gone meanwhile)
                     continue
                 del tracked.entries[keep:]
                 tracked.entries.extend(new)
@@ -379,11 +379,15 @@ class _StoreBase(_EventReads):
             stored = await self._run(self._backend.read, session_id, False)
             entries = _decode_entries(stored)
             environment = _decode_environment(stored)
-            tracked = _Tracked(revision=stored.revision, entries=list(entries))
+            # Kept for the writer that resumes from this state, as long as it holds the
+            # environment it was given (a reader that only looks keeps nothing here).
             if environment is not None:
-                tracked.environment = weakref.ref(environment)
+                tracked = _Tracked(revision=stored.revision, entries=list(entries))
+                tracked.environment = weakref.ref(environment, self._forget(session_id, tracked))
                 tracked.environment_version = environment.version
-            self._tracked[session_id] = tracked
+                self._tracked[session_id] = tracked
+            else:
+                self._tracked.pop(session_id, None)
         return SessionState(info=stored.info, entries=tuple(entries), environment=environment)
 
     async def info(self, session_id: str) -> SessionInfo:
