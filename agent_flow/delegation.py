@@ -189,7 +189,8 @@ class Delegate(Generic[_Out]):
             Environment (``/knowledge/extra/<name>`` when omitted).
         handler: A result handler for the parent that replaces the default one.
         max_concurrency: Children of this delegate running at once (None: no bound).
-        timeout: Seconds a child may run (``None``: no bound).
+        timeout: Seconds a child may run, its wait for a `max_concurrency` slot included
+            (``None``: the parent's tool executor's ``default_timeout``, as for any tool).
         policy: The tool's policy in the parent (read-only when `read_only`).
 
     Raises:
