@@ -16,9 +16,9 @@ import pytest
 from agent_flow.lab import LabReport
 from agent_flow.lab.html import _DASHES, _look
 from agent_flow.sessions import SQLiteSessionStore
+from tests.inspector_browser import CHROMIUM, ROOT, browser_or_skip
 from tests.test_cli import invoke_async
 from tests.test_lab import RESERVE, record
-from tests.test_server_inspector import ARTIFACTS, CHROMIUM, _browser_or_skip
 
 PROBES = ("MARK-01 disk 1", "MARK-06 disk 6")
 
@@ -37,7 +37,7 @@ def test_no_two_of_the_first_candidates_are_drawn_alike() -> None:
 async def test_the_lab_page_shows_coinciding_lines_probes_and_the_known_cost(
     tmp_path: Path,
 ) -> None:
-    _browser_or_skip()
+    browser_or_skip()
     playwright_api = pytest.importorskip("playwright.async_api")
     async with SQLiteSessionStore(tmp_path / "s.db") as store:
         priced = await record(store)
@@ -131,7 +131,8 @@ async def test_the_lab_page_shows_coinciding_lines_probes_and_the_known_cost(
                     candidate.cost_known_usd, rel=1e-3
                 )
 
-            ARTIFACTS.mkdir(exist_ok=True)
-            await page.screenshot(path=str(ARTIFACTS / "lab.png"), full_page=True)
+            artifacts = ROOT / "test-artifacts"
+            artifacts.mkdir(exist_ok=True)
+            await page.screenshot(path=str(artifacts / "lab.png"), full_page=True)
         finally:
             await browser.close()
