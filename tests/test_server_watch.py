@@ -345,3 +345,16 @@ async def test_an_agui_client_that_never_reads_does_not_hold_up_the_run() -> Non
         finally:
             stalled.close()
     assert '"name":"events_dropped"' in body
+
+
+def test_the_event_streams_default_policy_keeps_lifecycle_events() -> None:
+    """`drop_deltas_first` is the SSE default (documented): a watcher that falls behind loses
+    deltas before any lifecycle event (the bus's own tests check the policy itself)."""
+    from agent_flow.server import create_app
+    from agent_flow.sessions import InMemorySessionStore
+
+    app = create_app(AgentConfig(), store=InMemorySessionStore())
+    operation = app.openapi()["paths"]["/sessions/{session_id}/events"]["get"]
+    (policy,) = [p for p in operation["parameters"] if p["name"] == "policy"]
+    assert policy["schema"]["default"] == "drop_deltas_first"
+    assert set(policy["schema"]["enum"]) == {"wait", "drop_oldest", "drop_deltas_first"}

@@ -329,14 +329,18 @@ def create_app(
     async def stream_events(
         live: Live,
         start: Annotated[int, Depends(_resume_point)],
-        policy: Annotated[Literal["wait", "drop_oldest"], Query()] = "drop_oldest",
+        policy: Annotated[
+            Literal["wait", "drop_oldest", "drop_deltas_first"], Query()
+        ] = "drop_deltas_first",
         follow: Annotated[bool, Query(description="Stay open for live events.")] = True,
     ) -> StreamingResponse:
         """Every event of the session as SSE, ``id:`` its position; replays after an id.
 
         ``Last-Event-ID`` (or ``after``) resumes after that id: missed events come from the
         store, then live ones, with no gap and no duplicate. An ``events_dropped`` event
-        (no id) tells a client that fell behind under ``drop_oldest`` what it missed. Under
+        (no id) tells a client that fell behind what it missed: under ``drop_deltas_first``
+        (the default) the oldest text, thinking and argument deltas go first and lifecycle
+        events only when no delta is queued; under ``drop_oldest`` the oldest events. Under
         ``wait`` the run waits for a client that fell behind only up to
         `ServerSettings.watcher_max_wait` seconds; then its oldest events are dropped and an
         ``events_dropped`` event tells it so, as under ``drop_oldest``. An idle stream gets a
