@@ -27,6 +27,28 @@ from tests.openai_server import OpenAIServer
 IDLE_SECONDS = 10.0
 
 
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _hundred_runs(store_url: str, system_url: str, poll: float) -> None:
+    """100 runs of two tool steps each, enqueued at once, to their end."""
+    from agent_flow.durable import DurableClient, DurableConfig
+    from agent_flow.sessions import open_store
+
+    durable = DurableConfig(enabled=True, system_database_url=system_url, poll_seconds=poll)
+    async with open_store(store_url) as store, DurableClient(durable) as client:
+        handles = []
+        for _ in range(100):
+            info = await store.create(agent="idle")
+            handles.append(await client.enqueue(info.id, "go"))
+        for handle in handles:
+            await handle.outcome(poll_seconds=0.05)
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -104,6 +126,9 @@ def _one(admin_url: str, poll: float) -> dict[str, float]:
         time.sleep(IDLE_SECONDS)
         cpu1, commits1, t1 = _cpu_seconds(proc.pid), _commits(admin_url, database), time.time()
         latency = asyncio.run(_start_latency(store_url, system_url, poll))
+        rss_idle = _rss_mb(proc.pid)
+        asyncio.run(_hundred_runs(store_url, system_url, poll))
+        rss_after = _rss_mb(proc.pid)
     finally:
         stop.set()
         proc.join(30)
@@ -117,6 +142,8 @@ def _one(admin_url: str, poll: float) -> dict[str, float]:
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(database))
             )
     return {
+        "rss_idle_mb": rss_idle,
+        "rss_after_mb": rss_after,
         "cpu_ms_per_s": (cpu1 - cpu0) * 1000 / (t1 - t0),
         "commits_per_s": (commits1 - commits0) / (t1 - t0),
         "start_ms": latency,
@@ -137,7 +164,8 @@ def bench_idle(args: Any) -> None:
         result = _one(args.postgres, poll)
         print(
             f"{poll:>13g} | {result['cpu_ms_per_s']:>8.1f} | {result['commits_per_s']:>9.1f} |"
-            f" {result['start_ms']:>17.0f} ms",
+            f" {result['start_ms']:>17.0f} ms | {result['rss_idle_mb']:>5.1f} MB |"
+            f" {result['rss_after_mb']:>11.1f} MB",
             flush=True,
         )
     print("goals: <= 5 ms CPU/s; commits as few as DBOS allows (issue: <= 2/s); start <= 250 ms")
