@@ -159,6 +159,7 @@ def bench_idle(args: Any) -> None:
     )
     print(
         f"{'poll_seconds':>13} | {'CPU ms/s':>8} | {'commits/s':>9} | {'queued run starts in':>20}"
+        f" | {'RSS idle':>8} | {'after 100 runs':>14}"
     )
     for poll in (DURABLE_POLL_SECONDS, 0.05):
         result = _one(args.postgres, poll)
