@@ -147,6 +147,7 @@ async def over_http(model_url: str, first: int, posts: int, store: str) -> None:
         async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
             warm = (await client.post("/sessions", json={})).json()["id"]
             await _run_to_end(client, warm)
+            rss_idle = _rss_mb(server.pid)
             watched = (await client.post("/sessions", json={})).json()["id"]
             await _run_to_end(client, watched)
 
@@ -197,8 +198,22 @@ async def over_http(model_url: str, first: int, posts: int, store: str) -> None:
                 f"p99 {p(firsts, 0.99):.1f} ms; second messages (baseline) "
                 f"p50 {p(seconds, 0.5):.1f} p99 {p(seconds, 0.99):.1f} ms (goal p99 < 50 ms)"
             )
+            for sid in sids[:100]:
+                await _run_to_end(client, sid)
+            print(
+                f"4. serve's RSS: {rss_idle:.1f} MB after one run, {_rss_mb(server.pid):.1f} MB "
+                f"after {2 * posts + first + min(100, len(sids))} more runs (some held, then "
+                "cancelled)"
+            )
     finally:
         _stop(server)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _spawn_server(model_url: str, db: str) -> tuple[subprocess.Popen[bytes], str]:
