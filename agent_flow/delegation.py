@@ -41,21 +41,25 @@ investigate.add_to(agent)                            # the tool and its result h
 - **Parallel children.** Several calls in one step run concurrently (at most
   `max_concurrency` of one `Delegate` at once), each with its own budget.
 - **Durable runs.** The child is one tool step: its result is recorded when it finishes, and a
-  recovery replays that result instead of running the child again. Its own model calls are not
-  separate steps; a child a crash interrupted runs again from the start when the delegate is
-  `read_only`, and otherwise gets an "interrupted" error result (`ToolPolicy.idempotent`).
+  recovery replays that result instead of running the child again, adding the child's recorded
+  calls (`DelegationResult.usage_per_call`, ``cost_per_call``) to the parent's usage and cost
+  as the live child did (`count_replayed`). Its own model and tool calls are not separate
+  steps, but each is preceded by the parent run's cancellation check, so cancelling the durable
+  run stops a child mid-run (`_ChildSteps`). A child a crash interrupted runs again from the
+  start when the delegate is `read_only`, and otherwise gets an "interrupted" error result
+  (`ToolPolicy.idempotent`); what it spent before the crash was not recorded and is not counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from agent_flow._checkpoints import STEP_RUNNER
+from agent_flow._checkpoints import STEP_RUNNER, StepRunner
 from agent_flow._defaults import (
     DEFAULT_DELEGATION_TIMEOUT,
     DEFAULT_MAX_CONCURRENT_CHILDREN,
@@ -101,6 +105,9 @@ class DelegationResult(BaseModel):
         usage: The tokens the child's model calls used (already in the parent's totals).
         cost_usd: What they cost (``None``: a price was unknown).
         iterations: The child's iterations.
+        usage_per_call: Each of the child's model calls' usage, its own children's included,
+            in the order they were counted into the parent.
+        cost_per_call: Each call's cost, in the order of `usage_per_call` (``None``: unknown).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -113,6 +120,8 @@ class DelegationResult(BaseModel):
     usage: Usage = Usage()
     cost_usd: float | None = None
     iterations: int = 0
+    usage_per_call: tuple[Usage, ...] = ()
+    cost_per_call: tuple[float | None, ...] = ()
 
 
 def _targets(projection: Sequence[str] | Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -336,8 +345,11 @@ class Delegate(Generic[_Out]):
     ) -> ExecutionOutcome:
         agent = self.child(environment, parent)
         meter = meter_for(parent) if parent is not None else None
-        # The child is one step of a durable parent: its own calls are not steps.
-        runner = STEP_RUNNER.set(None)
+        # The child is one step of a durable parent: its own calls are not steps, but each
+        # looks whether the parent run was cancelled first.
+        outer = STEP_RUNNER.get()
+        watch: StepRunner | None = _ChildSteps(outer) if isinstance(outer, _CancelWatch) else None
+        runner = STEP_RUNNER.set(watch)
         budget = PARENT_BUDGET.set(meter) if meter is not None else None
         child_run: _Run | None = None
         try:
@@ -363,6 +375,8 @@ class Delegate(Generic[_Out]):
             usage=outcome.usage,
             cost_usd=outcome.cost_usd,
             iterations=outcome.iterations,
+            usage_per_call=outcome.usage_per_call,
+            cost_per_call=outcome.cost_per_call,
         )
         data = done.model_dump(mode="json")
         if outcome.stop_reason not in _FINISHED:
@@ -373,3 +387,76 @@ class Delegate(Generic[_Out]):
             )
         content = json.dumps(done.output) if done.output is not None else outcome.final_text
         return ToolResult(content=content, data=data)
+
+
+@runtime_checkable
+class _CancelWatch(Protocol):
+    """A durable run's step runner that can say whether its run was cancelled."""
+
+    async def check_cancelled(self) -> bool:
+        """Whether the run was cancelled (it then was told to stop: its task is cancelled)."""
+        ...
+
+
+class _ChildSteps:
+    """The step runner of a durable run's delegated child: a cancellation check, no record.
+
+    The child is one step of its parent (its result is recorded); its own model and tool calls
+    are not steps, and run directly. Before each, the parent run's cancellation is checked, so
+    a durable run's cancel stops a child mid-run as it stops the parent at its next call.
+    """
+
+    # Nothing is recorded by position: the child's tool calls may run side by side.
+    sequential_tools = False
+
+    def __init__(self, watch: _CancelWatch) -> None:
+        self._watch = watch
+
+    async def check_cancelled(self) -> bool:
+        """Whether the durable run was cancelled (a grandchild's steps ask through here)."""
+        return await self._watch.check_cancelled()
+
+    async def step(
+        self,
+        name: str,
+        work: Callable[[], Awaitable[str]],
+        *,
+        stored_now: bool = False,
+        synced: bool = True,
+    ) -> str:
+        """Run `work` unless the durable run was cancelled; record nothing."""
+        if await self._watch.check_cancelled():
+            # The run's task is cancelled: the child runs in it, and the cancellation arrives
+            # here; a tool call running beside others, in a task of its own, stops cancelled.
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError
+        return await work()
+
+
+def count_replayed(step: str, result: str) -> None:
+    """Count a replayed delegation's child into the run that replays it, as it ran live.
+
+    A durable engine calls this when a recovered run gets step `step`'s recorded `result`
+    instead of running it. For a `Delegate`'s tool step (``tool:<name>``) whose result
+    carries a `DelegationResult`, the child's recorded calls go into the current run's usage,
+    cost and limits (`agent_flow.agent._delegate.ParentMeter.recount`); every other step is
+    left alone (a model call's replay is counted by the loop).
+    """
+    if not step.startswith("tool:"):
+        return
+    run = CURRENT_RUN.get()
+    if run is None:
+        return
+    registered = run.agent.tools.tools.get(step.removeprefix("tool:"))
+    if registered is None or not isinstance(registered.tool, Delegate):
+        return
+    data = ToolResult.model_validate_json(result).data
+    if not isinstance(data, dict):
+        return  # not a child's result: an "interrupted" call, a timeout, a tool error
+    done = DelegationResult.model_validate(data)
+    calls: Iterable[tuple[Usage, float | None]] = zip(
+        done.usage_per_call, done.cost_per_call, strict=True
+    )
+    if not done.usage_per_call and done.usage != Usage():
+        calls = [(done.usage, done.cost_usd)]  # recorded before results listed their calls
+    meter_for(run).recount(calls)

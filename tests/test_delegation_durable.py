@@ -5,22 +5,35 @@ then, for every write W, an attempt "crashes" at W and a second attempt recovers
 what the store holds. The parent delegates twice (one child per turn); each child's model
 counts its runs. Every time: the run finishes once with both children's findings, and a child
 whose result was recorded is not run again (an interrupted one is not either: the delegate is
-not idempotent, so it gets an "interrupted" result instead).
+not idempotent, so it gets an "interrupted" result instead). A recovered run's usage and cost
+count each finished child's calls once, as the uncrashed run did, whether the child's result
+was replayed or the child ran (again) live.
+
+A durable run's cancel reaches a child mid-run: the child looks before each of its model and
+tool calls, as the parent does, and its remaining calls are not made.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agent_flow._checkpoints import StepRecordError
+from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.delegation import Delegate
 from agent_flow.durable._workflow import RunRequest, Runtime, _execute
 from agent_flow.errors import StoreError
-from agent_flow.llm.base import LLMRequest
+from agent_flow.events import RunFinished
+from agent_flow.llm.base import LLMRequest, Usage
+from agent_flow.pricing import Pricing
 from agent_flow.testing import FunctionLLM, Reply, call, reply
-from agent_flow.tools import ToolExecutor
+from agent_flow.tools import ToolExecutor, ToolPolicy, tool
 from tests.test_durable_steps import CrashingStore
 
 CONFIG = AgentConfig(control_tools=False, max_iterations=10)
@@ -91,3 +104,198 @@ async def test_a_finished_child_is_never_run_again_after_a_crash_at_any_write(
         events = await store.events(info.id, run_id=request.run_id)
         assert [e.seq for e in events] == list(range(len(events))), crash_at
         assert [e.kind for e in events].count("run_finished") == 1, crash_at
+
+
+# -- usage and cost after a recovery --------------------------------------------------------
+
+PRICES = Pricing(input_per_million=3.0, output_per_million=15.0)
+PRICED = CONFIG.model_copy(update={"pricing": PRICES})
+
+
+def parent_usage(done: int) -> Usage:
+    """The parent's model call after `done` results: its own usage, to tell calls apart."""
+    return Usage(prompt_tokens=100 * (done + 1), completion_tokens=7, total_tokens=100 * done + 107)
+
+
+def child_usage(n: int, call_index: int) -> Usage:
+    """The child given question `n`, at its call `call_index`."""
+    prompt, completion = 11 * n + call_index, 3 * n + 2 * call_index + 1
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def priced_parent_play(request: LLMRequest) -> Reply:
+    done = sum(1 for m in request.messages if m.role == "tool")
+    if done < 2:
+        return reply(
+            tool_calls=[call("investigate", task=f"question {done + 1}")], usage=parent_usage(done)
+        )
+    return reply("done", usage=parent_usage(done))
+
+
+@tool(policy=ToolPolicy(read_only=True))
+async def note(text: str) -> str:
+    """Note something down."""
+    return f"noted {text}"
+
+
+async def priced_attempt(
+    store: CrashingStore, runs: list[str], request: RunRequest, *, read_only: bool
+) -> ExecutionOutcome | None:
+    """One execution: each child makes two priced calls (a note, then its answer)."""
+
+    def child_play(child_request: LLMRequest) -> Reply:
+        task = str(next(m for m in child_request.messages if m.role == "user").content)
+        n = int(task.rsplit(" ", 1)[1])
+        calls = sum(1 for m in child_request.messages if m.role == "assistant")
+        if calls == 0:
+            runs.append(task)
+            return reply(tool_calls=[call("note", text=task)], usage=child_usage(n, 0))
+        return reply(f"answer to {task}", usage=child_usage(n, 1))
+
+    delegate = Delegate(
+        "investigate",
+        "Investigate.",
+        llm=FunctionLLM(child_play, model="child"),
+        config=AgentConfig(name="investigate", control_tools=False, pricing=PRICES),
+        tools=[note],
+        budget=ContextConfig(max_tokens=3000, counter="approx"),
+        read_only=read_only,
+    )
+    runtime = Runtime(
+        store=store,
+        config=PRICED,
+        llm_factory=lambda _config: (FunctionLLM(priced_parent_play, model="parent"), None),
+        tools_factory=lambda _config: ToolExecutor([delegate]),
+        cancel_check_seconds=3600,
+    )
+    try:
+        return await _execute(runtime, request)
+    except StepRecordError as err:
+        if not isinstance(err.__cause__, StoreError):
+            raise
+        return None
+
+
+def expected_calls(interrupted: set[int]) -> list[Usage]:
+    """The calls counted in the parent: its own, each finished child's two after its first."""
+    calls = [parent_usage(0)]
+    for n in (1, 2):
+        if n not in interrupted:
+            calls += [child_usage(n, 0), child_usage(n, 1)]
+        calls.append(parent_usage(n))
+    return calls
+
+
+def price(usage: Usage) -> float:
+    return (usage.prompt_tokens * 3.0 + usage.completion_tokens * 15.0) / 1_000_000
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_a_recovered_run_counts_each_finished_childs_usage_and_cost_once(
+    read_only: bool,
+) -> None:
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    runs: list[str] = []
+    request = RunRequest(session_id=info.id, message="go", run_id="r")
+    full = await priced_attempt(store, runs, request, read_only=read_only)
+    assert full is not None and full.final_text == "done"
+    # Live: each child's calls are counted once (not again from its result).
+    assert list(full.usage_per_call) == expected_calls(set())
+    assert full.usage.total_tokens == sum(u.total_tokens for u in expected_calls(set()))
+    assert full.cost_per_call == pytest.approx(tuple(price(u) for u in expected_calls(set())))
+    total = store.writes
+    for crash_at in range(1, total + 1):
+        store = CrashingStore()
+        info = await store.create(agent="durable")
+        request = RunRequest(session_id=info.id, message="go", run_id=f"r{crash_at}")
+        store.crash_at = crash_at
+        await priced_attempt(store, [], request, read_only=read_only)
+        store.crash_at = None
+        outcome = await priced_attempt(store, [], request, read_only=read_only)
+        assert outcome is not None and outcome.final_text == "done", crash_at
+        interrupted = {
+            n for n, use in enumerate(outcome.tool_uses, start=1) if use.error_kind == "interrupted"
+        }
+        assert not (read_only and interrupted)  # a read-only child runs again instead
+        if not interrupted:
+            assert outcome.usage == full.usage, crash_at
+            assert outcome.usage_per_call == full.usage_per_call, crash_at
+            assert outcome.cost_per_call == full.cost_per_call, crash_at
+            assert outcome.cost_usd == full.cost_usd, crash_at
+        else:
+            # What an interrupted child spent was never recorded: the rest is counted.
+            assert list(outcome.usage_per_call) == expected_calls(interrupted), crash_at
+        assert outcome.cost_per_call == pytest.approx(tuple(map(price, outcome.usage_per_call)))
+        assert outcome.cost_usd == sum(c for c in outcome.cost_per_call if c is not None)
+        events = await store.events(info.id, run_id=request.run_id)
+        finished = [e for e in events if isinstance(e, RunFinished)]
+        assert len(finished) == 1, crash_at
+        assert finished[0].prompt_tokens == outcome.usage.prompt_tokens, crash_at
+        assert finished[0].completion_tokens == outcome.usage.completion_tokens, crash_at
+        assert finished[0].cost_usd == outcome.cost_usd, crash_at
+
+
+# -- cancelling a durable run reaches its child ---------------------------------------------
+
+
+@settings(max_examples=20)
+@given(flip_after=st.integers(0, 6), width=st.integers(1, 3))
+async def test_cancelling_a_durable_run_stops_its_child_before_its_next_call(
+    flip_after: int, width: int
+) -> None:
+    """The status flips once the child made `flip_after` tool calls (`width` per turn)."""
+    scripted_turns = 8  # more than any example needs: some calls are always left
+    ticks: list[int] = []
+    child_calls: list[int] = []
+
+    @tool
+    async def tick() -> str:
+        """Tick once."""
+        ticks.append(len(ticks) + 1)
+        return "ticked"
+
+    def child_play(request: LLMRequest) -> Reply:
+        child_calls.append(len(child_calls) + 1)
+        if len(child_calls) <= scripted_turns:
+            return reply(tool_calls=[call("tick") for _ in range(width)])
+        return reply("ticked enough")
+
+    def parent(request: LLMRequest) -> Reply:
+        if any(m.role == "tool" for m in request.messages):
+            return reply("done")
+        return reply(tool_calls=[call("investigate", task="tick away")])
+
+    async def status(_run_id: str) -> str | None:
+        return "CANCELLED" if len(ticks) >= flip_after else "PENDING"
+
+    delegate = Delegate(
+        "investigate",
+        "Investigate.",
+        llm=FunctionLLM(child_play, model="child"),
+        config=AgentConfig(name="investigate", control_tools=False, max_iterations=10),
+        tools=[tick],
+        budget=ContextConfig(max_tokens=3000, counter="approx"),
+    )
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (FunctionLLM(parent, model="parent"), None),
+        tools_factory=lambda _config: ToolExecutor([delegate]),
+        cancel_check_seconds=0.0,
+        status=status,
+    )
+    request = RunRequest(session_id=info.id, message="go", run_id="cancelled")
+    outcome = await _execute(runtime, request)
+    assert outcome.stop_reason == StopReason.CANCELLED
+    # Turns before the one that reached `flip_after` ran whole; the next call was not made.
+    turns = math.ceil(flip_after / width)
+    assert len(child_calls) == turns
+    assert flip_after <= len(ticks) <= turns * width
+    assert (await store.load(info.id)).info.status == "cancelled"
+    events = await store.events(info.id, run_id="cancelled")
+    assert [e.stop_reason for e in events if isinstance(e, RunFinished)] == [StopReason.CANCELLED]

@@ -15,11 +15,14 @@ task. Two things connect it to the parent run there:
   once made. A meter forwards both to the grandparent's meter, if any, so every ancestor's
   limits cover its whole subtree. Siblings running in parallel share one meter: their calls'
   worst cases are held until counted, so together they cannot pass the parent's cost limit.
+  A durable run recovered after a crash replays a finished child's recorded result instead of
+  running it; `ParentMeter.recount` adds that child's recorded calls as `count` did.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agent_flow.agent._cost import PARENT_BUDGET, ParentBudget, _estimate
@@ -29,6 +32,7 @@ from agent_flow.events import AgentEvent, EventBus
 
 if TYPE_CHECKING:
     from agent_flow.agent._loop import _Run
+    from agent_flow.llm.base import Usage
     from agent_flow.llm.metering import ModelCallPlan, ModelCallReport
 
 __all__ = ["ChildEvents", "ParentMeter", "meter_for"]
@@ -128,14 +132,31 @@ class ParentMeter:
     async def count(self, child: _Run, report: ModelCallReport, cost: float | None) -> None:
         """Add the child's finished call to the parent's usage and cost (and its ancestors')."""
         self._held.pop(child, None)
+        self._add(report.usage, cost)
+        if self.outer is not None:
+            await self.outer.count(child, report, cost)
+
+    def recount(self, calls: Iterable[tuple[Usage, float | None]]) -> None:
+        """Add calls a child made before a crash (replayed, not made again) as `count` did.
+
+        A durable run recovered after its delegation's result was recorded replays that
+        result instead of running the child: the child's calls, in the order it made them,
+        go into the parent's totals (and its ancestors') exactly as they did in the process
+        that crashed, so its outcome and its limits are the same.
+        """
+        calls = tuple(calls)
+        for usage, cost in calls:
+            self._add(usage, cost)
+        if isinstance(self.outer, ParentMeter):
+            self.outer.recount(calls)
+
+    def _add(self, usage: Usage, cost: float | None) -> None:
         parent = self.parent
-        parent.usage = parent.usage + report.usage
-        parent.usage_per_call.append(report.usage)
+        parent.usage = parent.usage + usage
+        parent.usage_per_call.append(usage)
         parent.cost_per_call.append(cost)
         if cost is not None:
             parent.cost_usd += cost
-        if self.outer is not None:
-            await self.outer.count(child, report, cost)
 
     def release(self, child: _Run) -> None:
         """Stop holding anything for `child` (it ended), here and in the ancestors' meters."""

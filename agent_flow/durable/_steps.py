@@ -22,13 +22,15 @@ A record that must be stored now and cannot be (the store failed) stops the run 
 A recovered run reads its records once (`SessionStore.checkpoints`) and replays them by
 position: each step at a recorded position returns its record, after checking that it is the
 same kind of step (else the run's code or config changed: `DurableReplayError`). Past the
-last record the run goes on live.
+last record the run goes on live. A replayed delegation's recorded child is counted into the
+run's usage and cost as it was live (`agent_flow.delegation.count_replayed`).
 
 DBOS cancels a workflow by marking it cancelled in its system database. These steps look every
 `DURABLE_CANCEL_CHECK_SECONDS` at most, with one status read that records nothing (a
 `DBOSClient` read, not `DBOS.get_workflow_status` inside the workflow, which would write a step
 row per look). A cancelled run is cancelled like any agent run (`AgentExecutor.cancel`): it
-ends with `StopReason.CANCELLED`, and its ``run_finished`` is stored.
+ends with `StopReason.CANCELLED`, and its ``run_finished`` is stored. A delegated child's
+model and tool calls are not steps, but each looks first too (`check_cancelled`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dbos import error as dbos_error
 
 from agent_flow._checkpoints import StepRecordError
+from agent_flow.delegation import count_replayed
 from agent_flow.errors import StoreError
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.recorder import SessionRecorder
@@ -117,6 +120,7 @@ class _StoreSteps:
                     f"{name!r} where the crashed process recorded {recorded.name!r}: the code or "
                     "config changed since it started; recover it with the version that started it"
                 )
+            count_replayed(name, recorded.result)
             return recorded.result
         await self._look_for_cancellation()
         result = await work()
@@ -131,14 +135,24 @@ class _StoreSteps:
                 ) from err
         return result
 
-    async def _look_for_cancellation(self) -> None:
+    async def check_cancelled(self) -> bool:
+        """Whether DBOS marked the run cancelled; if so, cancel it (`on_cancel`) first.
+
+        Reads the status at most every `cancel_check_seconds` (False in between). A delegated
+        child calls this before each of its model and tool calls (its runner stops it).
+        """
         now = time.monotonic()
         if now - self._looked < self._poll:
-            return
+            return False
         self._looked = now
         if await self._status(self._run_id) != "CANCELLED":
-            return
+            return False
         self._on_cancel()
+        return True
+
+    async def _look_for_cancellation(self) -> None:
+        if not await self.check_cancelled():
+            return
         # In the run's own task the cancellation arrives here, and the run ends CANCELLED;
         # a step in another task (none today: tools run one at a time) stops on the error.
         await asyncio.sleep(0)
