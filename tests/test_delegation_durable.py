@@ -16,6 +16,7 @@ tool calls, as the parent does, and its remaining calls are not made.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,49 @@ async def test_cancelling_a_durable_run_stops_its_child_before_its_next_call(
     assert (await store.load(info.id)).info.status == "cancelled"
     events = await store.events(info.id, run_id="cancelled")
     assert [e.stop_reason for e in events if isinstance(e, RunFinished)] == [StopReason.CANCELLED]
+
+
+async def test_cancelling_a_durable_run_stops_a_grandchild_too() -> None:
+    ticks: list[int] = []
+
+    @tool
+    async def tick() -> str:
+        """Tick once."""
+        ticks.append(len(ticks) + 1)
+        return "ticked"
+
+    def grandchild_play(request: LLMRequest) -> Reply:
+        return reply(tool_calls=[call("tick")])  # ticks until stopped
+
+    def delegating(name: str) -> Callable[[LLMRequest], Reply]:
+        def play(request: LLMRequest) -> Reply:
+            if any(m.role == "tool" for m in request.messages):
+                return reply("done")
+            return reply(tool_calls=[call(name, task="tick away")])
+
+        return play
+
+    def delegate(name: str, llm: FunctionLLM, tools: list[Any]) -> Delegate[Any]:
+        config = AgentConfig(name=name, control_tools=False, max_iterations=20)
+        budget = ContextConfig(max_tokens=3000, counter="approx")
+        return Delegate(name, "Delegate.", llm=llm, config=config, tools=tools, budget=budget)
+
+    inner = delegate("inner", FunctionLLM(grandchild_play, model="grandchild"), [tick])
+    outer = delegate("outer", FunctionLLM(delegating("inner"), model="child"), [inner])
+
+    async def status(_run_id: str) -> str | None:
+        return "CANCELLED" if len(ticks) >= 3 else "PENDING"
+
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (FunctionLLM(delegating("outer"), model="parent"), None),
+        tools_factory=lambda _config: ToolExecutor([outer]),
+        cancel_check_seconds=0.0,
+        status=status,
+    )
+    outcome = await _execute(runtime, RunRequest(session_id=info.id, message="go", run_id="deep"))
+    assert outcome.stop_reason == StopReason.CANCELLED
+    assert ticks == [1, 2, 3]  # else it ticks on to its max_iterations: it looked before each
