@@ -321,3 +321,21 @@ async def test_a_run_in_flight_during_an_outage_is_recovered_when_the_store_is_b
     assert [e.seq for e in events] == list(range(len(events)))
     assert [e.kind for e in events].count("run_finished") == 1
     assert (await store.info(info.id)).status == "completed"
+
+
+async def test_a_model_error_made_live_in_a_durable_run_keeps_its_type(tmp_path: Path) -> None:
+    from agent_flow.errors import ModelBadRequestError
+    from agent_flow.testing import FunctionLLM, fail
+
+    def refuse(_request: object) -> object:
+        return fail(ModelBadRequestError("the model refused the request", status_code=400))
+
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    runtime = runtime_for(store, tmp_path)
+    runtime.llm_factory = lambda _config: (FunctionLLM(refuse), None)  # type: ignore[arg-type]
+    request = RunRequest(session_id=info.id, message="count 1", run_id="refused")
+    outcome = await _execute(runtime, request)
+    assert outcome.stop_reason == StopReason.ERROR
+    # The error as raised (fallbacks and reports read its type), not a replay's stand-in.
+    assert outcome.errors[-1].type == "ModelBadRequestError"

@@ -239,12 +239,16 @@ async def _checkpointed_call(run: _Run, request: LLMRequest, call: _CallState) -
     if runner is None:
         return await _call_model(run, request, call)
 
+    live_error: ModelError | None = None
+
     async def work() -> str:
+        nonlocal live_error
         run.captured = []
         try:
             try:
                 completion = await _call_model(run, request, call)
             except ModelError as err:
+                live_error = err
                 failed = _ModelErrorRecord(
                     type=type(err).__name__,
                     message=str(err),
@@ -268,6 +272,9 @@ async def _checkpointed_call(run: _Run, request: LLMRequest, call: _CallState) -
             async with run.emit_lock:
                 await run._publish(event.model_copy(update={"seq": run.seq}))
     if record.error is not None:
+        if ran and live_error is not None:
+            # Made just now: the error itself, with its type (fallbacks and reports read it).
+            raise live_error
         err = _ReplayedModelError(f"{record.error.type}: {record.error.message}")
         err.retryable = record.error.retryable
         err.attempts = record.error.attempts
