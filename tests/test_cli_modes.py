@@ -409,3 +409,116 @@ async def test_a_delegated_childs_events_are_not_the_users_answer(
         assert "CHILD-ANSWER" not in result.out
         if mode == "-q":
             assert result.out == "PARENT-ANSWER\n"
+
+
+# -- the trace view draws a delegated child as a tree under the parent's tool call ----------
+
+PARALLEL_AGENT = """
+from agent_flow import AgentExecutor, Delegate
+from agent_flow.testing import ScriptedLLM
+
+
+def answer(request):
+    task = request.messages[-1].content
+    return f"{task.upper()} one.\\n{task.upper()} two."
+
+
+def build_agent(llm=None):
+    agent = AgentExecutor(llm)
+    # A pause before each streamed word lets the two children take turns.
+    llm = ScriptedLLM([answer] * 2, delay=0.001)
+    Delegate("investigate", "Investigate a question.", llm=llm).add_to(agent)
+    return agent
+"""
+
+CHILD_START = re.compile(r"^    ↳ delegated run ([0-9a-f-]{8}) started · task: (\S+)$")
+CHILD_END = re.compile(
+    r"^    ■ delegated run ([0-9a-f-]{8}) finished: answered after 1 iteration\(s\) · "
+    r"[\d,]+ prompt \+ [\d,]+ completion tokens · (\$[\d.]+|cost unknown) · [\d.]+ s$"
+)
+
+
+def child_lines(trace: str, run: str) -> list[str]:
+    """What the child `run` said on its own lines (its lead taken off)."""
+    lead = f"    {run} │ "
+    return [line.removeprefix(lead) for line in trace.splitlines() if line.startswith(lead)]
+
+
+async def test_the_trace_draws_a_delegated_child_under_the_parents_tool_call(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    module = tmp_path / "delegating.py"
+    module.write_text(DELEGATING_AGENT)
+    openai_server.script(
+        sse_reply(tool_call_chunks([("call_1", "investigate", json.dumps({"task": "look"}))])),
+        sse_reply(text_chunks("PARENT-ANSWER")),
+    )
+    result = await invoke_async(
+        ["run", "go", "--trace", "--agent", f"{module}:build_agent", *model_flags(openai_server)]
+    )
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    starts = [n for n, line in enumerate(lines) if CHILD_START.match(line)]
+    ends = [n for n, line in enumerate(lines) if CHILD_END.match(line)]
+    assert len(starts) == len(ends) == 1, result.out
+    start, end = starts[0], ends[0]
+    run, task = CHILD_START.match(lines[start]).groups()  # type: ignore[union-attr]
+    assert task == "look" and CHILD_END.match(lines[end]).group(1) == run  # type: ignore[union-attr]
+    # The parent runs the tool, the child runs inside it, then the parent gets its result.
+    running = lines.index("  ⚙ running investigate")  # its arguments streamed above
+    done = next(n for n, line in enumerate(lines) if line.startswith("  ✓ investigate ("))
+    assert running < start < end < done
+    assert lines[done].endswith("): CHILD-ANSWER")
+    # Between its start and end, every line is the child's, led by its id; its answer
+    # streamed on a line of its own.
+    inside = lines[start + 1 : end]
+    assert inside and all(line.startswith(f"    {run} │ ") for line in inside)
+    assert "CHILD-ANSWER" in child_lines(result.out, run)
+    assert any(line.strip() == "── iteration 1 ──" for line in child_lines(result.out, run))
+    # Nothing of the child anywhere else: the parent's lines are the parent's.
+    outside = lines[:start] + lines[end + 1 :]
+    assert not [line for line in outside if run in line or "│" in line or "delegated" in line]
+    assert [line for line in outside if "CHILD-ANSWER" in line] == [lines[done]]
+    assert "PARENT-ANSWER" in outside and outside.count("PARENT-ANSWER") == 1
+    finished = [line for line in lines if line.startswith("■ run finished: ")]
+    assert len(finished) == 1 and finished[0].startswith("■ run finished: answered after 2 ")
+    assert sum(line.startswith("▶ run ") for line in lines) == 1
+
+
+async def test_parallel_children_each_lead_their_lines_with_their_run_id(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    module = tmp_path / "parallel.py"
+    module.write_text(PARALLEL_AGENT)
+    calls = [
+        ("call_1", "investigate", json.dumps({"task": "alpha"})),
+        ("call_2", "investigate", json.dumps({"task": "beta"})),
+    ]
+    openai_server.script(sse_reply(tool_call_chunks(calls)), sse_reply(text_chunks("Both done.")))
+    result = await invoke_async(
+        ["run", "go", "--trace", "--agent", f"{module}:build_agent", *model_flags(openai_server)]
+    )
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    started = {
+        match.group(2): (n, match.group(1))
+        for n, line in enumerate(lines)
+        if (match := CHILD_START.match(line))
+    }
+    assert set(started) == {"alpha", "beta"}, result.out
+    runs = {task: run for task, (_, run) in started.items()}
+    assert len(set(runs.values())) == 2
+    ended = {m.group(1): n for n, line in enumerate(lines) if (m := CHILD_END.match(line))}
+    for task, (start, run) in started.items():
+        assert start < ended[run]
+        said = child_lines(result.out, run)
+        # Each child's answer, whole, on its own lines; none of the other child's in them.
+        text = [line for line in said if line.startswith(task.upper())]
+        assert text == [f"{task.upper()} one.", f"{task.upper()} two."]
+        other = "BETA" if task == "alpha" else "ALPHA"
+        assert not [line for line in said if other in line]
+    # Every line of a child is indented; the parent's answer is its own line.
+    for line in lines:
+        if any(run in line for run in runs.values()):
+            assert line.startswith("    "), line
+    assert "Both done." in lines

@@ -8,7 +8,8 @@ token-budget bar with the per-section split of every prompt. On a terminal a spi
 while the model is being waited on, long lines (streamed text too) wrap at word boundaries
 to the terminal's width, and argument and result previews are cut to fit one line of it;
 elsewhere (a pipe, a file, a test) output is plain, uncoloured and never wrapped, so it reads
-the same every time.
+the same every time. A delegated child's events (their `path`) are drawn as a tree under the
+parent's tool call, each of its lines indented and led by its run id (`_render_tree`).
 
 `JsonLinesWriter` is the ``--json`` alternative: one `event_to_json` line per event.
 """
@@ -28,6 +29,9 @@ from rich.status import Status
 from rich.text import Text
 
 from agent_flow._types import JsonValue
+from agent_flow.cli._json_lines import JsonLinesWriter
+from agent_flow.cli._render_bar import budget_bar, prune_summary
+from agent_flow.cli._render_tree import Speaker, delegated_finished, delegated_started, whole_lines
 from agent_flow.environment import EnvironmentChange
 from agent_flow.events import (
     AgentEvent,
@@ -53,15 +57,14 @@ from agent_flow.events import (
     ToolCallFailed,
     ToolCallStarted,
     WarningRaised,
-    event_to_json,
 )
 from agent_flow.history import PruneReport
 from agent_flow.prompt import PromptBreakdown
 
 __all__ = ["EventRenderer", "JsonLinesWriter", "format_cost", "make_console"]
 
-BAR_WIDTH = 30
 _SHOWN_CHANGES = 6
+_THINKING = Text("  thinking: ", style="dim")
 
 # Glyphs with an ASCII fallback for consoles that cannot encode them.
 _GLYPHS = {
@@ -81,15 +84,9 @@ _GLYPHS = {
     "rule": ("─", "-"),
     "block": ("█", "#"),
     "free": ("·", "."),
+    "child": ("↳", "->"),
+    "bar": ("│", "|"),
 }
-
-# The budget bar: (label, field of PromptBreakdown, colour, letter used without colour).
-_SECTIONS = (
-    ("system", "system_template", "magenta", "s"),
-    ("environment", "environment", "green", "e"),
-    ("tools", "tools", "blue", "t"),
-    ("history", "history", "cyan", "h"),
-)
 
 
 def make_console(
@@ -204,10 +201,14 @@ class EventRenderer:
         self._ascii = not encoding.replace("-", "").startswith("utf")
         self._color = console.color_system is not None
         self._open: str | None = None  # "text", "thinking" or "args:<index>" while a line is open
-        self._arguments_shown: dict[int, int] = {}
-        self._streamed_calls: set[str] = set()
+        self._arguments_shown: dict[str, int] = {}
+        self._streamed_calls: set[tuple[str, str]] = set()
         self._streamed_text = False
         self._status: Status | None = None
+        # Whose event is being drawn: a delegated child's lines are indented and led by its
+        # short run id (`_render_tree`); None for the top-level run.
+        self._speaker: Speaker | None = None
+        self._held: dict[str, str] = {}  # a child's streamed line until it ends (by key)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -221,7 +222,7 @@ class EventRenderer:
             return limit
         if not self.console.is_terminal:
             return 160
-        return max(10, self.console.width - used - 1)
+        return max(10, self.console.width - used - len(self._lead()) - 1)
 
     @property
     def max_arguments(self) -> int:
@@ -232,6 +233,14 @@ class EventRenderer:
     def max_result(self) -> int:
         """Characters of a tool result shown on one line."""
         return self._room(32, self._max_result)
+
+    def _lead(self) -> str:
+        """What starts a line of the run being drawn: nothing for the top level."""
+        return "" if self._speaker is None else self._speaker.lead(self._g("bar"))
+
+    def _key(self, kind: str) -> str:
+        """The name of the open streamed line of `kind` of the run being drawn."""
+        return kind if self._speaker is None else self._speaker.key(kind)
 
     def _close_line(self) -> None:
         self._flush_partial()
@@ -287,6 +296,8 @@ class EventRenderer:
         self._close_line()
         if isinstance(text, str):
             text = Text(self._safe(text), style=style)
+        if self._speaker is not None:
+            text = Text.assemble(Text(self._safe(self._lead()), style="dim"), text)
         self.console.print(text)
 
     def stop_spinner(self) -> None:
@@ -302,22 +313,66 @@ class EventRenderer:
 
     def _inline(self, kind: str, text: str, style: str = "", prefix: Text | None = None) -> None:
         self.stop_spinner()
-        if self._open != kind:
+        key = self._key(kind)
+        if self._open != key:
             self._close_line()
+            lead = Text(self._safe(self._lead()), style="dim")
             if prefix is not None:
-                self.console.print(prefix, end="", soft_wrap=True)
-                self._column = self._indent = prefix.cell_len
-            else:
-                self._indent = 0
-            self._open = kind
+                lead.append_text(prefix)
+            if lead:
+                self.console.print(lead, end="", soft_wrap=True)
+            self._column = self._indent = lead.cell_len
+            self._open = key
         self._write(self._safe(text), style)
+
+    def _stream(self, kind: str, text: str, style: str = "", prefix: Text | None = None) -> None:
+        """Streamed text; a child's is shown by whole lines, each led by its run id."""
+        if self._speaker is None:
+            self._inline(kind, text, style, prefix)
+            return
+        key = self._key(kind)
+        lines, self._held[key] = whole_lines(self._held.pop(key, ""), text)
+        for line in lines:
+            self._child_text(line, style, prefix)
+
+    def _child_text(self, text: str, style: str, prefix: Text | None, end: str = "") -> None:
+        shown = Text.assemble(prefix or "", Text(self._safe(text), style=style), end)
+        if shown.plain:
+            self.line(shown)
+        else:  # a blank line of the child's text: its lead alone
+            self.stop_spinner()
+            self._close_line()
+            self.console.print(Text(self._safe(self._lead().rstrip()), style="dim"))
+
+    def _release(self, keep: str | None = None, end: str = "") -> None:
+        """Show the child's held text (but its `keep` kind's): the child went on to other things."""
+        for kind, style, prefix in (("text", "", None), ("thinking", "dim italic", _THINKING)):
+            held = self._held.pop(self._key(kind), "") if kind != keep else ""
+            if held:
+                self._child_text(held, style, prefix, end)
 
     # -- the hook ----------------------------------------------------------------------------
 
     def __call__(self, event: AgentEvent) -> None:
         """Render one event."""
         self.counts[event.kind] += 1
+        self._speaker = Speaker.of(event)
+        try:
+            if self._speaker is not None and not isinstance(event, RunFinished):
+                # A child's streamed line ends where its text stops.
+                kind = {"text_delta": "text", "thinking_delta": "thinking"}.get(event.kind)
+                self._release(keep=kind)
+            self._render(event)
+        finally:
+            self._speaker = None
+
+    def _render(self, event: AgentEvent) -> None:
         match event:
+            case RunStarted() if self._speaker is not None:
+                # The start and end of a child are drawn at its depth, without its lead.
+                speaker, self._speaker = self._speaker, None
+                task = _short(event.task, 160)
+                self.line(delegated_started(speaker, event, self._g("child"), task), "bold")
             case RunStarted():
                 self._streamed_text = False
                 self.line(
@@ -334,15 +389,15 @@ class EventRenderer:
                 self._start_spinner("waiting for the model...")
             case ThinkingDelta():
                 if self.show_thinking:
-                    self._inline(
+                    self._stream(
                         "thinking",
                         event.text,
                         "dim italic",
-                        Text("  thinking: ", style="dim"),
+                        _THINKING,
                     )
             case TextDelta():
-                self._streamed_text = True
-                self._inline("text", event.text)
+                self._streamed_text |= self._speaker is None
+                self._stream("text", event.text)
             case ToolCallArgumentsDelta():
                 self._arguments_delta(event)
             case ModelResponded():
@@ -359,7 +414,7 @@ class EventRenderer:
                 used = 14 + len(event.name)
                 shown = (
                     ""
-                    if event.call_id in self._streamed_calls
+                    if (event.run_id, event.call_id) in self._streamed_calls
                     else " " + _short(event.arguments, self._room(used, self._max_arguments))
                 )
                 self.line(f"  {self._g('tool')} running {event.name}{shown}", "cyan")
@@ -420,7 +475,9 @@ class EventRenderer:
                 self.line(f"  {self._g('warn')} warning{source}: {event.message}", "yellow")
             case ExecutionError():
                 what = "fatal" if event.fatal else "the run goes on"
-                message = f": {event.message}" if self.fatal_detail or not event.fatal else ""
+                # The command's error line states the top-level run's fatal error, not a child's.
+                detail = self.fatal_detail or not event.fatal or self._speaker is not None
+                message = f": {event.message}" if detail else ""
                 self.line(
                     f"  {self._g('fail')} error {event.error_type}{message} [{what}]",
                     "bold red" if event.fatal else "red",
@@ -437,28 +494,30 @@ class EventRenderer:
     # -- the pieces --------------------------------------------------------------------------
 
     def _arguments_delta(self, event: ToolCallArgumentsDelta) -> None:
-        key = f"args:{event.index}"
+        key = self._key(f"args:{event.index}")
         if event.call_id is not None:
-            self._streamed_calls.add(event.call_id)
+            self._streamed_calls.add((event.run_id, event.call_id))
         if event.name is not None or self._open != key:
             if event.name is not None:
-                self._arguments_shown[event.index] = 0
+                self._arguments_shown[key] = 0
             label = event.name or f"call #{event.index}"
             self.stop_spinner()
             self._close_line()
-            prefix = Text(self._safe(f"  {self._g('call')} {label} "), style="cyan")
+            prefix = Text(self._safe(self._lead()), style="dim")
+            prefix.append(self._safe(f"  {self._g('call')} {label} "), style="cyan")
             self.console.print(prefix, end="", soft_wrap=True)
             self._column = prefix.cell_len
             self._open = key
-        shown = self._arguments_shown.get(event.index, 0)
-        limit = self._room(self._column - shown, self._max_arguments)
+        shown = self._arguments_shown.get(key, 0)
+        # `_room` leaves out the lead; the rest of the line's start is the call's label.
+        limit = self._room(self._column - shown - len(self._lead()), self._max_arguments)
         if shown >= limit:
             return
         piece = event.delta.replace("\n", " ")
         room = limit - shown
         if len(piece) > room:
             piece = piece[:room] + "…"
-        self._arguments_shown[event.index] = shown + len(piece)
+        self._arguments_shown[key] = shown + len(piece)
         self.console.print(Text(self._safe(piece), style="dim"), end="", soft_wrap=True)
         self._column += len(piece)
 
@@ -492,10 +551,19 @@ class EventRenderer:
             self.line(f"      (+{len(changes) - _SHOWN_CHANGES} more)", "dim")
 
     def _finished(self, event: RunFinished) -> None:
-        if event.stop_reason == "cancelled" and self._open == "text":
+        cut = f" {self._g('prune')} cut off" if event.stop_reason == "cancelled" else ""
+        if cut and self._open == self._key("text"):
             # The streamed answer above stops here: say so on its own line.
             self.stop_spinner()
-            self._write(f" {self._g('prune')} cut off", "yellow")
+            self._write(cut, "yellow")
+        if self._speaker is not None:
+            self._release(end=cut)
+            # A child's end is one line in the parent's trace (its answer is the parent's
+            # tool result), drawn at the child's depth like its start.
+            speaker, self._speaker = self._speaker, None
+            cost = format_cost(event.cost_usd)
+            self.line(delegated_finished(speaker, event, self._g("end"), cost), "bold")
+            return
         self.line(
             f"{self._g('end')} run finished: {event.stop_reason} after {event.iterations} "
             f"iteration(s) · {event.prompt_tokens:,} prompt + {event.completion_tokens:,} "
@@ -510,74 +578,9 @@ class EventRenderer:
 
     def budget_bar(self, breakdown: PromptBreakdown) -> Text:
         """The token-budget bar of one prompt, with its per-section split."""
-        budget = max(breakdown.budget, 1)
-        parts = [
-            (label, getattr(breakdown, field), colour, letter)
-            for label, field, colour, letter in _SECTIONS
-        ]
-        # The reserve is drawn at the right end; the sections fill from the left, never
-        # into it (rounding cannot push the bar past its width).
-        reserve = min(round(breakdown.reserve * BAR_WIDTH / budget), BAR_WIDTH)
-        room = BAR_WIDTH - reserve
-        bar = Text("  context ")
-        bar.append("[")
-        cells: list[tuple[int, str, str]] = []
-        for _label, tokens, colour, letter in parts:
-            count = min(round(tokens * BAR_WIDTH / budget), room)
-            room -= count
-            cells.append((count, colour, letter))
-        free = room
-        for count, colour, letter in cells:
-            if self._color:
-                bar.append(self._g("block") * count, style=colour)
-            else:
-                bar.append(letter * count)
-        bar.append(self._g("free") * free, style="dim")
-        bar.append(("r" if not self._color else self._g("block")) * reserve, style="grey37")
-        bar.append("] ")
-        bar.append(f"{breakdown.total:,}/{breakdown.budget:,} tokens: ")
-        dot = self._g("free")
-        for number, (label, tokens, colour, _) in enumerate(parts):
-            bar.append(f"{' ' + dot + ' ' if number else ''}{label} {tokens:,}", style=colour)
-        bar.append(f" {dot} reserve {breakdown.reserve:,}", style="dim")
-        notes = []
-        if breakdown.history_units_omitted:
-            notes.append(f"{breakdown.history_units_omitted} history unit(s) left out")
-        if breakdown.environment_degraded:
-            notes.append("environment shortened to fit")
-        if notes:
-            bar.append(f" ({'; '.join(notes)})", style="yellow")
-        return bar
+        return budget_bar(breakdown, color=self._color, glyph=self._g)
 
     @staticmethod
     def prune_summary(report: PruneReport) -> str:
         """One line saying what a pruning did."""
-        what = []
-        for label, ids in (
-            ("dropped {} entries", report.dropped),
-            ("elided {} tool result(s)", report.elided),
-            ("summarized {} entries", report.summarized),
-        ):
-            if ids:
-                what.append(label.format(len(ids)))
-        done = ", ".join(what) or "no change"
-        return (
-            f"history pruned by {report.strategy}: {report.tokens_before:,} -> "
-            f"{report.tokens_after:,} tokens (budget {report.max_tokens:,}); {done}"
-        )
-
-
-class JsonLinesWriter:
-    """Writes each event as one JSON line (`event_to_json`); use as an `EventBus` hook.
-
-    Args:
-        stream: Where the lines go.
-    """
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.stream = stream
-
-    def __call__(self, event: AgentEvent) -> None:
-        """Write one event."""
-        self.stream.write(event_to_json(event) + "\n")
-        self.stream.flush()
+        return prune_summary(report)
