@@ -252,3 +252,21 @@ def test_an_ascii_console_draws_the_tree_in_ascii() -> None:
         "    # delegated run c1111111 finished: answered after 1 iteration(s) ? 12 prompt + "
         "3 completion tokens ? cost unknown ? 0.0 s",
     ]
+
+
+def test_a_childs_held_line_is_shown_when_the_parent_ends_before_the_child_said_it_did() -> None:
+    child = CHILDREN[0]
+    out = io.StringIO()
+    renderer = EventRenderer(make_console(out), spinner=False)
+    renderer(RunStarted(run_id=PARENT, seq=0, task="go", agent="a", model="m"))
+    renderer(RunStarted(run_id=child, seq=0, path=(PARENT,), task="dig", agent="a", model="m"))
+    renderer(TextDelta(run_id=child, seq=1, path=(PARENT,), text="still writ"))
+    renderer(
+        RunFinished(
+            run_id=PARENT, seq=1, stop_reason="cancelled", final_text="", iterations=1,
+            prompt_tokens=1, completion_tokens=1, duration_ms=5,
+        )
+    )  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert lines[3] == "    c1111111 │ still writ ✂ cut off"
+    assert lines[4].startswith("■ run finished: cancelled after 1 iteration(s)")

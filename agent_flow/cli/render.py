@@ -19,9 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
 from collections import Counter
-from typing import IO
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -29,6 +27,7 @@ from rich.status import Status
 from rich.text import Text
 
 from agent_flow._types import JsonValue
+from agent_flow.cli._console import make_console
 from agent_flow.cli._json_lines import JsonLinesWriter
 from agent_flow.cli._render_bar import budget_bar, prune_summary
 from agent_flow.cli._render_tree import Speaker, delegated_finished, delegated_started, whole_lines
@@ -87,38 +86,6 @@ _GLYPHS = {
     "child": ("↳", "->"),
     "bar": ("│", "|"),
 }
-
-
-def make_console(
-    stream: IO[str] | None = None,
-    *,
-    force_terminal: bool | None = None,
-    width: int | None = None,
-) -> Console:
-    """A console for the command: colour and a spinner on a terminal, plain text elsewhere.
-
-    On a terminal, lines wrap at word boundaries to its width (or `width`). Output that is not
-    a terminal is never wrapped (so it reads the same at any width) and has no colour codes.
-    """
-    file = stream if stream is not None else sys.stdout
-    is_tty = force_terminal if force_terminal is not None else _isatty(file)
-    return Console(
-        file=file,
-        force_terminal=is_tty,
-        color_system="auto" if is_tty else None,
-        width=width if is_tty else 120,
-        soft_wrap=not is_tty,
-        highlight=False,
-        emoji=False,
-        markup=False,
-    )
-
-
-def _isatty(stream: IO[str]) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def _short(text: str, limit: int) -> str:
@@ -209,6 +176,7 @@ class EventRenderer:
         # short run id (`_render_tree`); None for the top-level run.
         self._speaker: Speaker | None = None
         self._held: dict[str, str] = {}  # a child's streamed line until it ends (by key)
+        self._children: dict[str, Speaker] = {}  # children started and not finished
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -371,6 +339,7 @@ class EventRenderer:
             case RunStarted() if self._speaker is not None:
                 # The start and end of a child are drawn at its depth, without its lead.
                 speaker, self._speaker = self._speaker, None
+                self._children[event.run_id] = speaker
                 task = _short(event.task, 160)
                 self.line(delegated_started(speaker, event, self._g("child"), task), "bold")
             case RunStarted():
@@ -561,9 +530,16 @@ class EventRenderer:
             # A child's end is one line in the parent's trace (its answer is the parent's
             # tool result), drawn at the child's depth like its start.
             speaker, self._speaker = self._speaker, None
+            self._children.pop(event.run_id, None)
             cost = format_cost(event.cost_usd)
             self.line(delegated_finished(speaker, event, self._g("end"), cost), "bold")
             return
+        # A child that never said it finished (its run ended with ours): show what it held.
+        for speaker in list(self._children.values()):
+            self._speaker = speaker
+            self._release(end=cut)
+        self._speaker = None
+        self._children.clear()
         self.line(
             f"{self._g('end')} run finished: {event.stop_reason} after {event.iterations} "
             f"iteration(s) · {event.prompt_tokens:,} prompt + {event.completion_tokens:,} "
