@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 from collections.abc import Iterator
 
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ from agent_flow.events import (
     ToolCallStarted,
 )
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PARENT = "p0000000-parent"
 CHILDREN = ("c1111111-first", "c2222222-second")
 # Streamed text: words and newlines, nothing a rendered event line could start with.
@@ -270,3 +272,19 @@ def test_a_childs_held_line_is_shown_when_the_parent_ends_before_the_child_said_
     lines = out.getvalue().splitlines()
     assert lines[3] == "    c1111111 │ still writ ✂ cut off"
     assert lines[4].startswith("■ run finished: cancelled after 1 iteration(s)")
+
+
+@given(words=st.lists(st.text(alphabet="xyz", min_size=1, max_size=9), min_size=1, max_size=30))
+def test_at_a_terminal_a_childs_long_line_wraps_under_its_lead(words: list[str]) -> None:
+    child = CHILDREN[0]
+    out = io.StringIO()
+    renderer = EventRenderer(make_console(out, force_terminal=True, width=40), spinner=False)
+    renderer(RunStarted(run_id=child, seq=0, path=(PARENT,), task="dig", agent="a", model="m"))
+    renderer(TextDelta(run_id=child, seq=1, path=(PARENT,), text=" ".join(words) + "\n"))
+    lines = ANSI.sub("", out.getvalue()).splitlines()
+    shown = lines[lines.index("    task: dig") + 1 :]  # the start line wrapped, under its indent
+    lead = "    c1111111 │ "
+    assert shown[0].startswith(lead)
+    assert all(line.startswith(" " * len(lead)) for line in shown[1:])
+    assert all(len(line) <= 40 for line in shown)
+    assert " ".join(line.strip() for line in shown).removeprefix("c1111111 │ ") == " ".join(words)

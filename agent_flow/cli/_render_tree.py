@@ -64,18 +64,18 @@ class Speaker:
         return f"{kind}@{self.run_id}"
 
 
-def delegated_started(speaker: Speaker, event: RunStarted, arrow: str, task: str) -> str:
-    """The line a child's start is shown as: the delegated sub-task (`task`, shortened)."""
-    return f"{speaker.indent}{arrow} delegated run {event.run_id[:SHORT_ID]} started · task: {task}"
+def delegated_started(event: RunStarted, arrow: str, task: str) -> str:
+    """The line a child's start is shown as (after its indent): its sub-task, `task`."""
+    return f"{arrow} delegated run {event.run_id[:SHORT_ID]} started · task: {task}"
 
 
-def delegated_finished(speaker: Speaker, event: RunFinished, end: str, cost: str) -> str:
-    """A child's end on one line: stop reason, iterations, tokens, `cost` and duration.
+def delegated_finished(event: RunFinished, end: str, cost: str) -> str:
+    """A child's end on one line (after its indent): stop reason, tokens, `cost`, duration.
 
     Its answer is not repeated: it streamed above, and the parent's tool result shows it.
     """
     return (
-        f"{speaker.indent}{end} delegated run {event.run_id[:SHORT_ID]} finished: "
+        f"{end} delegated run {event.run_id[:SHORT_ID]} finished: "
         f"{event.stop_reason} after {event.iterations} iteration(s) · "
         f"{event.prompt_tokens:,} prompt + {event.completion_tokens:,} completion tokens · "
         f"{cost} · {event.duration_ms / 1000:.1f} s"

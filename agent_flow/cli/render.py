@@ -264,9 +264,26 @@ class EventRenderer:
         self._close_line()
         if isinstance(text, str):
             text = Text(self._safe(text), style=style)
-        if self._speaker is not None:
-            text = Text.assemble(Text(self._safe(self._lead()), style="dim"), text)
-        self.console.print(text)
+        if self._speaker is None:
+            self.console.print(text)
+        else:
+            self._print_led(self._lead(), text)
+
+    def _tree_line(self, speaker: Speaker, text: str) -> None:
+        """A child's start or end: at its depth, without its lead."""
+        self.stop_spinner()
+        self._close_line()
+        self._print_led(speaker.indent, Text(self._safe(text), style="bold"))
+
+    def _print_led(self, lead: str, text: Text) -> None:
+        """`text` after `lead`; on a terminal its wrapped lines hang under it (the tree shows)."""
+        head = Text(self._safe(lead), style="dim")
+        if not self._wrap:
+            self.console.print(Text.assemble(head, text))
+            return
+        room = max(10, self.console.width - head.cell_len)
+        for number, part in enumerate(text.wrap(self.console, room)):
+            self.console.print(Text.assemble(head if number == 0 else " " * head.cell_len, part))
 
     def stop_spinner(self) -> None:
         """Stop the spinner (before printing or prompting)."""
@@ -338,10 +355,9 @@ class EventRenderer:
         match event:
             case RunStarted() if self._speaker is not None:
                 # The start and end of a child are drawn at its depth, without its lead.
-                speaker, self._speaker = self._speaker, None
-                self._children[event.run_id] = speaker
+                self._children[event.run_id] = self._speaker
                 task = _short(event.task, 160)
-                self.line(delegated_started(speaker, event, self._g("child"), task), "bold")
+                self._tree_line(self._speaker, delegated_started(event, self._g("child"), task))
             case RunStarted():
                 self._streamed_text = False
                 self.line(
@@ -529,10 +545,9 @@ class EventRenderer:
             self._release(end=cut)
             # A child's end is one line in the parent's trace (its answer is the parent's
             # tool result), drawn at the child's depth like its start.
-            speaker, self._speaker = self._speaker, None
             self._children.pop(event.run_id, None)
             cost = format_cost(event.cost_usd)
-            self.line(delegated_finished(speaker, event, self._g("end"), cost), "bold")
+            self._tree_line(self._speaker, delegated_finished(event, self._g("end"), cost))
             return
         # A child that never said it finished (its run ended with ours): show what it held.
         for speaker in list(self._children.values()):
