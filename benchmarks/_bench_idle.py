@@ -17,21 +17,14 @@ import multiprocessing
 import os
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from _bench_runs import config, model, tools
+from bench_server import _cpu_seconds, _rss_mb
 
 from tests.openai_server import OpenAIServer
 
 IDLE_SECONDS = 10.0
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def _hundred_runs(store_url: str, system_url: str, poll: float) -> None:
@@ -47,11 +40,6 @@ async def _hundred_runs(store_url: str, system_url: str, poll: float) -> None:
             handles.append(await client.enqueue(info.id, "go"))
         for handle in handles:
             await handle.outcome(poll_seconds=0.05)
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _idle_worker(store_url: str, system_url: str, poll: float, ready: Any, stop: Any) -> None:
@@ -122,9 +110,9 @@ def _one(admin_url: str, poll: float) -> dict[str, float]:
         assert ready.wait(120), "the worker did not start"
         time.sleep(2.0)  # settle: DBOS's threads start, the queue is registered
         assert proc.pid is not None
-        cpu0, commits0, t0 = _cpu_seconds(proc.pid), _commits(admin_url, database), time.time()
+        cpu0, commits0, t0 = sum(_cpu_seconds(proc.pid)), _commits(admin_url, database), time.time()
         time.sleep(IDLE_SECONDS)
-        cpu1, commits1, t1 = _cpu_seconds(proc.pid), _commits(admin_url, database), time.time()
+        cpu1, commits1, t1 = sum(_cpu_seconds(proc.pid)), _commits(admin_url, database), time.time()
         latency = asyncio.run(_start_latency(store_url, system_url, poll))
         rss_idle = _rss_mb(proc.pid)
         asyncio.run(_hundred_runs(store_url, system_url, poll))

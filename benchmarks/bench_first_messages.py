@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import gc
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx2 as httpx
 from bench_server import (
     _listening_socket,
+    _rss_mb,
+    _spawn,
     _stop,
     _until_interrupted,
     config_and_tools,
@@ -140,7 +141,9 @@ async def _largest_gap(client: httpx.AsyncClient, sid: str, during: Any) -> floa
 
 async def over_http(model_url: str, first: int, posts: int, store: str) -> None:
     db = f"sqlite:///{Path(tempfile.mkdtemp()) / 'sessions.db'}" if store == "sqlite" else store
-    server, port = _spawn_server(model_url, db)
+    server, port = _spawn(
+        "--serve", model_url, db, script=__file__, env={**os.environ, "BENCH_KEY": "k"}
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
@@ -209,28 +212,6 @@ async def over_http(model_url: str, first: int, posts: int, store: str) -> None:
         _stop(server)
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _spawn_server(model_url: str, db: str) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = Path(f"/tmp/bench_first_{os.getpid()}_{time.monotonic_ns()}.port")
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", model_url, db, "--port-file", str(port_file)],
-        env={**os.environ, "BENCH_KEY": "k"},
-    )
-    while not port_file.exists() or not port_file.read_text():
-        if child.poll() is not None:
-            raise RuntimeError(f"the server exited with {child.returncode}")
-        time.sleep(0.05)
-    port = port_file.read_text()
-    port_file.unlink()
-    return child, port
-
-
 async def evicted_memory(model_url: str, n: int) -> None:
     """Bytes a session keeps after a run and its eviction, against a live one's."""
     os.environ["BENCH_KEY"] = "k"
@@ -296,7 +277,7 @@ def main() -> None:
     if args.serve:
         asyncio.run(serve(args.port_file, *args.serve))
         return
-    model, model_port = _spawn_model()
+    model, model_port = _spawn("--model", script=__file__)
     model_url = f"http://127.0.0.1:{model_port}/v1"
     try:
         print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
@@ -305,18 +286,6 @@ def main() -> None:
         asyncio.run(evicted_memory(model_url, args.evict))
     finally:
         _stop(model)
-
-
-def _spawn_model() -> tuple[subprocess.Popen[bytes], str]:
-    port_file = Path(f"/tmp/bench_first_model_{os.getpid()}.port")
-    child = subprocess.Popen([sys.executable, __file__, "--model", "--port-file", str(port_file)])
-    while not port_file.exists() or not port_file.read_text():
-        if child.poll() is not None:
-            raise RuntimeError(f"the model server exited with {child.returncode}")
-        time.sleep(0.05)
-    port = port_file.read_text()
-    port_file.unlink()
-    return child, port
 
 
 if __name__ == "__main__":

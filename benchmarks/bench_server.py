@@ -129,10 +129,14 @@ def _listening_socket() -> socket.socket:
     return sock
 
 
-def _spawn(*args: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start this script as a child with `args` plus a port file; wait for its port."""
+def _spawn(
+    *args: str, script: str = __file__, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `script` (this one) as a child with `args` plus a port file; wait for its port."""
     port_file = Path(f"/tmp/bench_server_{os.getpid()}_{time.monotonic_ns()}.port")
-    child = subprocess.Popen([sys.executable, __file__, *args, "--port-file", str(port_file)])
+    child = subprocess.Popen(
+        [sys.executable, script, *args, "--port-file", str(port_file)], env=env
+    )
     try:
         while not port_file.exists() or not port_file.read_text():
             if child.poll() is not None:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -142,3 +143,11 @@ async def assert_each_ran_once(
             n = json.loads(use.arguments)["n"]
             if use.error_kind != "interrupted":
                 assert executed.count(n) == 1, (run_id, executed)
+
+
+async def until(check: Callable[[], bool], seconds: float) -> None:
+    """Wait until `check()` holds (something outside the event loop: a file, a process)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ pytest.importorskip("dbos", reason="the multi-host test needs the durable extra"
 
 from agent_flow.durable import DurableClient, DurableConfig
 from agent_flow.sessions import open_store
-from tests.durable_helpers import ROOT, assert_each_ran_once, counts_of
+from tests.durable_helpers import ROOT, assert_each_ran_once, counts_of, until
 from tests.private_postgres import PrivatePostgres, private_postgres_or_skip
 
 CALLS = 5
@@ -146,13 +145,6 @@ def _start_worker(
     )
 
 
-async def _until(check: object, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.timeout(300)
 async def test_runs_finish_once_when_a_hosts_link_goes_down_mid_run_and_comes_back(
     hosts: tuple[Host, Host], cluster: PrivatePostgres, tmp_path: Path
@@ -171,7 +163,7 @@ async def test_runs_finish_once_when_a_hosts_link_goes_down_mid_run_and_comes_ba
                 info = await store.create(agent="durable")
                 handle = await client.enqueue(info.id, f"count {CALLS}")
                 runs.append((info.id, handle.run_id))
-            await _until(lambda: sum(1 for _, run in runs if counts_of(tmp_path, run)) >= 4, 120)
+            await until(lambda: sum(1 for _, run in runs if counts_of(tmp_path, run)) >= 4, 120)
             holders = {(await store.info(sid)).lease_run for sid, _ in runs}
             assert holders - {None}, "no run in flight when the link went down"
             host_a.down()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import psycopg
 
 from agent_flow.durable import DurableClient, DurableConfig
 from agent_flow.sessions import open_store
-from tests.durable_helpers import Workers, assert_each_ran_once, counts_of
+from tests.durable_helpers import Workers, assert_each_ran_once, counts_of, until
 from tests.private_postgres import PrivatePostgres, private_postgres_or_skip
 
 CALLS = 5  # tool calls per run
@@ -59,13 +58,6 @@ def _terminate_some(url: str, how_many: int) -> int:
     return 0
 
 
-async def _until(check: object, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.timeout(420)
 async def test_every_run_finishes_once_through_a_restart_cut_connections_and_a_kill(
     cluster: PrivatePostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -89,7 +81,7 @@ async def test_every_run_finishes_once_through_a_restart_cut_connections_and_a_k
 
             runs = await enqueue(6)
             # Mid-run: at least three runs made a call.
-            await _until(lambda: sum(1 for _, run in runs if counts_of(tmp_path, run)) >= 3, 120)
+            await until(lambda: sum(1 for _, run in runs if counts_of(tmp_path, run)) >= 3, 120)
             # 1. The database restarts: down for three seconds.
             cluster.stop("fast")
             await asyncio.sleep(3)
