@@ -108,6 +108,9 @@ class DelegationResult(BaseModel):
         usage_per_call: Each of the child's model calls' usage, its own children's included,
             in the order they were counted into the parent.
         cost_per_call: Each call's cost, in the order of `usage_per_call` (``None``: unknown).
+        events: How many events the child's run (its own children's included) published
+            into the parent run's sequence: a durable recovery that replays this result
+            advances the parent's sequence by as many, as the live child did.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -122,6 +125,7 @@ class DelegationResult(BaseModel):
     iterations: int = 0
     usage_per_call: tuple[Usage, ...] = ()
     cost_per_call: tuple[float | None, ...] = ()
+    events: int = 0
 
 
 def _targets(projection: Sequence[str] | Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -310,7 +314,9 @@ class Delegate(Generic[_Out]):
 
     def child(self, environment: Environment, parent: _Run | None) -> AgentExecutor:
         """Build the child agent for one call (its bus feeds the parent's, if any)."""
-        bus = ChildEvents(parent.agent.events, parent.run_id) if parent is not None else None
+        bus = None
+        if parent is not None:
+            bus = ChildEvents(parent.agent.events, parent.run_id, run=parent)
         approval = None
         if parent is not None:
             approval = parent.agent.approval or parent.agent.tools.approval
@@ -334,15 +340,16 @@ class Delegate(Generic[_Out]):
             source = parent.agent.environment
         environment = _project(source or Environment(), self.projection, task)
         if self._slots is None:
-            outcome = await self._run_child(environment, parent, task)
+            outcome, events = await self._run_child(environment, parent, task)
         else:
             async with self._slots:
-                outcome = await self._run_child(environment, parent, task)
-        return self._result(task, outcome)
+                outcome, events = await self._run_child(environment, parent, task)
+        return self._result(task, outcome, events)
 
     async def _run_child(
         self, environment: Environment, parent: _Run | None, task: str
-    ) -> ExecutionOutcome:
+    ) -> tuple[ExecutionOutcome, int]:
+        """Run the child; return its outcome and how many events it forwarded to `parent`."""
         agent = self.child(environment, parent)
         meter = meter_for(parent) if parent is not None else None
         # The child is one step of a durable parent: its own calls are not steps, but each
@@ -357,7 +364,9 @@ class Delegate(Generic[_Out]):
             async with agent:
                 running = agent.run(task)
                 child_run = agent._run
-                return await running
+                outcome = await running
+                bus = agent.events
+                return outcome, bus.forwarded if isinstance(bus, ChildEvents) else 0
         finally:
             if budget is not None:
                 PARENT_BUDGET.reset(budget)
@@ -365,7 +374,7 @@ class Delegate(Generic[_Out]):
             if meter is not None and child_run is not None:
                 meter.release(child_run)
 
-    def _result(self, task: str, outcome: ExecutionOutcome) -> ToolResult:
+    def _result(self, task: str, outcome: ExecutionOutcome, events: int) -> ToolResult:
         done = DelegationResult(
             task=task,
             run_id=outcome.run_id,
@@ -377,6 +386,7 @@ class Delegate(Generic[_Out]):
             iterations=outcome.iterations,
             usage_per_call=outcome.usage_per_call,
             cost_per_call=outcome.cost_per_call,
+            events=events,
         )
         data = done.model_dump(mode="json")
         if outcome.stop_reason not in _FINISHED:
@@ -439,8 +449,9 @@ def count_replayed(step: str, result: str) -> None:
     A durable engine calls this when a recovered run gets step `step`'s recorded `result`
     instead of running it. For a `Delegate`'s tool step (``tool:<name>``) whose result
     carries a `DelegationResult`, the child's recorded calls go into the current run's usage,
-    cost and limits (`agent_flow.agent._delegate.ParentMeter.recount`); every other step is
-    left alone (a model call's replay is counted by the loop).
+    cost and limits (`agent_flow.agent._delegate.ParentMeter.recount`), and the run's event
+    sequence skips the numbers the child's events took; every other step is left alone (a
+    model call's replay is counted by the loop).
     """
     if not step.startswith("tool:"):
         return
@@ -460,3 +471,5 @@ def count_replayed(step: str, result: str) -> None:
     if not done.usage_per_call and done.usage != Usage():
         calls = [(done.usage, done.cost_usd)]  # recorded before results listed their calls
     meter_for(run).recount(calls)
+    # The replayed child published nothing this time: its stored events keep their numbers.
+    run.seq += done.events

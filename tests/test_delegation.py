@@ -290,9 +290,9 @@ async def test_child_and_grandchild_events_reach_the_parent_with_their_path() ->
         grandchild_id: (outcome.run_id, child_id),
     }
     assert len(runs) == 3
+    # One run, one tree, one sequence: the children's events take the parent's next numbers.
+    assert [e.seq for e in events] == list(range(len(events)))
     for run_id in runs:
-        seqs = [e.seq for e in events if e.run_id == run_id]
-        assert seqs == list(range(len(seqs)))
         assert [e.kind for e in events if e.run_id == run_id][-1] == "run_finished"
     top = [e for e in events if not e.path]
     assert {e.run_id for e in top} == {outcome.run_id}

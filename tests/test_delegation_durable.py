@@ -102,9 +102,24 @@ async def test_a_finished_child_is_never_run_again_after_a_crash_at_any_write(
             if use.error_kind != "interrupted":
                 assert use.content == f"answer to question {n}", crash_at
                 assert runs.count(f"question {n}") == 1, (crash_at, runs)
-        events = await store.events(info.id, run_id=request.run_id)
-        assert [e.seq for e in events] == list(range(len(events))), crash_at
-        assert [e.kind for e in events].count("run_finished") == 1, crash_at
+        # The run's tree (its children's events are stored with it, in its sequence).
+        events = [
+            e
+            for e in await store.events(info.id)
+            if e.run_id == request.run_id or e.path[:1] == (request.run_id,)
+        ]
+        seqs = [e.seq for e in events]
+        assert seqs == sorted(set(seqs)), crash_at  # each number once, in order
+        top = [e for e in events if not e.path]
+        assert [e.kind for e in top].count("run_finished") == 1, crash_at
+        # A child's events are stored whole or not at all (a crash after its result was
+        # recorded, before the step's save, loses them: the numbers they took stay unused).
+        for child in {e.run_id for e in events if e.path}:
+            mine = [e for e in events if e.run_id == child or child in e.path]
+            assert mine[0].kind == "run_started" and mine[-1].kind == "run_finished", crash_at
+            assert [e.seq for e in mine] == list(range(mine[0].seq, mine[0].seq + len(mine)))
+        if crash_at == 1:  # before anything of the children: every event, gap-free
+            assert seqs == list(range(len(events)))
 
 
 # -- usage and cost after a recovery --------------------------------------------------------

@@ -4,9 +4,11 @@ A child (`agent_flow.delegation.Delegate`) runs inside its parent's tool call, i
 task. Two things connect it to the parent run there:
 
 - `ChildEvents`, the child's event bus: every event the child publishes goes on to the
-  parent's bus with the parent's run id prepended to its ``path``, so the parent's
-  subscribers see the whole tree (a grandchild's events pass through its parent's
-  `ChildEvents` too and arrive with the full path, outermost run first);
+  parent run (`_Run.forward`) with the parent's run id prepended to its ``path`` and the
+  parent's next ``seq``, so the parent's subscribers see the whole tree, numbered in one
+  sequence, and the parent's recorder stores it in the parent's session (a grandchild's events
+  pass through its parent's `ChildEvents` too and arrive with the full path, outermost run
+  first, numbered by the top-level run);
 - `ParentMeter`, set as `agent_flow.agent._cost.PARENT_BUDGET` while the child runs: each
   model call of the child is admitted by the parent's limits before the child's own (the
   parent's ``max_total_tokens`` is spent: refused as ``token_limit``; its ``max_cost_usd``
@@ -39,23 +41,42 @@ __all__ = ["ChildEvents", "ParentMeter", "meter_for"]
 
 
 class ChildEvents(EventBus):
-    """A child run's bus: its events go to the parent's bus, under the parent's run id.
+    """A child run's bus: its events go to the parent run, under the parent's run id.
 
     Args:
         parent: The parent agent's bus.
         parent_run_id: The parent run, prepended to each event's ``path``.
+        run: The parent run itself, which numbers, records and publishes the child's events
+            (`_Run.forward`); by default the run executing here (``CURRENT_RUN``) when it is
+            `parent_run_id`. Without one, the events go to `parent` as they are numbered.
+
+    Attributes:
+        forwarded: How many events (the child's and its own children's) went to the parent run:
+            the sequence numbers the child took from it.
     """
 
-    def __init__(self, parent: EventBus, parent_run_id: str) -> None:
+    def __init__(self, parent: EventBus, parent_run_id: str, *, run: _Run | None = None) -> None:
         super().__init__()
         self._parent = parent
         self._prefix = (parent_run_id,)
+        if run is None:
+            from agent_flow.agent._loop import CURRENT_RUN
+
+            current = CURRENT_RUN.get()
+            run = current if current is not None and current.run_id == parent_run_id else None
+        self._run = run
+        self.forwarded = 0
 
     async def publish(self, event: AgentEvent) -> None:
-        """Publish `event` on the parent's bus with the parent run first in its path."""
+        """Hand `event` to the parent run with the parent run first in its path."""
         if self._subscriptions or self._hooks:  # someone subscribed to the child itself
             await super().publish(event)
-        await self._parent.publish(event.model_copy(update={"path": self._prefix + event.path}))
+        path = self._prefix + event.path
+        if self._run is None:
+            await self._parent.publish(event.model_copy(update={"path": path}))
+            return
+        self.forwarded += 1
+        await self._run.forward(event, path)
 
 
 class _ParentTokensSpent(CostLimitError):

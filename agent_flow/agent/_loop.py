@@ -434,6 +434,16 @@ class _Run:
         async with self.emit_lock:
             await self._publish(kind(run_id=self.run_id, seq=self.seq, **fields))
 
+    async def forward(self, event: AgentEvent, path: tuple[str, ...]) -> None:
+        """Take a delegated child's `event` into this run: its ``path``, the next ``seq``.
+
+        One run, one tree: a child's events are numbered in its parent's sequence (and so, up
+        the tree, in the top-level run's), recorded with the parent's own events (stored in its
+        session) and published on its bus. A child's own bus (`ChildEvents`) calls this.
+        """
+        async with self.emit_lock:
+            await self._publish(event.model_copy(update={"path": path, "seq": self.seq}))
+
     async def _publish(self, event: AgentEvent) -> None:
         """Publish `event`, numbered ``self.seq``; the caller holds the emit lock."""
         self.seq += 1

@@ -3,8 +3,8 @@
 The comparison itself is `agent_flow.sessions.diff.diff_sessions`; this module prints it: a
 line per session (status, runs, prompts, tokens), every environment pointer that differs
 (``+`` only in B, ``-`` only in A, ``~`` changed), and a table of the prompts step by step
-(total tokens, the environment's and the history's share, units left out, B minus A). A and
-B are session ids or export files (see `agent_flow.cli._source`).
+(total tokens, the environment's and the history's share, units left out, B minus A; a delegated
+child's prompt is marked by one ``>`` per level). A and B are session ids or export files
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ def _change_line(change: PointerDiff) -> str:
 def _totals_line(label: str, origin: str, totals: SessionTotals) -> str:
     stops = ", ".join(totals.stop_reasons) or "-"
     cost = f", ${totals.cost_usd:.4f}" if totals.cost_usd is not None else ""
+    children = f" (+{totals.child_runs} delegated)" if totals.child_runs else ""
     return (
-        f"{label}  {origin} ({totals.status}): {totals.runs} run(s) [{stops}], "
+        f"{label}  {origin} ({totals.status}): {totals.runs} run(s){children} [{stops}], "
         f"{totals.prompts} prompt(s), {totals.tokens_sent} tokens sent, "
         f"{totals.units_omitted} unit(s) left out; model usage {totals.prompt_tokens} prompt + "
         f"{totals.completion_tokens} completion tokens{cost}"
@@ -81,9 +82,11 @@ def _write_diff(out: IO[str], diff: SessionDiff, origins: tuple[str, str]) -> No
     rows = [[*header, "B-A"]]
     for step in diff.steps:
         delta = step.delta
+        depth = max(s.depth for s in (step.a, step.b) if s is not None)
         rows.append(
             [
-                str(step.step),
+                # A delegated child's prompt: marked by one ">" per level of delegation.
+                ">" * depth + str(step.step),
                 *_cells(step.a),
                 *_cells(step.b),
                 "-" if delta is None else f"{delta:+d}",

@@ -86,7 +86,10 @@ async def _sessions(args: argparse.Namespace) -> list[RecordedSession]:
             session if session is not None else stored[name]
             for name, session in zip(args.sessions, sessions, strict=True)
         ]
-    return [s for s in sessions if s is not None]
+    found = [s for s in sessions if s is not None]
+    if args.delegated:
+        found = [replayed for s in found for replayed in (s, *s.delegated)]
+    return found
 
 
 def _model(args: argparse.Namespace, sessions: list[RecordedSession]) -> LLMClient | None:

@@ -22,6 +22,11 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         help="a stored session's id, or a JSON-lines export (agent-flow sessions export)",
     )
     parser.add_argument(
+        "--delegated",
+        action="store_true",
+        help="also replay each run the sessions delegated to a sub-agent, as a session of its own",
+    )
+    parser.add_argument(
         "--candidates",
         metavar="FILE",
         help="a lab file of [[candidate]] tables, or an agent.toml whose [agent.context] to try",

@@ -114,6 +114,10 @@ class RecordedSession:
         tool_tokens: What the offered tool schemas cost per prompt, as recorded.
         source: ``"history"`` (the stored history is whole) or ``"events"`` (rebuilt).
         notes: What the replay cannot know exactly, in one sentence each.
+        delegated: The session's delegated child runs (`agent_flow.Delegate`), each a session
+            of its own to replay: its id is ``<session id>/<child run id>``, its history is
+            rebuilt from its events, and its steps have no environment (a child's projected
+            Environment is not stored).
     """
 
     id: str
@@ -126,6 +130,7 @@ class RecordedSession:
     tool_tokens: int = 0
     source: str = "history"
     notes: tuple[str, ...] = field(default=())
+    delegated: tuple[RecordedSession, ...] = field(default=())
 
     @classmethod
     def from_entries(
@@ -251,6 +256,9 @@ def session_from_state(state: SessionState, events: Sequence[AgentEvent]) -> Rec
         UserError: The session has no model call to replay.
     """
     info, notes = state.info, []
+    # A delegated child's events are stored with the session (``path`` set): the session's
+    # own steps are its top-level events; each child replays on its own (`_delegated`).
+    everything, events = events, [e for e in events if not e.path]
     entries: tuple[HistoryEntry, ...] = state.entries
     source = "history"
     if _was_pruned(entries, events):
@@ -321,7 +329,60 @@ def session_from_state(state: SessionState, events: Sequence[AgentEvent]) -> Rec
         tool_tokens=built[-1].breakdown.tools if built else 0,
         source=source,
         notes=tuple(notes),
+        delegated=tuple(_delegated(info.id, everything)),
     )
+
+
+def _delegated(session_id: str, events: Sequence[AgentEvent]) -> list[RecordedSession]:
+    """Each delegated child run among a session's `events`, as a session to replay."""
+    children: list[RecordedSession] = []
+    for start in events:
+        if not (isinstance(start, RunStarted) and start.path):
+            continue
+        own = [e for e in events if e.run_id == start.run_id]
+        entries = tuple(_entries_from_events(own))
+        starts = _assistant_starts(entries)
+        if not starts:
+            continue  # the child made no model call (or its events were not stored)
+        responses = [e for e in own if isinstance(e, ModelResponded) and e.source == "agent"]
+        built = [e for e in own if isinstance(e, ContextBuilt)]
+        notes = [
+            f"a run delegated by run {start.path[-1]}: its history is rebuilt from its events, "
+            "and its environment (a projection of its parent's) is not stored, so its steps "
+            "replay without one"
+        ]
+        if not any(isinstance(e, TextDelta) for e in own):
+            notes.append("the model's text was not streamed: the turns hold only tool calls")
+        finished = [e for e in own if isinstance(e, RunFinished)]
+        children.append(
+            RecordedSession(
+                id=f"{session_id}/{start.run_id}",
+                title=" ".join(start.task.split())[:80],
+                entries=entries,
+                steps=tuple(
+                    RecordedStep(
+                        index=k + 1,
+                        history_length=first,
+                        environment=None,
+                        completion_tokens=(
+                            responses[k].completion_tokens if len(responses) == len(starts) else 0
+                        ),
+                        recorded_tokens=(
+                            built[k].breakdown.total if len(built) == len(starts) else None
+                        ),
+                    )
+                    for k, first in enumerate(starts)
+                ),
+                model=next((r.model for r in reversed(responses) if r.model), None)
+                or start.model,
+                base_url=start.base_url,
+                final_answer=finished[-1].final_text if finished else None,
+                tool_tokens=built[-1].breakdown.tools if built else 0,
+                source="events",
+                notes=tuple(notes),
+            )
+        )
+    return children
 
 
 def load_export(path: str | Path) -> RecordedSession:

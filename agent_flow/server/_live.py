@@ -35,6 +35,7 @@ from agent_flow.events import (
 from agent_flow.history import History
 from agent_flow.prompt import PromptBreakdown
 from agent_flow.server.models import SessionOptions
+from agent_flow.sessions.models import numbering_run
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.sessions.recorder import SessionRecorder
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
@@ -94,8 +95,11 @@ class LiveSession:
         return self.task is not None and not self.task.done()
 
     def event_id(self, event: AgentEvent) -> int | None:
-        """The SSE id of `event` (None for one no run of this server numbered)."""
-        base = self.bases.get(event.run_id)
+        """The SSE id of `event` (None for one no run of this server numbered).
+
+        A delegated child's event is numbered by its top-level run (`numbering_run`).
+        """
+        base = self.bases.get(numbering_run(event))
         return None if base is None else base + event.seq
 
     def remember(self, event: AgentEvent) -> None:

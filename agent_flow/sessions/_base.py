@@ -53,6 +53,7 @@ from agent_flow.sessions.models import (
     SessionStatus,
     _check_id,
     event_id,
+    numbering_run,
 )
 
 
@@ -269,9 +270,9 @@ class _StoreBase(_EventReads):
         if fence is not None:
             for event in events:
                 # Refuses what has no id before anything is written.
-                event_id(fences.get(event.run_id, fence), event.seq)
+                event_id(fences.get(numbering_run(event), fence), event.seq)
         event_rows = tuple(
-            _EventRow(e.run_id, e.seq, e.kind, event_to_json(e), fences.get(e.run_id))
+            _EventRow(e.run_id, e.seq, e.kind, event_to_json(e), fences.get(numbering_run(e)))
             for e in events
         )
         async with self._lock(session_id):

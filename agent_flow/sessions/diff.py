@@ -7,7 +7,9 @@ an export) and returns a `SessionDiff`:
   environments (`PointerDiff`: added, removed or changed, with both values), found by walking
   both states in step; lists are compared item by item, so an appended fact is one addition;
 - ``steps``: one `StepComparison` per prompt the sessions built (the n-th ``context_built``
-  event of each, across runs), with each side's `PromptBreakdown`;
+  event of each, across runs), with each side's `PromptBreakdown`; a delegated child's
+  prompts are stored with its parent's session, in the order they were built, and are marked
+  by their ``depth``;
 - ``a`` and ``b``: a `SessionTotals` each: prompts, tokens sent, model usage, cost, runs.
 
 `agent-flow sessions diff A B` prints it (or its JSON with ``--json``).
@@ -23,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from agent_flow._types import JsonValue
 from agent_flow.events import AgentEvent, ContextBuilt, ModelResponded, RunFinished, RunStarted
 from agent_flow.prompt import PromptBreakdown
-from agent_flow.sessions.models import SessionState
+from agent_flow.sessions.models import SessionState, numbering_run
 
 __all__ = [
     "PointerDiff",
@@ -60,9 +62,12 @@ class StepBudget(BaseModel):
 
     Attributes:
         step: The prompt's position in the session, from 1 (across runs).
-        run: The run it belongs to, from 1.
-        iteration: The run's iteration that built it.
+        run: The session's run it belongs to, from 1 (a delegated child's prompt: the run
+            that delegated to it, at the top of its tree).
+        iteration: The iteration that built it (of the child's run, for a child's prompt).
         breakdown: The prompt's per-section split, as recorded.
+        depth: 0 for the session's own runs; 1 for a delegated child's prompt, 2 for its own
+            child's, and so on.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -71,6 +76,7 @@ class StepBudget(BaseModel):
     run: int
     iteration: int
     breakdown: PromptBreakdown
+    depth: int = 0
 
 
 class StepComparison(BaseModel):
@@ -105,14 +111,16 @@ class SessionTotals(BaseModel):
         status: Its status.
         entries: History entries stored.
         events: Events stored.
-        runs: Runs recorded (``run_started`` events).
-        stop_reasons: Each finished run's stop reason, in order.
+        runs: The session's runs recorded (top-level ``run_started`` events).
+        stop_reasons: Each finished run's stop reason, in order (the session's own runs).
         prompts: Prompts built (``context_built`` events).
         tokens_sent: The prompts' total tokens, as the budget counted them.
         units_omitted: History units left out of prompts, summed over the prompts.
         prompt_tokens: Prompt tokens the model reported (agent and summarizer calls).
         completion_tokens: Completion tokens the model reported.
         cost_usd: The model calls' cost, when every call's price was known.
+        child_runs: Delegated child runs recorded (their prompts, calls, tokens and cost are
+            in the other totals).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -130,6 +138,7 @@ class SessionTotals(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float | None
+    child_runs: int = 0
 
 
 class SessionDiff(BaseModel):
@@ -200,16 +209,18 @@ def step_budgets(events: Sequence[AgentEvent]) -> list[StepBudget]:
     budgets: list[StepBudget] = []
     runs: dict[str, int] = {}
     for event in events:
+        top = numbering_run(event)
         if isinstance(event, RunStarted):
-            runs.setdefault(event.run_id, len(runs) + 1)
+            runs.setdefault(top, len(runs) + 1)
         elif isinstance(event, ContextBuilt):
-            run = runs.setdefault(event.run_id, len(runs) + 1)
+            run = runs.setdefault(top, len(runs) + 1)
             budgets.append(
                 StepBudget(
                     step=len(budgets) + 1,
                     run=run,
                     iteration=event.iteration,
                     breakdown=event.breakdown,
+                    depth=len(event.path),
                 )
             )
     return budgets
@@ -227,14 +238,17 @@ def _totals(state: SessionState, events: Sequence[AgentEvent]) -> SessionTotals:
         status=info.status,
         entries=len(state.entries),
         events=len(events),
-        runs=sum(isinstance(e, RunStarted) for e in events),
-        stop_reasons=tuple(e.stop_reason for e in events if isinstance(e, RunFinished)),
+        runs=sum(isinstance(e, RunStarted) and not e.path for e in events),
+        stop_reasons=tuple(
+            e.stop_reason for e in events if isinstance(e, RunFinished) and not e.path
+        ),
         prompts=len(prompts),
         tokens_sent=sum(p.breakdown.total for p in prompts),
         units_omitted=sum(p.breakdown.history_units_omitted for p in prompts),
         prompt_tokens=sum(c.prompt_tokens for c in calls),
         completion_tokens=sum(c.completion_tokens for c in calls),
         cost_usd=sum(known) if calls and len(known) == len(costs) else None,
+        child_runs=sum(isinstance(e, RunStarted) and bool(e.path) for e in events),
     )
 
 

@@ -11,6 +11,10 @@ id plus one (so it sorts after everything). A store refuses a write whose ids wo
 above the session's last id, so reading on from the last id seen (``after_id``) never misses or
 repeats an event. Sessions stored before ids existed keep their positions as ids; a fenced id
 is at least ``2**32``, so they stay first.
+
+A delegated child's events (``event.path`` names the runs above it) are stored in the session of
+the top-level run they belong to, numbered in that run's sequence (`numbering_run`): one run,
+one tree, one sequence of ids.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
 from agent_flow.errors import UserError
+from agent_flow.events import AgentEvent
 from agent_flow.history import History, HistoryEntry
 from agent_flow.tokens import TokenCounter
 
@@ -35,6 +40,7 @@ __all__ = [
     "SessionState",
     "SessionStatus",
     "event_id",
+    "numbering_run",
 ]
 
 #: What a session is doing: ``active`` (running or resumable), ``waiting`` (for the user, e.g.
@@ -51,6 +57,15 @@ _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 #: How many low bits of an event id hold the event's ``seq`` (the rest: the fencing number).
 EVENT_ID_RUN_BITS: Final = 32
+
+
+def numbering_run(event: AgentEvent) -> str:
+    """The run whose sequence numbers `event`: the top-level run of its tree.
+
+    A delegated child's events carry the child's ``run_id`` and the runs above it in ``path``
+    (outermost first); their ``seq`` is the top-level run's (``path[0]``).
+    """
+    return event.path[0] if event.path else event.run_id
 
 
 def event_id(fence: int, seq: int) -> int:

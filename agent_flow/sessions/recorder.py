@@ -42,7 +42,7 @@ from agent_flow.environment import Environment
 from agent_flow.errors import LeaseLostError, SessionBusyError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
-from agent_flow.sessions.models import Checkpoint, Lease, SessionStatus
+from agent_flow.sessions.models import Checkpoint, Lease, SessionStatus, numbering_run
 from agent_flow.sessions.protocol import SessionStore
 
 __all__ = [
@@ -317,7 +317,7 @@ class SessionRecorder:
     def _late_fences(self) -> dict[str, int]:
         """The fences of earlier runs whose events wait for this save (a failed save's)."""
         current = self._lease.run_id if self._lease is not None else None
-        waiting = {event.run_id for event in self._pending}
+        waiting = {numbering_run(event) for event in self._pending}
         for run_id in [run for run in self._fences if run not in waiting and run != current]:
             del self._fences[run_id]
         return {run: fence for run, fence in self._fences.items() if run != current}
