@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_flow._types import JsonObject
 from agent_flow.environment._pointer import _brief
+from agent_flow.environment._schemas import _model_schema
 from agent_flow.environment.sections import EnvironmentChange
 from agent_flow.errors import UserError
+
+if TYPE_CHECKING:
+    from agent_flow.environment.environment import Environment
 
 #: How many changes an Environment keeps by default; older ones are dropped first.
 DEFAULT_MAX_CHANGES: Final = 10_000
@@ -42,23 +46,48 @@ def dump(
     state: JsonObject,
     schema: JsonObject | None,
     extension_schemas: Mapping[str, JsonObject],
-    changes: Iterable[EnvironmentChange],
+    changes: Iterable[EnvironmentChange] | None,
     max_changes: int | None,
 ) -> str:
-    """The saved form of an environment, as compact JSON text."""
-    payload = {
+    """The saved form of an environment, as compact JSON text.
+
+    With `changes` None the ``changes`` key is left out: the snapshot a session store keeps
+    beside its change rows (`change_json`).
+    """
+    payload: dict[str, object] = {
         "format": 1,
         "version": version,
         "state": state,
         "schema": schema,
         "extension_schemas": dict(extension_schemas),
         "max_changes": max_changes,
-        "changes": [
-            {"version": c.version, "op": c.op, "pointer": c.pointer, "old": c.old, "new": c.new}
-            for c in changes
-        ],
     }
+    if changes is not None:
+        payload["changes"] = [_change(c) for c in changes]
     return json.dumps(payload, separators=(",", ":"))
+
+
+def dump_of(env: Environment, changes: Iterable[EnvironmentChange] | None) -> str:
+    """`env`'s saved form (`dump`); a registered extension model is saved as its JSON schema."""
+    models = env._extension_models
+    schemas = {name: _model_schema(model) for name, model in models.items()}
+    return dump(
+        version=env._version,
+        state=env._state,
+        schema=env._schema,
+        extension_schemas={**schemas, **env._extension_schemas},
+        changes=changes,
+        max_changes=env._log.maxlen,
+    )
+
+
+def change_json(change: EnvironmentChange) -> str:
+    """One change of the log as compact JSON text, as `dump` writes it in ``changes``."""
+    return json.dumps(_change(change), separators=(",", ":"))
+
+
+def _change(c: EnvironmentChange) -> dict[str, object]:
+    return {"version": c.version, "op": c.op, "pointer": c.pointer, "old": c.old, "new": c.new}
 
 
 def load(text: str) -> _Snapshot:

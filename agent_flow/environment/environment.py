@@ -234,15 +234,22 @@ class Environment:
 
         A registered extension model is saved as its JSON schema (see the module doc).
         """
-        schemas = {name: _model_schema(model) for name, model in self._extension_models.items()}
-        return _saved.dump(
-            version=self._version,
-            state=self._state,
-            schema=self._schema,
-            extension_schemas={**schemas, **self._extension_schemas},
-            changes=self._log,
-            max_changes=self._log.maxlen,
-        )
+        return _saved.dump_of(self, self._log)
+
+    @property
+    def max_changes(self) -> int:
+        """How many changes the log keeps (`changes`); the oldest are dropped first."""
+        return self._log.maxlen or 0
+
+    def _saved_parts(self, since_version: int) -> tuple[str, list[tuple[int, str]]]:
+        """`to_json` as a store keeps it: without the log, and the changes after `since_version`.
+
+        Each change is ``(version, JSON)``, oldest first: the work is the state's size plus the
+        new changes, not the whole log.
+        """
+        return _saved.dump_of(self, None), [
+            (c.version, _saved.change_json(c)) for c in self.changes(since_version)
+        ]
 
     @classmethod
     def from_json(cls, text: str) -> Environment:

@@ -7,10 +7,8 @@ Plain synchronous functions over a `_Tracked` record (see "Cost of a step" in th
 
 from __future__ import annotations
 
-import json
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 from agent_flow.environment import Environment
 from agent_flow.history import History, HistoryEntry
@@ -60,23 +58,15 @@ def _environment_write(tracked: _Tracked, environment: Environment) -> _Environm
     same = tracked.environment is not None and tracked.environment() is environment
     if same and version == tracked.environment_version:
         return None
-    payload = json.loads(environment.to_json())
-    log: list[dict[str, Any]] = payload.pop("changes")
-    max_changes: int = payload["max_changes"]
     # The same object only moved forward, so its log continues what is stored; otherwise
     # (another object, e.g. after a reload elsewhere) the stored log is replaced by its log.
     reset = not (same and version > tracked.environment_version)
     since = -1 if reset else tracked.environment_version
-    fresh: list[tuple[int, str]] = []
-    for change in reversed(log):
-        if change["version"] <= since:
-            break
-        fresh.append((change["version"], json.dumps(change, separators=(",", ":"))))
-    fresh.reverse()
+    base, fresh = environment._saved_parts(since)
     return _EnvironmentWrite(
-        base=json.dumps(payload, separators=(",", ":")),
+        base=base,
         version=version,
         changes=tuple(fresh),
         reset=reset,
-        trim_through=version - max_changes,
+        trim_through=version - environment.max_changes,
     )
