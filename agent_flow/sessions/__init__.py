@@ -80,6 +80,7 @@ if TYPE_CHECKING:
         SessionState,
         SessionStatus,
         event_id,
+        numbering_run,
     )
     from agent_flow.sessions.postgres import PostgresSessionStore
     from agent_flow.sessions.protocol import SessionStore, StepRecorder, default_store_path
@@ -110,6 +111,7 @@ __all__ = [
     "StepRecorder",
     "default_store_path",
     "event_id",
+    "numbering_run",
     "open_store",
     "store_location",
 ]
@@ -134,6 +136,7 @@ _LAZY = {
     "Checkpoint": "models",
     "Lease": "models",
     "event_id": "models",
+    "numbering_run": "models",
     "SessionInfo": "models",
     "SessionState": "models",
     "SessionStatus": "models",
