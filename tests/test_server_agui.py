@@ -242,3 +242,69 @@ async def test_a_failed_run_ends_with_run_error() -> None:
         events = await _run(client, _input("broken", "r1", "hello"))
     assert events[-1]["type"] == "RUN_ERROR"
     assert "RUN_FINISHED" not in [e["type"] for e in events]
+
+
+async def test_a_delegated_childs_lifecycle_and_approval_reach_the_agui_client() -> None:
+    from agent_flow import Delegate
+    from agent_flow.tools import ToolPolicy
+
+    wrote: list[str] = []
+
+    @tool(policy=ToolPolicy(requires_approval=True))
+    def publish(text: str) -> str:
+        """Publish a text.
+
+        Args:
+            text: What to publish.
+        """
+        wrote.append(text)
+        return "published"
+
+    child = Delegate(
+        "writer",
+        "Write and publish.",
+        llm=ScriptedLLM(
+            [
+                reply(
+                    "child thinks aloud", tool_calls=[call("publish", text="hi", call_id="c-pub")]
+                ),
+                "child done",
+            ]
+        ),
+        tools=[publish],
+    )
+
+    def tools(config: AgentConfig) -> ToolExecutor:
+        executor = _tools(config)
+        executor.register(child)
+        return executor
+
+    parent = ScriptedLLM([reply(tool_calls=[call("writer", task="publish hi")]), "parent done"])
+    app = create_app(
+        CONFIG, store=InMemorySessionStore(), llm_factory=lambda c: parent, tools_factory=tools
+    )
+    got: list[dict[str, Any]] = []
+    async with serving(app) as client:
+        body = _input("thread-d", "r1", "go")
+        async with client.stream("POST", "/agui", json=body) as response:
+            assert response.status_code == 200
+            async for frame in frames(response):
+                payload = json.loads(frame.data)
+                EVENT.validate_python(payload)
+                got.append(payload)
+                value = payload.get("value") or {}
+                if payload.get("name") == "delegated" and value.get("kind") == "approval_required":
+                    answer = await client.post(
+                        "/sessions/thread-d/approvals/c-pub", json={"approved": True}
+                    )
+                    assert answer.status_code == 204, answer.text
+    delegated = [e["value"] for e in got if e.get("name") == "delegated"]
+    kinds = [v["kind"] for v in delegated]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+    assert "approval_required" in kinds and "tool_call_completed" in kinds
+    assert all(v["path"] == [v["path"][0]] for v in delegated)  # one level: the run's child
+    assert wrote == ["hi"]
+    # The child's text is not the run's: only the parent's answer is a text message.
+    text = "".join(e["delta"] for e in got if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "parent done"
+    assert got[-1]["type"] == "RUN_FINISHED"

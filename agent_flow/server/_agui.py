@@ -9,6 +9,13 @@ never told twice: a tool call's arguments come once, whole, in ``TOOL_CALL_ARGS`
 starts (the model's argument deltas are not repeated), and the plan reaches the client as the
 ``STATE_DELTA`` of ``/task/plan``.
 
+A delegated child's events (``path`` starting with the run; `agent_flow.Delegate`) are not
+the run's own: the lifecycle ones (`DELEGATED_KINDS`) go as ``CUSTOM`` events named
+``delegated`` whose value is the event's JSON, ``path`` included; their text, deltas and
+prompt breakdowns stay out of the stream. A child's ``approval_required`` among them is
+answered on the session's approvals route (``POST /sessions/{id}/approvals/{call_id}``): the
+in-band ``approve_tool_call`` covers the run's own calls.
+
 A run that hands calls to the client (`StopReason.DEFERRED`) ends with ``RUN_FINISHED`` whose
 outcome lists them (``pendingToolCallIds``): a front-end tool's call under its own id, and,
 for a client that answers approvals itself, a call of ``approve_tool_call`` under
@@ -111,6 +118,20 @@ UNMAPPED = frozenset(
     }
 )
 _QUIET = frozenset({"run_started", "tool_call_arguments_delta", "plan_updated"})
+#: A delegated child's event kinds the stream carries (as ``CUSTOM`` ``delegated`` events).
+DELEGATED_KINDS = frozenset(
+    {
+        "run_started",
+        "tool_call_started",
+        "tool_call_completed",
+        "tool_call_failed",
+        "approval_required",
+        "approval_resolved",
+        "warning_raised",
+        "execution_error",
+        "run_finished",
+    }
+)
 
 
 class AgUiRun:
@@ -299,6 +320,9 @@ class AgUiRun:
                 yield self.encoder.encode(opening)
             async for event in subscription:
                 if event.run_id != agent_run_id:
+                    if event.path[:1] == (agent_run_id,) and event.kind in DELEGATED_KINDS:
+                        value = json.loads(event.model_dump_json())
+                        yield self.encoder.encode(CustomEvent(name="delegated", value=value))
                     continue
                 for out in self.translate(event):
                     yield self.encoder.encode(out)
