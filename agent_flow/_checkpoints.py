@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "STEP_RUNNER",
+    "CallSteps",
     "StepRecordError",
     "StepRunner",
     "checkpointed",
@@ -65,6 +66,20 @@ class StepRunner(Protocol):
     @property
     def sequential_tools(self) -> bool:
         """Whether one turn's tool calls must run one after another (steps are positional)."""
+        ...
+
+
+@runtime_checkable
+class CallSteps(Protocol):
+    """A step runner that can run one turn's tool calls side by side.
+
+    `for_calls` reserves the positions of ``n`` calls, in call order, before any of them
+    starts, and gives each call its own runner over its positions: each call's steps have
+    the same positions in a recovery, however the calls interleaved the first time.
+    """
+
+    def for_calls(self, n: int) -> list[StepRunner]:
+        """One runner per call of a turn of `n` calls, in call order."""
         ...
 
 

@@ -15,6 +15,7 @@ tool calls, as the parent does, and its remaining calls are not made.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -361,3 +362,84 @@ async def test_cancelling_a_durable_run_stops_a_grandchild_too() -> None:
     outcome = await _execute(runtime, RunRequest(session_id=info.id, message="go", run_id="deep"))
     assert outcome.stop_reason == StopReason.CANCELLED
     assert ticks == [1, 2, 3]  # else it ticks on to its max_iterations: it looked before each
+
+
+# -- parallel children in a durable run ---------------------------------------------------
+
+
+async def parallel_attempt(
+    store: CrashingStore, runs: list[str], request: RunRequest, *, together: int
+) -> Any:
+    """One execution of a run whose first step delegates three tasks at once.
+
+    Each child's first model call waits until `together` children are inside one at the same
+    time (a bounded wait): children that ran one after another would stop there.
+    """
+    inside = 0
+    all_in = asyncio.Event()
+
+    async def child_play(child_request: LLMRequest) -> Reply:
+        nonlocal inside
+        task = str(child_request.messages[-1].content)
+        runs.append(task)
+        inside += 1
+        if inside >= together:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), timeout=10)
+        return reply(f"answer to {task}")
+
+    def parent(request: LLMRequest) -> Reply:
+        if request.messages[-1].role == "tool":
+            return reply("done")
+        return reply(tool_calls=[call("investigate", task=f"part {n}") for n in (1, 2, 3)])
+
+    delegate = Delegate(
+        "investigate",
+        "Investigate.",
+        llm=FunctionLLM(child_play, model="child"),
+        budget=ContextConfig(max_tokens=3000, counter="approx"),
+    )
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (FunctionLLM(parent, model="parent"), None),
+        tools_factory=lambda _config: ToolExecutor([delegate]),
+        cancel_check_seconds=3600,
+    )
+    try:
+        return await _execute(runtime, request)
+    except StepRecordError as err:
+        if not isinstance(err.__cause__, StoreError):
+            raise
+        return None
+
+
+async def test_children_of_one_durable_step_run_side_by_side_and_recover_at_any_write() -> None:
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    runs: list[str] = []
+    request = RunRequest(session_id=info.id, message="go", run_id="p")
+    outcome = await parallel_attempt(store, runs, request, together=3)
+    assert outcome is not None and outcome.final_text == "done"
+    assert sorted(runs) == ["part 1", "part 2", "part 3"]
+    assert [u.content for u in outcome.tool_uses] == [f"answer to part {n}" for n in (1, 2, 3)]
+    total = store.writes
+    for crash_at in range(1, total + 1):
+        store = CrashingStore()
+        info = await store.create(agent="durable")
+        request = RunRequest(session_id=info.id, message="go", run_id=f"p{crash_at}")
+        runs = []
+        store.crash_at = crash_at
+        await parallel_attempt(store, runs, request, together=3)
+        store.crash_at = None
+        # The recovery: the children that finished before the crash are replayed, not run.
+        outcome = await parallel_attempt(store, runs, request, together=1)
+        assert outcome is not None and outcome.final_text == "done", crash_at
+        assert len(outcome.tool_uses) == 3, crash_at
+        for n, use in enumerate(outcome.tool_uses, start=1):
+            # Never twice: a child runs only after its start is stored, and a stored start
+            # without a result is "interrupted" in the recovery (the delegate is not idempotent).
+            assert runs.count(f"part {n}") <= 1, (crash_at, runs)
+            if use.error_kind == "interrupted":
+                continue  # started, not recorded: not run again (the delegate is not idempotent)
+            assert use.content == f"answer to part {n}", (crash_at, use)

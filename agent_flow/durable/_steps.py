@@ -41,13 +41,16 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from dbos import error as dbos_error
 
-from agent_flow._checkpoints import StepRecordError
+from agent_flow._checkpoints import StepRecordError, StepRunner
 from agent_flow.delegation import count_replayed
 from agent_flow.errors import StoreError
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.recorder import SessionRecorder
 
-__all__ = ["DurableReplayError", "WorkflowStatus"]
+__all__ = ["STEPS_PER_CALL", "DurableReplayError", "WorkflowStatus"]
+
+#: The step positions reserved for each tool call of a turn (`_StoreSteps.for_calls`).
+STEPS_PER_CALL = 2
 
 #: Reads a workflow's DBOS status ("PENDING", "CANCELLED", ...; None if unknown) without
 #: recording anything.
@@ -75,7 +78,7 @@ class _StoreSteps:
         first: The position of the first step (positions before it are the workflow's own).
     """
 
-    sequential_tools = True
+    sequential_tools = False
 
     def __init__(
         self,
@@ -102,6 +105,16 @@ class _StoreSteps:
         """The position the next step would take."""
         return self._next
 
+    def for_calls(self, n: int) -> list[StepRunner]:
+        """Reserve `STEPS_PER_CALL` positions for each of a turn's `n` tool calls, in order.
+
+        The calls then run side by side, each recording at its own positions (see
+        `agent_flow._checkpoints.CallSteps`).
+        """
+        first = self._next
+        self._next += STEPS_PER_CALL * n
+        return [_CallSteps(self, first + STEPS_PER_CALL * i) for i in range(n)]
+
     async def step(
         self,
         name: str,
@@ -112,6 +125,18 @@ class _StoreSteps:
     ) -> str:
         position = self._next
         self._next += 1
+        return await self.step_at(position, name, work, stored_now=stored_now, synced=synced)
+
+    async def step_at(
+        self,
+        position: int,
+        name: str,
+        work: Callable[[], Awaitable[str]],
+        *,
+        stored_now: bool = False,
+        synced: bool = True,
+    ) -> str:
+        """`step` at `position` (a position `for_calls` reserved)."""
         recorded = self._recorded.pop(position, None)
         if recorded is not None:
             if recorded.name != name:
@@ -159,3 +184,39 @@ class _StoreSteps:
         raise dbos_error.DBOSWorkflowCancelledError(
             f"Workflow {self._run_id} is cancelled. Aborting function."
         )
+
+
+class _CallSteps:
+    """The step runner of one tool call of a durable turn: the positions reserved for it.
+
+    A call records at most `STEPS_PER_CALL` steps (a tool that is not idempotent: its
+    "started" record, then its result; any other: its result).
+    """
+
+    sequential_tools = False
+
+    def __init__(self, steps: _StoreSteps, first: int) -> None:
+        self._steps = steps
+        self._next = first
+        self._end = first + STEPS_PER_CALL
+
+    async def step(
+        self,
+        name: str,
+        work: Callable[[], Awaitable[str]],
+        *,
+        stored_now: bool = False,
+        synced: bool = True,
+    ) -> str:
+        if self._next >= self._end:
+            raise StepRecordError(
+                f"a tool call asked for a step {name!r} beyond the {STEPS_PER_CALL} reserved "
+                "for each call; this is a bug in agent_flow"
+            )
+        position = self._next
+        self._next += 1
+        return await self._steps.step_at(position, name, work, stored_now=stored_now, synced=synced)
+
+    async def check_cancelled(self) -> bool:
+        """Whether the run was cancelled (see `_StoreSteps.check_cancelled`)."""
+        return await self._steps.check_cancelled()

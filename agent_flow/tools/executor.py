@@ -24,8 +24,10 @@ The calls of one turn run concurrently in an `asyncio.TaskGroup` and the outcome
 call order. Cancelling `execute` cancels the running tools.
 
 In a durable run (a step runner is set, see `agent_flow._checkpoints`) each invocation is a
-step recording its `ToolResult`, and the calls of a turn run one after another, because
-recovery matches steps by position. A call a crash interrupted runs again if its tool is
+step recording its `ToolResult`. Recovery matches steps by position, so the calls of a turn
+run side by side only when the runner reserves each call's positions in call order first
+(`CallSteps`, as `agent_flow.durable` does); with another runner they run one after another
+(`StepRunner.sequential_tools`). A call a crash interrupted runs again if its tool is
 idempotent (or read-only); otherwise it gets an error result saying so, and never runs twice.
 
 Several agents may share one executor: the hooks and the approver of a turn travel with its
@@ -50,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from agent_flow._checkpoints import checkpointed, current_step_runner
+from agent_flow._checkpoints import STEP_RUNNER, CallSteps, checkpointed, current_step_runner
 from agent_flow._defaults import DEFAULT_MAX_TOOL_OUTPUT_TOKENS, DEFAULT_TOOL_TIMEOUT
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
@@ -256,17 +258,32 @@ class ToolExecutor(ToolRegistry):
         )
         ran: list[_Ran | None] = [None] * len(calls)
 
-        async def run(index: int, call: ToolCall) -> None:
-            ran[index] = await self._run_call(call, scope)
-
         runner = current_step_runner()
-        if runner is not None and runner.sequential_tools:
+        # A durable run's calls run side by side, each with its own reserved step positions.
+        calls_steps = runner.for_calls(len(calls)) if isinstance(runner, CallSteps) else None
+
+        async def run(index: int, call: ToolCall) -> None:
+            if calls_steps is None:
+                ran[index] = await self._run_call(call, scope)
+                return
+            token = STEP_RUNNER.set(calls_steps[index])
+            try:
+                ran[index] = await self._run_call(call, scope)
+            finally:
+                STEP_RUNNER.reset(token)
+
+        if runner is not None and calls_steps is None and runner.sequential_tools:
             for index, call in enumerate(calls):
                 await run(index, call)
         else:
-            async with asyncio.TaskGroup() as group:
-                for index, call in enumerate(calls):
-                    group.create_task(run(index, call))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for index, call in enumerate(calls):
+                        group.create_task(run(index, call))
+            except BaseExceptionGroup as failed:
+                # Only what the tool boundary lets through gets here (a durable run that must
+                # stop, `StepRecordError`): raise it as the calls run one by one would.
+                raise failed.exceptions[0]  # noqa: B904 (its own cause stays)
         return [
             self._finish(call, record, environment) for call, record in zip(calls, ran, strict=True)
         ]
