@@ -373,8 +373,7 @@ def _delegated(session_id: str, events: Sequence[AgentEvent]) -> list[RecordedSe
                     )
                     for k, first in enumerate(starts)
                 ),
-                model=next((r.model for r in reversed(responses) if r.model), None)
-                or start.model,
+                model=next((r.model for r in reversed(responses) if r.model), None) or start.model,
                 base_url=start.base_url,
                 final_answer=finished[-1].final_text if finished else None,
                 tool_tokens=built[-1].breakdown.tools if built else 0,
