@@ -388,14 +388,31 @@ class TiktokenCounter(BaseTokenCounter):
             )
         self._encoding = found
         self.encoding_name = found.name.removesuffix("_offline")
+        # Shared by every counter of this encoding (agents are often built per run).
+        self._counts = _text_counts.setdefault(found.name, {})
         self.name = f"tiktoken:{self.encoding_name}"
         self.splits_at_headings = self.encoding_name in _SPLITS_AT_HEADINGS
 
     def count(self, text: str) -> int:
-        """Return the exact number of tokens in `text` (special tokens count as plain text)."""
+        """Return the exact number of tokens in `text` (special tokens count as plain text).
+
+        Short texts are remembered (`_CACHED_TEXT_CHARS`, `_CACHED_TEXTS`): a step counts
+        the same ones more than once (a tool result when it is truncated and when it is
+        recorded, an assistant turn when its results arrive, the environment's separator at
+        every rendering), and a lookup costs a hash where the encoder costs microseconds.
+        """
         if not text:
             return 0
-        return len(self._encoding.encode_ordinary(text))
+        counts = self._counts
+        known = counts.get(text)
+        if known is not None:
+            return known
+        count = len(self._encoding.encode_ordinary(text))
+        if len(text) <= _CACHED_TEXT_CHARS:
+            if len(counts) >= _CACHED_TEXTS:
+                counts.clear()  # a bounded memory, not an LRU: refilled within a step or two
+            counts[text] = count
+        return count
 
     def count_tools(self, tools: Sequence[ToolDefinition]) -> int:
         """Return the tokens the tool schemas cost (see `BaseTokenCounter.count_tools`).
@@ -414,6 +431,12 @@ class TiktokenCounter(BaseTokenCounter):
         _tools_counts[key] = (tuple(tools), count)
         return count
 
+
+# Counts of recently counted short texts, by encoding (see `TiktokenCounter.count`): at most
+# `_CACHED_TEXTS` texts of at most `_CACHED_TEXT_CHARS` characters each (a few MB at worst).
+_text_counts: dict[str, dict[str, int]] = {}
+_CACHED_TEXTS: Final = 512
+_CACHED_TEXT_CHARS: Final = 2048
 
 # Tool schema counts by (counter type, encoding, definition ids), with the definitions.
 _tools_counts: dict[tuple[type, str, tuple[int, ...]], tuple[tuple[ToolDefinition, ...], int]] = {}

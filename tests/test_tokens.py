@@ -195,3 +195,45 @@ def test_an_encoding_pickles_with_its_ranks_read_again(text: str) -> None:
     assert copy.encode(text, disallowed_special=()) == encoding.encode(  # type: ignore[attr-defined]
         text, disallowed_special=()
     )
+
+
+class _CountingEncoding:
+    """An encoding that counts how often it is asked to encode (and encodes like the real one)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.calls = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.calls += 1
+        return list(self.real.encode_ordinary(text))
+
+
+def test_a_short_text_counted_again_is_not_encoded_again() -> None:
+    counter = TiktokenCounter()
+    spy = _CountingEncoding(counter._encoding)
+    counter._encoding = spy  # type: ignore[assignment]
+    text = "a tool result that a step counts twice: 1234 + 5678 = 6912"
+    first = counter.count(text)
+    assert counter.count(text) == first == len(spy.real.encode_ordinary(text))
+    assert spy.calls == 1
+    # A long text is not kept: counting it again encodes it again.
+    long_text = "word " * (tokens._CACHED_TEXT_CHARS // 5 + 1)
+    counter.count(long_text)
+    counter.count(long_text)
+    assert spy.calls == 3
+
+
+def test_the_remembered_counts_stay_bounded() -> None:
+    counter = TiktokenCounter()
+    for n in range(tokens._CACHED_TEXTS * 3):
+        counter.count(f"text number {n}")
+    assert 0 < len(counter._counts) <= tokens._CACHED_TEXTS
+
+
+@settings(max_examples=100)
+@given(texts=st.lists(st.text(max_size=60), max_size=8))
+def test_remembered_counts_are_the_encoders_counts(texts: list[str]) -> None:
+    counter = TiktokenCounter("gpt-4o")
+    for text in texts + texts:
+        assert counter.count(text) == len(counter._encoding.encode_ordinary(text))
