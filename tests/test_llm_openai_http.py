@@ -345,6 +345,42 @@ async def test_neutral_messages_and_settings_are_converted_to_the_wire_format(
     assert recorded.headers["openai-organization"] == "org-1"
 
 
+async def test_the_tool_schemas_are_encoded_once_and_every_request_carries_them(
+    openai_server: OpenAIServer,
+) -> None:
+    from agent_flow.llm import _openai_wire
+
+    openai_server.script(json_reply(completion_body("ok")), json_reply(completion_body("ok")))
+    llm = OpenAIClient("m", base_url=openai_server.base_url, api_key="k")
+    request = LLMRequest(messages=[ChatMessage(role="user", content="hi")], tools=[READ_FILE])
+    encoded = 0
+    real_to_json = _openai_wire.to_json
+
+    def counting_to_json(value: object) -> bytes:
+        nonlocal encoded
+        if isinstance(value, list):  # only the tool list is encoded as a list
+            encoded += 1
+        return real_to_json(value)
+
+    _openai_wire._tool_lists.clear()
+    _openai_wire._tool_lists_json.clear()
+    _openai_wire.to_json = counting_to_json  # type: ignore[assignment]
+    try:
+        inspected = llm.build_body(request, stream=False)
+        inspected["tools"][0]["function"]["name"] = "changed by the caller"  # its own copy
+        await llm.complete(request)
+        await llm.complete(request)
+    finally:
+        _openai_wire.to_json = real_to_json
+        await llm.aclose()
+
+    assert encoded == 1
+    first, second = (recorded.body for recorded in openai_server.requests)
+    assert first == second == llm.build_body(request, stream=False)
+    assert first["tools"][0]["function"]["name"] == "read_file"
+    assert first["tools"] == _openai_wire.tools_to_wire([READ_FILE])
+
+
 async def test_a_non_streamed_answer_is_normalized_like_a_stream(
     openai_server: OpenAIServer, client: OpenAIClient
 ) -> None:

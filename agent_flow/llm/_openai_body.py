@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow.llm._openai_wire import tool_choice_to_wire, tools_to_wire
+from agent_flow.llm._openai_wire import offered_tools_to_wire, tool_choice_to_wire
 from agent_flow.llm.base import LLMRequest
 from agent_flow.messages import ToolDefinition
 
@@ -64,7 +64,8 @@ def body_fields(
         if stream_usage:
             fields["stream_options"] = {"include_usage": True}
     if tools:
-        fields["tools"] = cast(list[JsonValue], tools_to_wire(tools))
+        # Shared and encoded once per list of definitions (see `encode_body`).
+        fields["tools"] = cast(list[JsonValue], offered_tools_to_wire(tools))
         choice = request.tool_choice or defaults.tool_choice
         if choice is not None:
             fields["tool_choice"] = tool_choice_to_wire(choice)

@@ -37,6 +37,7 @@ __all__ = [
     "encode_body",
     "message_to_wire",
     "messages_to_wire",
+    "offered_tools_to_wire",
     "tool_choice_to_wire",
     "tools_to_wire",
 ]
@@ -119,12 +120,20 @@ def encode_body(messages: Sequence[ChatMessage], fields: Mapping[str, JsonValue]
 
     Args:
         messages: The prompt (each message's encoding is cached while it lives).
-        fields: Every other body field; a ``"messages"`` key here replaces the prompt.
+        fields: Every other body field; a ``"messages"`` key here replaces the prompt. A
+            ``"tools"`` list made by `offered_tools_to_wire` goes in as its cached encoding
+            (last in the body).
     """
     if "messages" in fields:
         return to_json(dict(fields))
     joined = b",".join([_message_json(message) for message in messages])
-    rest = to_json(dict(fields))
+    tools = fields.get("tools")
+    known = _tool_lists_json.get(id(tools)) if tools is not None else None
+    if known is not None and known[0] is tools:
+        rest = to_json({key: value for key, value in fields.items() if key != "tools"})
+        rest = (rest[:-1] + b',"tools":' if rest != b"{}" else b'{"tools":') + known[1] + b"}"
+    else:
+        rest = to_json(dict(fields))
     if rest == b"{}":
         return b'{"messages":[' + joined + b"]}"
     return b'{"messages":[' + joined + b"]," + rest[1:]
@@ -143,6 +152,34 @@ def tools_to_wire(tools: Sequence[ToolDefinition]) -> list[JsonObject]:
         }
         for tool in tools
     ]
+
+
+# The wire form of each offered list of tools, and its encoding, by the definitions' identities.
+# An agent offers the same frozen definitions turn after turn (and agents built per run, run
+# after run): the schemas are converted and encoded once, not again for every request. The
+# definitions are kept with them, so the ids in a key stay theirs.
+_tool_lists: dict[tuple[int, ...], tuple[tuple[ToolDefinition, ...], list[JsonObject]]] = {}
+# The same lists' encodings, by the wire list's identity (what `encode_body` sees).
+_tool_lists_json: dict[int, tuple[list[JsonObject], bytes]] = {}
+_MAX_TOOL_LISTS = 64
+
+
+def offered_tools_to_wire(tools: Sequence[ToolDefinition]) -> list[JsonObject]:
+    """`tools_to_wire`, made once per list of definitions: the result is shared, read-only.
+
+    `encode_body` sends a list made here as its cached encoding.
+    """
+    key = tuple(map(id, tools))
+    found = _tool_lists.get(key)
+    if found is not None:
+        return found[1]
+    wire = tools_to_wire(tools)
+    if len(_tool_lists) >= _MAX_TOOL_LISTS:
+        _tool_lists.clear()
+        _tool_lists_json.clear()
+    _tool_lists[key] = (tuple(tools), wire)
+    _tool_lists_json[id(wire)] = (wire, to_json(wire))
+    return wire
 
 
 def tool_choice_to_wire(choice: str) -> JsonValue:

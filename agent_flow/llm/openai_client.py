@@ -25,6 +25,7 @@ are redacted).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -334,7 +335,11 @@ class OpenAIClient:
             stream: Whether the body asks for a streamed answer.
         """
         messages, fields = self._prepare(request, stream=stream)
-        return {"messages": cast(list[JsonValue], messages_to_wire(messages)), **fields}
+        body: JsonObject = {"messages": cast(list[JsonValue], messages_to_wire(messages)), **fields}
+        if "tools" in body:
+            # A copy of its own: the list `_prepare` gives is shared by every request.
+            body["tools"] = copy.deepcopy(body["tools"])
+        return body
 
     def _prepare(
         self, request: LLMRequest, *, stream: bool
