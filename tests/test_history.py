@@ -362,3 +362,9 @@ def test_token_count_stays_exact_through_any_adds_and_prunes(
             assert report.fits == (history.token_count() <= budget)
             assert history.version > version or not report.changed
             assert_consistent(history)
+
+
+def test_entries_made_without_an_id_get_distinct_ids_of_32_hex_digits() -> None:
+    ids = [UserMessage(content="hi").id for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(entry_id) == 32 and set(entry_id) <= set("0123456789abcdef") for entry_id in ids)

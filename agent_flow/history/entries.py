@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from random import getrandbits
 from typing import Annotated, Literal, TypeAlias
-from uuid import uuid4
 
 from pydantic import (
     AwareDatetime,
@@ -43,7 +43,10 @@ __all__ = [
 
 
 def _new_id() -> str:
-    return uuid4().hex
+    # 128 random bits as 32 hex digits, the form uuid4().hex had. An id need only be unique
+    # within its history; uuid4 asks the OS for entropy on every call (a system call per
+    # entry), the module's generator (reseeded in a forked child) does not.
+    return f"{getrandbits(128):032x}"
 
 
 def _now() -> datetime:
