@@ -512,3 +512,14 @@ async def test_whole_tool_calls_without_index_or_id_are_kept_apart(
         ("list_dir", {}),
     ]
     assert len({c.id for c in completion.tool_calls}) == 2
+
+
+async def test_base_url_follows_the_sdk_clients_url_when_it_is_changed() -> None:
+    llm = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    try:
+        assert llm.base_url == "http://127.0.0.1:9/v1/"
+        assert llm.base_url == "http://127.0.0.1:9/v1/"  # read again: the same text
+        llm.sdk_client.base_url = "http://127.0.0.1:10/v2"
+        assert llm.base_url == "http://127.0.0.1:10/v2/"
+    finally:
+        await llm.aclose()
