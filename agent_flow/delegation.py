@@ -108,9 +108,6 @@ class DelegationResult(BaseModel):
         usage_per_call: Each of the child's model calls' usage, its own children's included,
             in the order they were counted into the parent.
         cost_per_call: Each call's cost, in the order of `usage_per_call` (``None``: unknown).
-        events: How many events the child's run (its own children's included) published
-            into the parent run's sequence: a durable recovery that replays this result
-            advances the parent's sequence by as many, as the live child did.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -125,7 +122,6 @@ class DelegationResult(BaseModel):
     iterations: int = 0
     usage_per_call: tuple[Usage, ...] = ()
     cost_per_call: tuple[float | None, ...] = ()
-    events: int = 0
 
 
 def _targets(projection: Sequence[str] | Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -340,16 +336,15 @@ class Delegate(Generic[_Out]):
             source = parent.agent.environment
         environment = _project(source or Environment(), self.projection, task)
         if self._slots is None:
-            outcome, events = await self._run_child(environment, parent, task)
+            outcome = await self._run_child(environment, parent, task)
         else:
             async with self._slots:
-                outcome, events = await self._run_child(environment, parent, task)
-        return self._result(task, outcome, events)
+                outcome = await self._run_child(environment, parent, task)
+        return self._result(task, outcome)
 
     async def _run_child(
         self, environment: Environment, parent: _Run | None, task: str
-    ) -> tuple[ExecutionOutcome, int]:
-        """Run the child; return its outcome and how many events it forwarded to `parent`."""
+    ) -> ExecutionOutcome:
         agent = self.child(environment, parent)
         meter = meter_for(parent) if parent is not None else None
         # The child is one step of a durable parent: its own calls are not steps, but each
@@ -364,9 +359,7 @@ class Delegate(Generic[_Out]):
             async with agent:
                 running = agent.run(task)
                 child_run = agent._run
-                outcome = await running
-                bus = agent.events
-                return outcome, bus.forwarded if isinstance(bus, ChildEvents) else 0
+                return await running
         finally:
             if budget is not None:
                 PARENT_BUDGET.reset(budget)
@@ -374,7 +367,7 @@ class Delegate(Generic[_Out]):
             if meter is not None and child_run is not None:
                 meter.release(child_run)
 
-    def _result(self, task: str, outcome: ExecutionOutcome, events: int) -> ToolResult:
+    def _result(self, task: str, outcome: ExecutionOutcome) -> ToolResult:
         done = DelegationResult(
             task=task,
             run_id=outcome.run_id,
@@ -386,7 +379,6 @@ class Delegate(Generic[_Out]):
             iterations=outcome.iterations,
             usage_per_call=outcome.usage_per_call,
             cost_per_call=outcome.cost_per_call,
-            events=events,
         )
         data = done.model_dump(mode="json")
         if outcome.stop_reason not in _FINISHED:
@@ -449,9 +441,9 @@ def count_replayed(step: str, result: str) -> None:
     A durable engine calls this when a recovered run gets step `step`'s recorded `result`
     instead of running it. For a `Delegate`'s tool step (``tool:<name>``) whose result
     carries a `DelegationResult`, the child's recorded calls go into the current run's usage,
-    cost and limits (`agent_flow.agent._delegate.ParentMeter.recount`), and the run's event
-    sequence skips the numbers the child's events took; every other step is left alone (a
-    model call's replay is counted by the loop).
+    cost and limits (`agent_flow.agent._delegate.ParentMeter.recount`); every other step is
+    left alone (a model call's replay is counted by the loop; the event numbers a replayed
+    child took are restored by the turn's own record, ``tool_turn_events``).
     """
     if not step.startswith("tool:"):
         return
@@ -471,5 +463,3 @@ def count_replayed(step: str, result: str) -> None:
     if not done.usage_per_call and done.usage != Usage():
         calls = [(done.usage, done.cost_usd)]  # recorded before results listed their calls
     meter_for(run).recount(calls)
-    # The replayed child published nothing this time: its stored events keep their numbers.
-    run.seq += done.events

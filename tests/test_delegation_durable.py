@@ -443,3 +443,95 @@ async def test_children_of_one_durable_step_run_side_by_side_and_recover_at_any_
             if use.error_kind == "interrupted":
                 continue  # started, not recorded: not run again (the delegate is not idempotent)
             assert use.content == f"answer to part {n}", (crash_at, use)
+
+
+# -- a child that took numbers but whose call left no result of the child's --------------------------------
+
+
+def failing_parent(request: LLMRequest) -> Reply:
+    done = sum(1 for m in request.messages if m.role == "tool")
+    if done == 0:
+        return reply(tool_calls=[call("investigate", task="slow question")])
+    if done == 1:
+        return reply(tool_calls=[call("noop")])
+    return reply("done")
+
+
+@tool(policy=ToolPolicy(read_only=True))
+def echo(text: str) -> str:
+    """Echo a text.
+
+    Args:
+        text: What to echo.
+    """
+    return text
+
+
+@tool(policy=ToolPolicy(read_only=True))
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+
+class FailingAfterItsChild(Delegate[Any]):
+    """A delegate whose child runs (and publishes) to its end, then the call fails."""
+
+    async def run(self, arguments: Any, context: Any) -> Any:
+        await super().run(arguments, context)
+        raise RuntimeError("the call failed after its child ran")
+
+
+async def failing_attempt(store: CrashingStore, request: RunRequest) -> Any:
+    """A run whose delegate publishes events, then fails: its result carries no child's."""
+
+    def child_play(child_request: LLMRequest) -> Reply:
+        if sum(1 for m in child_request.messages if m.role == "tool") < 6:
+            return reply(tool_calls=[call("echo", text="x")])
+        return reply("found nothing")
+
+    delegate = FailingAfterItsChild(
+        "investigate",
+        "Investigate.",
+        llm=FunctionLLM(child_play, model="child"),
+        tools=[echo],
+        budget=ContextConfig(max_tokens=3000, counter="approx"),
+        read_only=True,
+    )
+    runtime = Runtime(
+        store=store,
+        config=CONFIG,
+        llm_factory=lambda _config: (FunctionLLM(failing_parent, model="parent"), None),
+        tools_factory=lambda _config: ToolExecutor([delegate, noop]),
+        cancel_check_seconds=3600,
+    )
+    try:
+        return await _execute(runtime, request)
+    except StepRecordError as err:
+        if not isinstance(err.__cause__, StoreError):
+            raise
+        return None
+
+
+async def test_a_recovery_after_a_failed_delegation_stores_the_rest_of_the_run() -> None:
+    store = CrashingStore()
+    info = await store.create(agent="durable")
+    outcome = await failing_attempt(store, RunRequest(session_id=info.id, message="go", run_id="t"))
+    assert outcome is not None and outcome.final_text == "done"
+    assert [u.is_error for u in outcome.tool_uses] == [True, False], outcome.tool_uses
+    clean = [e.kind for e in await store.events(info.id) if not e.path]
+    total = store.writes
+    for crash_at in range(1, total + 1):
+        store = CrashingStore()
+        info = await store.create(agent="durable")
+        request = RunRequest(session_id=info.id, message="go", run_id=f"t{crash_at}")
+        store.crash_at = crash_at
+        await failing_attempt(store, request)
+        store.crash_at = None
+        outcome = await failing_attempt(store, request)
+        assert outcome is not None and outcome.final_text == "done", crash_at
+        events = await store.events(info.id)
+        top = [e for e in events if not e.path]
+        assert [e.kind for e in top] == clean, crash_at  # nothing of the run lost
+        assert (await store.info(info.id)).status == "completed", crash_at
+        seqs = [e.seq for e in events]
+        assert seqs == sorted(set(seqs)), crash_at

@@ -242,3 +242,18 @@ async def test_sse_watchers_get_ids_for_child_events_the_same_as_stored() -> Non
     for frame in frames:
         if frame.id is not None:
             assert stored[int(frame.id)] == json.loads(frame.data)["run_id"]
+
+
+async def test_sessions_show_lists_delegated_runs_under_their_parent(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    async with SQLiteSessionStore(db) as db_store:
+        agent = storing_agent(db_store, "one", nested=True)
+        await agent.run("go")
+        assert agent.session_id is not None
+    code, text = await cli(["sessions", "show", agent.session_id, "--db", str(db)])
+    assert code == 0, text
+    assert "runs (1, 2 delegated)" in text, text
+    lines = text.splitlines()
+    child = next(line for line in lines if "↳" in line and "one" in line)
+    grandchild = next(line for line in lines if "↳" in line and "deeper" in line)
+    assert child.index("↳") < grandchild.index("↳")  # indented one level more

@@ -49,10 +49,6 @@ class ChildEvents(EventBus):
         run: The parent run itself, which numbers, records and publishes the child's events
             (`_Run.forward`); by default the run executing here (``CURRENT_RUN``) when it is
             `parent_run_id`. Without one, the events go to `parent` as they are numbered.
-
-    Attributes:
-        forwarded: How many events (the child's and its own children's) went to the parent run:
-            the sequence numbers the child took from it.
     """
 
     def __init__(self, parent: EventBus, parent_run_id: str, *, run: _Run | None = None) -> None:
@@ -65,7 +61,6 @@ class ChildEvents(EventBus):
             current = CURRENT_RUN.get()
             run = current if current is not None and current.run_id == parent_run_id else None
         self._run = run
-        self.forwarded = 0
 
     async def publish(self, event: AgentEvent) -> None:
         """Hand `event` to the parent run with the parent run first in its path."""
@@ -75,7 +70,6 @@ class ChildEvents(EventBus):
         if self._run is None:
             await self._parent.publish(event.model_copy(update={"path": path}))
             return
-        self.forwarded += 1
         await self._run.forward(event, path)
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from agent_flow._checkpoints import current_step_runner
 from agent_flow._types import JsonObject
 from agent_flow.agent._cost import _admit_or_stop
 from agent_flow.agent._deferred import route_calls
@@ -256,6 +257,26 @@ async def _text_answer(run: _Run, text: str) -> Step:
     return Finish(StopReason.ANSWERED, text=text)
 
 
+async def _record_sequence(run: _Run) -> None:
+    """In a durable run, record where a turn's tool calls left the run's event sequence.
+
+    A delegated child's events take numbers from the run's sequence (`_Run.forward`), and a
+    recovery that replays the child's recorded result publishes none of them (nor does it
+    know how many a timed-out or failed child took): the recovered run takes the recorded
+    number, so the events after the turn keep the numbers they were stored under.
+    """
+    runner = current_step_runner()
+    if runner is None:
+        return
+    seq = run.seq
+
+    async def where() -> str:
+        return str(seq)
+
+    recorded = await runner.step("tool_turn_events", where)
+    run.seq = max(run.seq, int(recorded))
+
+
 async def _tool_step(run: _Run, step: RunTools) -> Step:
     """Steps 6-8: execute the calls, apply handlers, record results, honour control."""
     requests = step.calls
@@ -356,6 +377,8 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
             version=run.agent.environment.version,
             changes=tuple(changes),
         )
+    if routed.execute:
+        await _record_sequence(run)  # the turn's results are in the history and the outcome
     if routed.handed:
         return Finish(StopReason.DEFERRED, deferred=tuple(routed.handed.values()))
     if control is not None:

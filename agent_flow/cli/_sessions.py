@@ -133,17 +133,23 @@ async def _sessions_show(args: argparse.Namespace, streams: _Streams) -> int:
         out.write(f"  extensions: {', '.join(names) or '-'}\n")
         if args.environment:
             out.write(json.dumps(json.loads(environment.to_json()), indent=2) + "\n")
+    # The session's runs, each followed by the runs it delegated (``path``), indented.
     runs: dict[str, list[str]] = {}
+    depth: dict[str, int] = {}
     for event in events:
         if event.kind == "run_started":
             runs.setdefault(event.run_id, []).insert(0, _one_line(event.task, 70))
+            depth[event.run_id] = len(event.path)
         elif event.kind == "run_finished":
             runs.setdefault(event.run_id, []).append(
                 f"{event.stop_reason}, {event.iterations} iteration(s)"
             )
-    out.write(f"\nruns ({len(runs)})\n")
+    own = sum(1 for run_id in runs if not depth.get(run_id))
+    delegated = f", {len(runs) - own} delegated" if len(runs) > own else ""
+    out.write(f"\nruns ({own}{delegated})\n")
     for run_id, parts in runs.items():
-        out.write(f"  {run_id[:8]}  {' -> '.join(parts)}\n")
+        lead = "  " * depth.get(run_id, 0) + ("↳ " if depth.get(run_id) else "")
+        out.write(f"  {lead}{run_id[:8]}  {' -> '.join(parts)}\n")
     return EXIT_OK
 
 

@@ -41,15 +41,16 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from dbos import error as dbos_error
 
-from agent_flow._checkpoints import StepRecordError, StepRunner
-from agent_flow.delegation import count_replayed
+from agent_flow._checkpoints import STEP_RUNNER, StepRecordError, StepRunner
+from agent_flow.delegation import _ChildSteps, count_replayed
 from agent_flow.errors import StoreError
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.recorder import SessionRecorder
 
 __all__ = ["STEPS_PER_CALL", "DurableReplayError", "WorkflowStatus"]
 
-#: The step positions reserved for each tool call of a turn (`_StoreSteps.for_calls`).
+#: The step positions reserved for each tool call of a turn (`_StoreSteps.for_calls`): its
+#: "started" record and its result.
 STEPS_PER_CALL = 2
 
 #: Reads a workflow's DBOS status ("PENDING", "CANCELLED", ...; None if unknown) without
@@ -178,8 +179,9 @@ class _StoreSteps:
     async def _look_for_cancellation(self) -> None:
         if not await self.check_cancelled():
             return
-        # In the run's own task the cancellation arrives here, and the run ends CANCELLED;
-        # a step in another task (none today: tools run one at a time) stops on the error.
+        # In the run's own task the cancellation arrives here, and the run ends CANCELLED; a
+        # step in a tool call's own task (a turn's calls run side by side) stops on the error,
+        # and the run's cancellation, which cancels that task too, ends the run.
         await asyncio.sleep(0)
         raise dbos_error.DBOSWorkflowCancelledError(
             f"Workflow {self._run_id} is cancelled. Aborting function."
@@ -187,18 +189,21 @@ class _StoreSteps:
 
 
 class _CallSteps:
-    """The step runner of one tool call of a durable turn: the positions reserved for it.
+    """The step runner of one tool call of a durable turn: the two positions reserved for it.
 
-    A call records at most `STEPS_PER_CALL` steps (a tool that is not idempotent: its
-    "started" record, then its result; any other: its result).
+    The call's own steps have fixed places: ``tool_started:<name>`` (the record before a tool
+    that is not idempotent runs) the first, ``tool:<name>`` (its result) the second, so a
+    call's records are found where they were whichever of them it made. What runs inside the
+    tool (an agent of its own, say) records nothing: it is part of the call, whose result is
+    the record, and it looks whether the run was cancelled before each of its steps, as a
+    delegated child does (`agent_flow.delegation._ChildSteps`).
     """
 
     sequential_tools = False
 
     def __init__(self, steps: _StoreSteps, first: int) -> None:
         self._steps = steps
-        self._next = first
-        self._end = first + STEPS_PER_CALL
+        self._first = first
 
     async def step(
         self,
@@ -208,14 +213,26 @@ class _CallSteps:
         stored_now: bool = False,
         synced: bool = True,
     ) -> str:
-        if self._next >= self._end:
-            raise StepRecordError(
-                f"a tool call asked for a step {name!r} beyond the {STEPS_PER_CALL} reserved "
-                "for each call; this is a bug in agent_flow"
+        if name.startswith("tool_started:"):
+            position = self._first
+        elif name.startswith("tool:"):
+            position = self._first + 1
+        else:
+            raise DurableReplayError(
+                f"a tool call asked for a step {name!r}, which is not one of a call's own "
+                "steps; this is a bug in agent_flow"
             )
-        position = self._next
-        self._next += 1
-        return await self._steps.step_at(position, name, work, stored_now=stored_now, synced=synced)
+
+        async def unrecorded_inside() -> str:
+            token = STEP_RUNNER.set(_ChildSteps(self))
+            try:
+                return await work()
+            finally:
+                STEP_RUNNER.reset(token)
+
+        return await self._steps.step_at(
+            position, name, unrecorded_inside, stored_now=stored_now, synced=synced
+        )
 
     async def check_cancelled(self) -> bool:
         """Whether the run was cancelled (see `_StoreSteps.check_cancelled`)."""

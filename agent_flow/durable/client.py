@@ -20,7 +20,7 @@ from agent_flow._defaults import DURABLE_CANCEL_SETTLE_SECONDS
 from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.config import AgentConfig
 from agent_flow.durable._workflow import OUTCOME_CHECKPOINT, WORKFLOW_NAME, RunRequest
-from agent_flow.durable.config import DurableConfig
+from agent_flow.durable.config import DurableConfig, app_version
 from agent_flow.errors import RunError
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.protocol import SessionStore
@@ -194,7 +194,7 @@ class DurableClient:
             "workflow_name": WORKFLOW_NAME,
             "queue_name": self.durable.queue,
             "workflow_id": request.run_id,
-            "app_version": _app_version(),
+            "app_version": app_version(),
             # The queue is partitioned by session: its runs execute one at a time.
             "queue_partition_key": session_id,
         }
@@ -219,9 +219,3 @@ class DurableClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _app_version() -> str:
-    from agent_flow import __version__
-
-    return f"agent_flow-{__version__}"

@@ -77,3 +77,21 @@ def load_durable_config(path: str | Path | None) -> DurableConfig:
         item = err.errors()[0]
         where = ".".join(str(part) for part in item["loc"])
         raise ConfigError(f"invalid [durable] {where} in {path}: {item['msg']}") from err
+
+
+#: How a durable run's steps are laid out in its checkpoints (positions, what is recorded).
+#: A run is recovered only by workers of the same layout: a change bumps it.
+#: 2: a turn's tool calls run side by side at reserved positions, and each turn records
+#: where its events left the run's sequence.
+STEP_LAYOUT = 2
+
+
+def app_version() -> str:
+    """The DBOS application version of this deployment's processes.
+
+    DBOS recovers and dequeues a run only on processes of the version that enqueued it, so
+    runs started by another agent_flow, or another step layout, are left to its own workers.
+    """
+    from agent_flow import __version__
+
+    return f"agent_flow-{__version__}+steps{STEP_LAYOUT}"

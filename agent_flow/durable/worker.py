@@ -25,12 +25,11 @@ from typing import Any, Self
 
 from dbos import DBOS, DBOSClient
 
-from agent_flow import __version__
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.durable._liveness import Liveness, liveness_for
 from agent_flow.durable._workflow import LLMFactory, Runtime, ToolsFactory, install
-from agent_flow.durable.config import DurableConfig
+from agent_flow.durable.config import DurableConfig, app_version
 from agent_flow.sessions.protocol import SessionStore
 
 __all__ = ["DurableWorker", "dbos_config"]
@@ -45,7 +44,7 @@ def dbos_config(durable: DurableConfig, executor_id: str) -> Any:
         "system_database_url": durable.resolved_url(),
         "executor_id": executor_id,
         # One version for every process of a deployment, so any worker may recover any run.
-        "application_version": f"agent_flow-{__version__}",
+        "application_version": app_version(),
         "notification_listener_polling_interval_sec": durable.poll_seconds,
         "log_level": "WARNING",
     }
@@ -172,7 +171,7 @@ class DurableWorker:
                 runs = await DBOS.list_workflows_async(
                     status="PENDING",
                     executor_id=owner,
-                    app_version=f"agent_flow-{__version__}",
+                    app_version=app_version(),
                     load_input=False,
                     load_output=False,
                 )

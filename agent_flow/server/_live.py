@@ -107,7 +107,7 @@ class LiveSession:
         event_id = self.event_id(event)
         if event_id is not None:
             self.buffer.append((event_id, event))
-        if isinstance(event, ContextBuilt):
+        if isinstance(event, ContextBuilt) and not event.path:  # a child's is not the session's
             self.last_prompt = event.breakdown
 
     async def approve(self, request: ApprovalRequest) -> ApprovalResponse:

@@ -179,7 +179,7 @@ class PromptTap:
         buffer = self.live.buffer
         for index in range(len(buffer) - 1, max(-1, len(buffer) - 1 - _STEP_LOOKBACK), -1):
             event_id, event = buffer[index]
-            if isinstance(event, ContextBuilt):
+            if isinstance(event, ContextBuilt) and not event.path:  # the run's own, not a child's
                 return event_id, event
         return None
 

@@ -533,7 +533,7 @@ async def _view(manager: SessionManager, live: LiveSession, info: SessionInfo) -
     if last_prompt is None and info.event_count:
         recent = await manager.store.events(live.id, offset=max(0, info.event_count - 500))
         for event in reversed(recent):
-            if isinstance(event, ContextBuilt):
+            if isinstance(event, ContextBuilt) and not event.path:
                 last_prompt = event.breakdown
                 break
     summary = _summary(info, manager)

@@ -272,18 +272,24 @@ class ToolExecutor(ToolRegistry):
             finally:
                 STEP_RUNNER.reset(token)
 
-        if runner is not None and calls_steps is None and runner.sequential_tools:
+        if calls_steps is not None:
+            # Durable: every call runs to its end, even when another's record fails; then the
+            # first failure in call order stops the run (`StepRecordError`: the tool boundary
+            # lets nothing else through). A call cancelled half-way could not be told from a
+            # crash, and the calls after the failing one are recorded where they finished.
+            ended = await asyncio.gather(
+                *(run(index, call) for index, call in enumerate(calls)), return_exceptions=True
+            )
+            for failure in ended:
+                if isinstance(failure, BaseException):
+                    raise failure
+        elif runner is not None and runner.sequential_tools:
             for index, call in enumerate(calls):
                 await run(index, call)
         else:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for index, call in enumerate(calls):
-                        group.create_task(run(index, call))
-            except BaseExceptionGroup as failed:
-                # Only what the tool boundary lets through gets here (a durable run that must
-                # stop, `StepRecordError`): raise it as the calls run one by one would.
-                raise failed.exceptions[0]  # noqa: B904 (its own cause stays)
+            async with asyncio.TaskGroup() as group:
+                for index, call in enumerate(calls):
+                    group.create_task(run(index, call))
         return [
             self._finish(call, record, environment) for call, record in zip(calls, ran, strict=True)
         ]
