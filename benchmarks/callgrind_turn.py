@@ -10,12 +10,22 @@ callgrind and prints, per loop, the instructions per model turn, in one process:
 
 Each loop is warmed up first (imports, connections, the tokenizer; for agent_flow, the price
 data it loads in a background thread and prices from on the next call), then callgrind's
-counters are zeroed, `runs` runs of that loop are made one after another, and the counters are
-dumped: the dump holds only that loop's runs. Counters are zeroed and dumped through
-callgrind's client requests from a tiny C helper built with ``gcc`` on first use (valgrind's
-``callgrind.h`` must be installed), so the boundaries are exact. The dumps stay in
-``--out`` (one file per loop) for ``callgrind_annotate``. As in `bench_loop`, the server's
-(equal) cost is in every column; the ratio is agent_flow's instructions over handwritten's.
+counters are cleared, `runs` runs of that loop are made one after another, and the counters
+are dumped: the dump holds only that loop's runs. (Runs all at once do not survive valgrind:
+under its slowdown the SDK's 5 s connect timeout expires while many runs connect.)
+Counters are cleared and dumped through callgrind's client requests, from a tiny C helper
+built with ``gcc`` on first use (valgrind's ``callgrind.h`` must be installed), so the
+boundaries are exact; the warm-up is dumped too (zeroing clears only the calling thread's
+counters, a dump every thread's). The dumps stay in ``--out`` (one file per loop) for
+``callgrind_annotate``. As in `bench_loop`, the in-process
+server's cost is in every column: nearly equal (parsing each request costs it about 0.14 M
+instructions per agent_flow turn, whose bodies carry more tool schemas, and 0.09 M per turn
+of the hand-written loop); the ratio is agent_flow's instructions over the hand-written loop's.
+
+Instructions are not time: the hand-written loop runs about 10 G instructions per CPU second
+here (pydantic-core's validation in Rust), agent_flow's Python about 4 G, and system calls
+(the thread hand-off of a sync tool, socket reads) are not counted at all. Use this to see
+whether a change removed work; use `bench_loop` for what a turn costs.
 
 Counts vary by a fraction of a percent from one run to the next (socket reads that return
 a response in one or two pieces, hash seeds): compare changes larger than that.
@@ -142,7 +152,8 @@ def main() -> None:
         str(args.k),
         "--loops",
         args.loops,
-    ] + (["--stream"] if args.stream else [])
+    ]
+    command += ["--stream"] if args.stream else []
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         sys.stderr.write(result.stderr[-4000:])
@@ -150,7 +161,10 @@ def main() -> None:
     last = result.stdout.strip().splitlines()[-1]
     turns = {name: int(value) for name, value in (pair.split("=") for pair in last.split())}
     per_turn = {loop: _instructions(out, loop) / turns[loop] for loop in loops}
-    print(f"K={args.k} stream={args.stream} runs={args.runs}: instructions (Ir) per model turn")
+    print(
+        f"K={args.k} stream={args.stream} runs={args.runs}, one after another: "
+        "instructions (Ir) per model turn"
+    )
     for loop in loops:
         print(f"  {loop:<12} {per_turn[loop]:>14,.0f}  ({turns[loop]} turns)")
     if "agent_flow" in per_turn and "handwritten" in per_turn:
