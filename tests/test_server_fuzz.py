@@ -93,7 +93,9 @@ def _config(headers: dict[str, str]) -> SchemathesisConfig:
 
 # Hypothesis warns (an error here: filterwarnings) when it builds a very large example's
 # text; that says nothing about the API, and which example grows that large varies by run.
-@pytest.mark.filterwarnings("ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning")
+@pytest.mark.filterwarnings(
+    "ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"
+)
 def test_schemathesis_with_all_checks_finds_no_failure(
     server: tuple[str, dict[str, str]],
 ) -> None:
