@@ -368,3 +368,13 @@ def test_entries_made_without_an_id_get_distinct_ids_of_32_hex_digits() -> None:
     ids = [UserMessage(content="hi").id for _ in range(2000)]
     assert len(set(ids)) == len(ids)
     assert all(len(entry_id) == 32 and set(entry_id) <= set("0123456789abcdef") for entry_id in ids)
+
+
+def test_entry_ids_do_not_repeat_when_the_random_module_is_seeded_again() -> None:
+    import random
+
+    random.seed(7)
+    first = UserMessage(content="a")
+    random.seed(7)
+    second = UserMessage(content="a")
+    assert first.id != second.id and len(first.id) == 32

@@ -10,9 +10,10 @@ persisted form of a history. How entries group into units and render to messages
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from random import getrandbits
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import (
@@ -42,11 +43,17 @@ __all__ = [
 ]
 
 
+#: Entry ids' own generator, seeded from the OS once (and again in a forked child): uuid4 asks
+#: the OS for entropy on every call (a system call per entry). Not the `random` module's
+#: shared one, which a user may seed (ids would repeat) and Hypothesis watches.
+_IDS = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
 def _new_id() -> str:
     # 128 random bits as 32 hex digits, the form uuid4().hex had. An id need only be unique
-    # within its history; uuid4 asks the OS for entropy on every call (a system call per
-    # entry), the module's generator (reseeded in a forked child) does not.
-    return f"{getrandbits(128):032x}"
+    # within its history.
+    return f"{_IDS.getrandbits(128):032x}"
 
 
 def _now() -> datetime:
