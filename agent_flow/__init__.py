@@ -56,6 +56,7 @@ if _TYPE_CHECKING:
         UserError,
     )
     from agent_flow.events import AgentEvent, EventBus, Subscription, event_from_json, event_to_json
+    from agent_flow.handoff import Handoff, LastUnits, SummaryView, WholeConversation
     from agent_flow.history import (
         AgentMessage,
         AgentThinking,
@@ -107,6 +108,10 @@ _LAZY = {
     "DeferredCall": "agent_flow.agent",
     "DeferredResults": "agent_flow.agent",
     "Delegate": "agent_flow.delegation",
+    "Handoff": "agent_flow.handoff",
+    "LastUnits": "agent_flow.handoff",
+    "SummaryView": "agent_flow.handoff",
+    "WholeConversation": "agent_flow.handoff",
     "DelegationResult": "agent_flow.delegation",
     "DropOldest": "agent_flow.history",
     "ElideToolResults": "agent_flow.history",
@@ -204,6 +209,7 @@ __all__ = [
     "ExtractiveSummarizer",
     "FileInfo",
     "Finish",
+    "Handoff",
     "History",
     "HistoryEntry",
     "KnowledgeBase",
@@ -211,6 +217,7 @@ __all__ = [
     "LLMConfig",
     "LLMOverrides",
     "LLMRequest",
+    "LastUnits",
     "ModelError",
     "OpenAIClient",
     "PlanStep",
@@ -228,6 +235,7 @@ __all__ = [
     "SummarizeOldest",
     "Summarizer",
     "Summary",
+    "SummaryView",
     "SystemState",
     "TaskState",
     "TaskStatus",
@@ -241,6 +249,7 @@ __all__ = [
     "ToolUse",
     "UserError",
     "UserMessage",
+    "WholeConversation",
     "WorkspaceState",
     "__version__",
     "event_from_json",
