@@ -1,4 +1,4 @@
-"""What storing a run costs per step: CPU of a run saved to each store, against the same run unsaved.
+"""What storing a run costs per step: CPU of a run saved to each store, against it unsaved.
 
 One agent loop, one scripted model in process (no HTTP: what is measured is the loop and the
 store), K tool steps per run (the model calls ``add`` K times, then answers). Variants, taking
@@ -89,7 +89,7 @@ async def measure(targets: dict[str, str | None], runs: int, k: int, rounds: int
             store = stores[name]
             if store is not None:
                 await store.__aenter__()
-        for name, store in stores.items():  # warm up: imports, tokenizer, connections
+        for store in stores.values():  # warm up: imports, tokenizer, connections
             await block(store, 2, k)
         samples: dict[str, list[float]] = {name: [] for name in stores}
         names = list(stores)
@@ -150,7 +150,6 @@ def _drop(url: str, schema: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
 
 
 if __name__ == "__main__":

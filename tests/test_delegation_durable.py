@@ -445,7 +445,7 @@ async def test_children_of_one_durable_step_run_side_by_side_and_recover_at_any_
             assert use.content == f"answer to part {n}", (crash_at, use)
 
 
-# -- a child that took numbers but whose call left no result of the child's --------------------------------
+# -- a child that took numbers, its call leaving no result of the child's ------------------
 
 
 def failing_parent(request: LLMRequest) -> Reply:
