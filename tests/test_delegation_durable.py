@@ -41,6 +41,30 @@ from tests.test_durable_steps import CrashingStore
 CONFIG = AgentConfig(control_tools=False, max_iterations=10)
 
 
+async def execute(
+    store: CrashingStore,
+    request: RunRequest,
+    parent: FunctionLLM,
+    tools: list[Any],
+    *,
+    config: AgentConfig = CONFIG,
+) -> Any:
+    """One execution of `request` with `parent` as its model; None when a crash stopped it."""
+    runtime = Runtime(
+        store=store,
+        config=config,
+        llm_factory=lambda _config: (parent, None),
+        tools_factory=lambda _config: ToolExecutor(tools),
+        cancel_check_seconds=3600,
+    )
+    try:
+        return await _execute(runtime, request)
+    except StepRecordError as err:
+        if not isinstance(err.__cause__, StoreError):
+            raise
+        return None
+
+
 def parent_play(request: LLMRequest) -> Reply:
     done = sum(1 for m in request.messages if m.role == "tool")
     if done < 2:
@@ -62,19 +86,7 @@ async def attempt(store: CrashingStore, runs: list[str], request: RunRequest) ->
         llm=FunctionLLM(child_play, model="child"),
         budget=ContextConfig(max_tokens=3000, counter="approx"),
     )
-    runtime = Runtime(
-        store=store,
-        config=CONFIG,
-        llm_factory=lambda _config: (FunctionLLM(parent_play, model="parent"), None),
-        tools_factory=lambda _config: ToolExecutor([delegate]),
-        cancel_check_seconds=3600,
-    )
-    try:
-        return await _execute(runtime, request)
-    except StepRecordError as err:
-        if not isinstance(err.__cause__, StoreError):
-            raise
-        return None
+    return await execute(store, request, FunctionLLM(parent_play, model="parent"), [delegate])
 
 
 async def test_a_finished_child_is_never_run_again_after_a_crash_at_any_write(
@@ -180,19 +192,9 @@ async def priced_attempt(
         budget=ContextConfig(max_tokens=3000, counter="approx"),
         read_only=read_only,
     )
-    runtime = Runtime(
-        store=store,
-        config=PRICED,
-        llm_factory=lambda _config: (FunctionLLM(priced_parent_play, model="parent"), None),
-        tools_factory=lambda _config: ToolExecutor([delegate]),
-        cancel_check_seconds=3600,
+    return await execute(
+        store, request, FunctionLLM(priced_parent_play, model="parent"), [delegate], config=PRICED
     )
-    try:
-        return await _execute(runtime, request)
-    except StepRecordError as err:
-        if not isinstance(err.__cause__, StoreError):
-            raise
-        return None
 
 
 def expected_calls(interrupted: set[int]) -> list[Usage]:
@@ -399,19 +401,7 @@ async def parallel_attempt(
         llm=FunctionLLM(child_play, model="child"),
         budget=ContextConfig(max_tokens=3000, counter="approx"),
     )
-    runtime = Runtime(
-        store=store,
-        config=CONFIG,
-        llm_factory=lambda _config: (FunctionLLM(parent, model="parent"), None),
-        tools_factory=lambda _config: ToolExecutor([delegate]),
-        cancel_check_seconds=3600,
-    )
-    try:
-        return await _execute(runtime, request)
-    except StepRecordError as err:
-        if not isinstance(err.__cause__, StoreError):
-            raise
-        return None
+    return await execute(store, request, FunctionLLM(parent, model="parent"), [delegate])
 
 
 async def test_children_of_one_durable_step_run_side_by_side_and_recover_at_any_write() -> None:
@@ -497,19 +487,9 @@ async def failing_attempt(store: CrashingStore, request: RunRequest) -> Any:
         budget=ContextConfig(max_tokens=3000, counter="approx"),
         read_only=True,
     )
-    runtime = Runtime(
-        store=store,
-        config=CONFIG,
-        llm_factory=lambda _config: (FunctionLLM(failing_parent, model="parent"), None),
-        tools_factory=lambda _config: ToolExecutor([delegate, noop]),
-        cancel_check_seconds=3600,
+    return await execute(
+        store, request, FunctionLLM(failing_parent, model="parent"), [delegate, noop]
     )
-    try:
-        return await _execute(runtime, request)
-    except StepRecordError as err:
-        if not isinstance(err.__cause__, StoreError):
-            raise
-        return None
 
 
 async def test_a_recovery_after_a_failed_delegation_stores_the_rest_of_the_run() -> None:
