@@ -12,6 +12,7 @@ The model is asked at temperature 0 (greedy, so the same answers every run) for 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -170,3 +171,77 @@ async def test_an_agent_run_on_a_real_model_ends_with_a_clear_outcome(
         else:
             assert "tools" not in body
             assert "add" in body["messages"][0]["content"]
+
+
+async def test_a_delegated_researcher_runs_on_the_real_model(llama_server: LlamaServer) -> None:
+    """The README's delegation shape on a real server: a read-only child with a small budget.
+
+    The parent is scripted (it delegates once, then answers), so that a delegation happens
+    whatever a 135M model would choose; the child is the real model. What must hold: the
+    child's requests carry only the projection (never the parent's other state) and only the
+    read-only tool, every request is accepted, the child's events reach the parent with its
+    path, and its usage is in the parent's totals.
+    """
+    from agent_flow import AgentConfig, AgentExecutor, ContextConfig, Delegate
+    from agent_flow.testing import ScriptedLLM, call, reply
+    from agent_flow.tools import ToolPolicy, tool
+
+    @tool(policy=ToolPolicy(read_only=True))
+    def read_file(path: str) -> str:
+        """Read a file.
+
+        Args:
+            path: The file to read.
+        """
+        return "def total(prices):\n    return sum(prices[1:])\n"
+
+    @tool
+    def write_file(path: str, content: str) -> str:
+        """Write a file.
+
+        Args:
+            path: The file to write.
+            content: Its new content.
+        """
+        return "written"
+
+    log = HttpLog()
+    async with real_client(llama_server, log) as llm:
+        researcher = Delegate(
+            "investigate",
+            "Investigate a question about the code (read-only).",
+            llm=llm,
+            tools=[read_file, write_file],
+            read_only=True,
+            projection=["/task/objective"],
+            budget=ContextConfig(max_tokens=1500, counter="approx"),
+            config=AgentConfig(max_iterations=2, control_tools=False),
+        )
+        coder = AgentExecutor(
+            ScriptedLLM(
+                [
+                    reply(tool_calls=[call("investigate", task="Why does total([1, 2]) give 2?")]),
+                    "Fixed.",
+                ]
+            ),
+            config=AgentConfig(context=ContextConfig(max_tokens=8000, counter="approx")),
+        )
+        coder.environment.set("/knowledge/extra/secret", "PARENT-ONLY-7f3a")
+        coder.tools.register(write_file)
+        researcher.add_to(coder)
+        subscription = coder.subscribe()
+        outcome = await coder.run("Fix total().")
+        events = [event async for event in subscription]
+    assert_every_request_accepted(log, llama_server)
+    assert log.chat_requests, "the child made no request to the real server"
+    for body in log.chat_requests:
+        text = json.dumps(body)
+        assert "PARENT-ONLY-7f3a" not in text  # outside the projection
+        assert "Fix total()." in text  # the parent's objective, projected
+        offered = {t["function"]["name"] for t in body.get("tools", [])}
+        assert offered <= {"read_file"}, offered  # read-only: never write_file
+    child = [e for e in events if e.path]
+    assert child and {e.path for e in child} == {(outcome.run_id,)}
+    assert child[0].kind == "run_started" and child[-1].kind == "run_finished"
+    assert outcome.final_text == "Fixed."
+    assert len(outcome.usage_per_call) == 1 + len(log.chat_requests)  # the child's roll up
