@@ -1,9 +1,13 @@
-// The conversation as people read it, built from the session's events: the user's messages,
-// the model's answers (Markdown, once each answer is complete; plain text while it streams),
-// its thinking folded, and each tool call folded with its arguments and result. It follows new
-// messages unless the user scrolled up.
-import { Tail, clip, element, formatCost, number, prettyArguments } from "./dom.js";
-import { renderMarkdown } from "./markdown.js";
+// The conversation as people read it, built from the session's events (`RunLog` draws each
+// run). A delegated child's run is a block of its own under the parent's tool call that made
+// it (`RunTree` says which): its run id, task, messages and tool calls, and its end (stop
+// reason, tokens, cost) in the block's heading; a grandchild's block sits in its parent's the
+// same way, and children running side by side each fill their own block. So the top-level
+// conversation holds only the top-level runs' messages: a child's answer never reads as the
+// parent's. It follows new messages unless the user scrolled up.
+import { Tail, clip, element } from "./dom.js";
+import { RunLog, runTotals } from "./runlog.js";
+import { RunTree, TOP, shortId } from "./tree.js";
 
 export class Conversation {
   constructor(root, button) {
@@ -14,151 +18,48 @@ export class Conversation {
 
   reset() {
     this.root.replaceChildren();
-    this.turn = null;       // the model's answer being written: { node, text, body, ... }
-    this.lastText = "";     // the text of the latest complete answer
-    this.calls = new Map(); // call id -> its folded tool call
+    this.tree = new RunTree();
+    this.logs = new Map([[TOP, new RunLog(this.root, (n) => this.tail.grew(n))]]);
+    this.blocks = new Map(); // child run key -> { node, state, totals }
     this.tail.reset();
   }
 
-  add(node) {
-    this.root.append(node);
-    this.tail.grew();
-    return node;
-  }
-
-  note(text, kind = "note") {
-    this.add(element("div", { class: `note ${kind}` }, text));
-  }
-
-  // The answer being written, made on its first content.
-  current(iteration) {
-    if (this.turn === null) {
-      const body = element("div", { class: "md streaming" });
-      const tools = element("div", { class: "tools" });
-      const node = element("div", { class: "msg assistant", "data-iteration": iteration ?? "" },
-        element("div", { class: "who" }, "assistant"), body, tools);
-      this.turn = { node, body, tools, text: "", thinking: null, live: null };
-      this.add(node);
-    }
-    return this.turn;
-  }
-
   onEvent(event) {
-    // A delegated child run's events (their `path` names the runs above): its start and end
-    // as notes; its steps are its own, and its result comes back as the delegating call's.
-    if (event.path && event.path.length) {
-      if (event.kind === "run_started") this.note(`↳ delegated a sub-task: ${clip(event.task, 160)}`, "child");
-      if (event.kind === "run_finished") this.note(`↳ the sub-task ended ${event.stop_reason}: ${clip(event.final_text, 160)}`, "child");
-      return;
-    }
-    switch (event.kind) {
-      case "run_started":
-        this.turn = null;
-        this.add(element("div", { class: "msg user" }, element("div", { class: "who" }, "user"),
-          element("div", { class: "text" }, event.task)));
-        break;
-      case "iteration_started":
-        this.turn = null;
-        break;
-      case "thinking_delta": {
-        const turn = this.current();
-        if (turn.thinking === null) {
-          turn.thinking = document.createTextNode("");
-          turn.node.insertBefore(element("details", { class: "thinking" }, element("summary", {}, "thinking"),
-            element("div", { class: "text" }, turn.thinking)), turn.body);
-        }
-        turn.thinking.appendData(event.text);
-        break;
-      }
-      case "text_delta": {
-        const turn = this.current();
-        if (turn.live === null) { turn.live = document.createTextNode(""); turn.body.append(turn.live); }
-        turn.live.appendData(event.text);
-        turn.text += event.text;
-        this.tail.grew(0);
-        break;
-      }
-      case "model_output_discarded":
-        if (this.turn !== null) this.turn.node.remove();
-        this.turn = null;
-        this.note(`A cut answer was discarded (attempt ${event.attempt}): ${clip(event.text, 80)}`);
-        break;
-      case "model_retrying":
-        this.note(`The model call failed; retrying (attempt ${event.attempt} of ${event.max_attempts}): ${event.reason}`);
-        break;
-      case "model_responded":
-        if (event.source === "agent") this.finishTurn();
-        break;
-      case "tool_call_started": this.callStarted(event); break;
-      case "approval_required": this.callStatus(event.call_id, "waiting for approval", "waiting"); break;
-      case "approval_resolved":
-        this.callStatus(event.call_id, event.approved ? `approved${event.decided_by ? " by " + event.decided_by : ""}` : `denied ${event.reason}`, event.approved ? "" : "failed");
-        break;
-      case "tool_call_completed": this.callEnded(event.call_id, event.content, event.is_error, event.duration_ms); break;
-      case "tool_call_failed": this.callEnded(event.call_id, event.error, true, event.duration_ms); break;
-      case "history_pruned": this.note("Older history was pruned from the prompt to stay within the budget."); break;
-      case "warning_raised": this.note(`Warning: ${event.message}`, "warning"); break;
-      case "execution_error": this.note(`${event.fatal ? "Fatal error" : "Error"}: ${event.error_type}: ${event.message}`, "error"); break;
-      case "events_dropped": this.note(`${event.count} events did not reach this page (it fell behind).`, "warning"); break;
-      case "run_finished": this.runFinished(event); break;
-      default: break;
-    }
+    const { key, fresh } = this.tree.observe(event);
+    for (const run of fresh) this.open(run);
+    if (key !== TOP && event.kind === "run_started") this.started(key, event);
+    if (key !== TOP && event.kind === "run_finished") this.finished(key, event);
+    this.logs.get(key).onEvent(event);
   }
 
-  finishTurn() {
-    const turn = this.turn;
-    if (turn === null) return;
-    turn.body.classList.remove("streaming");
-    if (turn.text.trim()) {
-      turn.body.replaceChildren(renderMarkdown(turn.text));
-      this.lastText = turn.text.trim();
-    } else {
-      turn.body.remove();
-    }
-    turn.live = null;
-    this.tail.grew(0);
+  // A child run's block, under its parent's call.
+  open(run) {
+    const parent = this.logs.get(run.parent);
+    const state = element("span", { class: "pill" }, "running");
+    const totals = element("span", { class: "totals" });
+    const task = element("span", { class: "task" }, clip(run.task ?? "", 160));
+    const body = element("div", { class: "child-body" });
+    const node = element("details", { class: "child-run", open: "", "data-run": run.key, "data-call": run.callId, "data-depth": run.depth },
+      element("summary", {}, element("span", { class: "who" }, `↳ ${run.name ?? "delegated run"}`), " ",
+        element("code", { class: "run-id", title: run.key }, shortId(run.key)), " ", task, " ", state, totals),
+      body);
+    parent.slotFor(run.callId).append(node);
+    this.blocks.set(run.key, { node, state, totals, task });
+    this.logs.set(run.key, new RunLog(body, (n) => this.tail.grew(n), { child: true }));
+    this.tail.grew(1);
   }
 
-  callStarted(event) {
-    const turn = this.current();
-    const status = element("span", { class: "status" }, "running…");
-    const result = element("pre", { class: "result" });
-    const node = element("details", { class: "tool", "data-call": event.call_id },
-      element("summary", {}, element("span", { class: "tool-name" }, event.name), " ",
-        element("code", { class: "args" }, clip(event.arguments, 80)), " ", status),
-      element("div", { class: "label" }, "arguments"), element("pre", { class: "arguments" }, prettyArguments(event.arguments)),
-      element("div", { class: "label" }, "result"), result);
-    turn.tools.append(node);
-    this.calls.set(event.call_id, { node, status, result });
-    this.tail.grew(0);
+  started(key, event) {
+    const block = this.blocks.get(key);
+    block.task.textContent = clip(event.task, 160);
+    block.node.title = event.task;
   }
 
-  callStatus(callId, text, kind) {
-    const call = this.calls.get(callId);
-    if (!call) return;
-    call.status.textContent = text;
-    call.status.className = `status ${kind}`;
-  }
-
-  callEnded(callId, content, failed, durationMs) {
-    const call = this.calls.get(callId);
-    if (!call) return;
-    call.result.textContent = content;
-    call.node.classList.toggle("failed", failed);
-    this.callStatus(callId, `${failed ? "✗" : "✓"} ${Math.round(durationMs)} ms`, failed ? "failed" : "done");
-  }
-
-  runFinished(event) {
-    this.finishTurn();
-    this.turn = null;
-    const final = (event.final_text || "").trim();
-    if (final && final !== this.lastText) {
-      this.add(element("div", { class: "msg assistant answer" }, element("div", { class: "who" }, "answer"),
-        element("div", { class: "md" }, renderMarkdown(final))));
-      this.lastText = final;
-    }
-    const tokens = `${number(event.prompt_tokens + event.completion_tokens)} tokens · ${formatCost(event.cost_usd)}`;
-    this.add(element("div", { class: `run-end ${event.stop_reason}` },
-      element("span", { class: "pill" }, event.stop_reason), ` after ${event.iterations} step${event.iterations === 1 ? "" : "s"} · ${tokens}`));
+  finished(key, event) {
+    const block = this.blocks.get(key);
+    block.state.textContent = event.stop_reason;
+    block.state.className = `pill ${event.stop_reason}`;
+    block.totals.textContent = ` ${runTotals(event)}`;
+    block.node.classList.add("ended");
   }
 }

@@ -1,7 +1,10 @@
 // The event list: one row per event, each run of consecutive deltas (text, thinking and
 // tool-call argument fragments) folded into one row that opens on demand, and the list
-// following new events unless the user scrolled up.
+// following new events unless the user scrolled up. A delegated child's events are indented
+// one level per run above them (their `path`) and tagged with the child's run id; the
+// "top level only" filter hides them (`showChildren`).
 import { Tail, clip, element, formatCost } from "./dom.js";
+import { depthOf, runKey, shortId } from "./tree.js";
 
 export const DELTAS = new Set(["text_delta", "thinking_delta", "tool_call_arguments_delta"]);
 
@@ -32,17 +35,36 @@ export function describe(event) {
   }
 }
 
+// A child's rows carry its depth (the indentation) and its run id; a top-level one's neither.
+function tagged(node, event) {
+  const depth = depthOf(event);
+  if (depth) {
+    node.classList.add("child");
+    node.dataset.depth = String(depth);
+    node.dataset.run = event.run_id;
+    node.style.setProperty("--depth", String(depth));
+  }
+  return node;
+}
+
 function row(id, event) {
-  return element("li", { class: event.kind, "data-id": id },
-    element("span", { class: "seq" }, `${event.path && event.path.length ? "↳" : "#"}${event.seq}`), " ",
-    element("span", { class: "kind" }, event.kind), " ", describe(event));
+  const depth = depthOf(event);
+  return tagged(element("li", { class: event.kind, "data-id": id },
+    element("span", { class: "seq" }, `${depth ? "↳" : "#"}${event.seq}`), " ",
+    depth ? element("span", { class: "run-tag", title: event.run_id }, shortId(event.run_id)) : null, depth ? " " : null,
+    element("span", { class: "kind" }, event.kind), " ", describe(event)), event);
 }
 
 export class EventList {
   constructor(list, button) {
     this.list = list;
     this.tail = new Tail(list, button, "event");
-    this.group = null;  // the open delta group: { node, summary, events }
+    this.group = null;  // the open delta group: { node, summary, events, run }
+  }
+
+  // Show the delegated runs' events (true) or the top-level runs' only (false).
+  showChildren(shown) {
+    this.list.classList.toggle("top-only", !shown);
   }
 
   reset() {
@@ -61,11 +83,13 @@ export class EventList {
   }
 
   addDelta(id, event) {
+    // A group holds one run's deltas: children streaming side by side get a group each.
+    if (this.group !== null && this.group.run !== runKey(event)) this.group = null;
     if (this.group === null) {
       const summary = element("summary");
       const rows = element("ol", { class: "delta-rows" });
       const details = element("details", {}, summary, rows);
-      const group = { node: element("li", { class: "deltas", "data-id": id }, details), summary, rows, details, events: [], kinds: new Set(), text: "" };
+      const group = { node: tagged(element("li", { class: "deltas", "data-id": id }, details), event), summary, rows, details, events: [], kinds: new Set(), text: "", run: runKey(event) };
       // Rows of the single deltas only once someone opens the group.
       details.addEventListener("toggle", () => {
         if (details.open && rows.childElementCount < group.events.length) {
@@ -81,6 +105,6 @@ export class EventList {
     // The summary shows the start of the text: no need to keep more of it.
     if (group.text.length <= 140) group.text += event.kind === "tool_call_arguments_delta" ? event.delta : event.text;
     if (group.details.open) group.rows.append(row(id, event));
-    group.summary.textContent = `${group.events.length} deltas (${[...group.kinds].join(", ")}): ${JSON.stringify(clip(group.text, 140))}`;
+    group.summary.textContent = `${group.run ? `↳ ${shortId(group.run)} ` : ""}${group.events.length} deltas (${[...group.kinds].join(", ")}): ${JSON.stringify(clip(group.text, 140))}`;
   }
 }

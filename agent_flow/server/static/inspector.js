@@ -1,6 +1,7 @@
 // The agent_flow inspector: sessions; for one session its conversation, the token budget and
 // prompt of every step with the environment's changes, the environment tree and plan, the live
-// event list, pending approvals and a message box. Plain JS modules, no build step, no CDN.
+// event list, pending approvals and a message box; a delegated child's run nested under the
+// parent's call that made it (`tree.js`). Plain JS modules, no build step, no CDN.
 // The event stream is read with fetch (not EventSource) so that a bearer token can go in the
 // Authorization header; it resumes after the last event id it received.
 import { $, element, formatCost } from "./dom.js";
@@ -163,7 +164,7 @@ function onEvent(id, event) {
   events.add(id, event);
   conversation.onEvent(event);
   steps.onEvent(id, event);
-  if (event.kind === "run_started") steps.running = true;
+  if (event.kind === "run_started" && !(event.path && event.path.length)) steps.running = true;
   if (event.kind === "model_responded") {
     const s = state.spent;
     s.calls += 1; s.tokens += event.prompt_tokens + event.completion_tokens;
@@ -180,6 +181,9 @@ function onEvent(id, event) {
     state.resolved.add(event.call_id);
     if (card(event.call_id)) card(event.call_id).remove();
   }
+  // A delegated child's run is not the session's: its start, end and environment change
+  // neither the session's state nor its view.
+  if (event.path && event.path.length) return;
   if (["environment_updated", "plan_updated", "run_finished", "run_started"].includes(event.kind)) scheduleRefresh();
   if (event.kind === "run_finished") { steps.running = false; loadSessions(); }
 }
@@ -226,6 +230,7 @@ function showTab(name) {
   if (name === "events") events.tail.jump();
 }
 for (const button of document.querySelectorAll(".tab")) button.onclick = () => showTab(button.dataset.tab);
+$("events-top-only").onchange = () => events.showChildren(!$("events-top-only").checked);
 
 const dialog = new NewSessionDialog(api, (view) => openSession(view.id));
 $("new-session").onclick = () => dialog.open();

@@ -1,8 +1,12 @@
 // Per step, what the model saw: a stacked bar of the token budget per step (from each
 // `context_built` event), and for the selected step the prompt as sent (every message with its
 // tokens, the environment's part of the system message marked) and the environment's changes
-// since the previous step (from the `environment_updated` events in between).
+// since the previous step (from the `environment_updated` events in between). A delegated
+// child's steps are a block of their own under the parent's step that delegated it (`RunTree`
+// says where), with its run id, task and end; a grandchild's sit in its parent's block.
 import { clip, element, number } from "./dom.js";
+import { runTotals } from "./runlog.js";
+import { RunTree, TOP, shortId } from "./tree.js";
 
 const SECTIONS = [
   ["system", "system prompt", (b) => b.system_template + b.priming],
@@ -49,24 +53,73 @@ export class Steps {
     this.detail.replaceChildren(element("p", { class: "hint" }, "No step yet: the budget of each step appears here as the agent works."));
     this.steps = [];
     this.byId = new Map();
-    this.changes = [];   // environment changes since the latest step
     this.runs = new Map();
+    this.tree = new RunTree();
+    // Per run (TOP: the session's own): its steps, and the changes since its latest one.
+    this.lanes = new Map([[TOP, { key: TOP, steps: this.steps, changes: [] }]]);
+    this.childSteps = 0;
     this.selected = null;
     this.pinned = false;
     this.running = false;
   }
 
   onEvent(id, event) {
-    if (event.path && event.path.length) return;  // a delegated child's steps are its own
+    const { key, fresh } = this.tree.observe(event);
+    for (const run of fresh) this.openLane(run);
+    const lane = this.lanes.get(key);
     if (event.kind === "environment_updated") {
-      for (const change of event.changes) this.changes.push({ ...change, source: event.source });
-      if (this.selected === this.latestId()) this.renderChanges();
+      for (const change of event.changes) lane.changes.push({ ...change, source: event.source });
+      const last = lane.steps[lane.steps.length - 1];
+      if (last && this.selected === last.id) this.renderChanges();
     } else if (event.kind === "history_pruned") {
-      const last = this.steps[this.steps.length - 1];
+      const last = lane.steps[lane.steps.length - 1];
       if (last) last.row.querySelector(".marks").append(" pruned");
+    } else if (event.kind === "context_built" && key !== TOP) {
+      this.addChildStep(id, event, lane);
     } else if (event.kind === "context_built" && id !== null) {
       this.addStep(id, event);
+    } else if (key !== TOP && event.kind === "run_started") {
+      lane.task.textContent = clip(event.task, 120);
+    } else if (key !== TOP && event.kind === "run_finished") {
+      lane.state.textContent = event.stop_reason;
+      lane.state.className = `pill ${event.stop_reason}`;
+      lane.totals.textContent = ` ${runTotals(event)}`;
     }
+  }
+
+  // A delegated run's block, under the latest step of its parent (the one that delegated it).
+  openLane(run) {
+    const parent = this.lanes.get(run.parent);
+    const last = parent.steps[parent.steps.length - 1];
+    const body = element("div", { class: "child-body" });
+    const state = element("span", { class: "pill" }, "running");
+    const totals = element("span", { class: "totals" });
+    const task = element("span", { class: "task" }, clip(run.task ?? "", 120));
+    const node = element("details", { class: "child-steps", open: "", "data-run": run.key, "data-depth": run.depth },
+      element("summary", {}, `↳ ${run.name ?? "delegated run"} `, element("code", { class: "run-id", title: run.key }, shortId(run.key)),
+        " ", task, " ", state, totals),
+      body);
+    if (last) {
+      if (!last.children) { last.children = element("div", { class: "step-children" }); last.row.after(last.children); }
+      last.children.append(node);
+    } else {
+      (parent.body || this.bars).append(node);
+    }
+    this.lanes.set(run.key, { key: run.key, run, steps: [], changes: [], body, state, totals, task });
+  }
+
+  addChildStep(id, event, lane) {
+    const key = `child-${++this.childSteps}`;
+    const row = element("div", { class: "bar-row child", "data-iteration": event.iteration, "data-event-id": id ?? "", "data-run": lane.key, role: "button", tabindex: "0" },
+      element("span", { class: "label" }, `step ${event.iteration}`), budgetBar(event.breakdown),
+      element("span", { class: "marks" }, marks(event.breakdown)));
+    const step = { id: key, event, row, lane, changes: lane.changes, prompt: null };
+    lane.changes = [];
+    lane.steps.push(step);
+    row.onclick = () => { this.pinned = true; this.select(key); };
+    row.onkeydown = (e) => { if (e.key === "Enter") row.onclick(); };
+    this.byId.set(key, step);
+    lane.body.append(row);
   }
 
   latestId() { return this.steps.length ? this.steps[this.steps.length - 1].id : null; }
@@ -79,8 +132,9 @@ export class Steps {
     const row = element("div", { class: "bar-row", "data-iteration": event.iteration, "data-event-id": id, role: "button", tabindex: "0" },
       element("span", { class: "label" }, `step ${event.iteration}`), budgetBar(event.breakdown),
       element("span", { class: "marks" }, marks(event.breakdown)));
-    const step = { id, event, row, changes: this.changes, run: this.runs.get(event.run_id), prompt: null };
-    this.changes = [];
+    const lane = this.lanes.get(TOP);
+    const step = { id, event, row, lane, changes: lane.changes, run: this.runs.get(event.run_id), prompt: null };
+    lane.changes = [];
     row.onclick = () => { this.pinned = step.id !== this.latestId(); this.select(step.id); };
     row.onkeydown = (e) => { if (e.key === "Enter") row.onclick(); };
     this.steps.push(step);
@@ -96,7 +150,7 @@ export class Steps {
     const step = this.byId.get(id);
     if (!step) return;
     this.selected = id;
-    for (const each of this.steps) each.row.classList.toggle("selected", each.id === id);
+    for (const each of this.byId.values()) each.row.classList.toggle("selected", each.id === id);
     if (!this.isVisible()) return;
     const b = step.event.breakdown;
     const used = SECTIONS.reduce((sum, [, , of]) => sum + of(b), 0);
@@ -110,12 +164,19 @@ export class Steps {
     this.changeList = element("ul", { class: "env-diff" });
     this.promptBox = element("div", { class: "prompt" }, element("p", { class: "hint" }, "loading the prompt…"));
     this.detail.replaceChildren(
-      element("h4", { class: "step-title" }, `Step ${step.event.iteration} of run ${step.run} · ${number(b.total)} of ${number(b.budget)} tokens`),
+      element("h4", { class: "step-title" }, `Step ${step.event.iteration} of ${this.runName(step)} · ${number(b.total)} of ${number(b.budget)} tokens`),
       table,
       element("h4", {}, "Environment changes since the previous step"), this.changeList,
       element("h4", {}, "Prompt as sent"), this.promptBox);
     this.renderChanges();
-    this.loadPrompt(step, 0);
+    if (step.lane.key === TOP) this.loadPrompt(step, 0);
+    else this.promptBox.replaceChildren(element("p", { class: "not-kept" }, "The inspector keeps the prompts of the session's own model calls; a delegated run calls its Delegate's model, whose prompts it does not see. The counts above are this step's."));
+  }
+
+  runName(step) {
+    if (step.lane.key === TOP) return `run ${step.run}`;
+    const run = step.lane.run;
+    return `delegated run ${shortId(run.key)}${run.name ? ` (${run.name})` : ""}`;
   }
 
   sectionNote(name, b) {
@@ -128,11 +189,13 @@ export class Steps {
   renderChanges() {
     const step = this.byId.get(this.selected);
     if (!step || !this.changeList) return;
+    const lane = step.lane;
+    const began = lane.key === TOP ? "the session began" : "the sub-task began";
     const items = step.changes.map((c) => this.changeItem(c));
-    if (!items.length) items.push(element("li", { class: "hint" }, step === this.steps[0] ? "none since the session began" : "none: the environment did not change"));
-    if (step.id === this.latestId() && this.changes.length) {
-      items.push(element("li", { class: "after" }, `after this step (in the next prompt): ${this.changes.length} change${this.changes.length === 1 ? "" : "s"}`));
-      items.push(...this.changes.map((c) => this.changeItem(c, "after")));
+    if (!items.length) items.push(element("li", { class: "hint" }, step === lane.steps[0] ? `none since ${began}` : "none: the environment did not change"));
+    if (step === lane.steps[lane.steps.length - 1] && lane.changes.length) {
+      items.push(element("li", { class: "after" }, `after this step (in the next prompt): ${lane.changes.length} change${lane.changes.length === 1 ? "" : "s"}`));
+      items.push(...lane.changes.map((c) => this.changeItem(c, "after")));
     }
     this.changeList.replaceChildren(...items);
   }
