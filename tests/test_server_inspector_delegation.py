@@ -101,11 +101,12 @@ SHAPE = """(root) => {
 }"""
 
 # The page itself: its panes marked as SHAPE finds them.
-MARK_PAGE = """() => {
+MARK_PAGE = """async () => {
   document.getElementById("conversation").classList.add("conversation-root");
   document.getElementById("budget").classList.add("bars-root");
   document.getElementById("events").classList.add("events-root");
   for (const d of document.querySelectorAll("#events li.deltas details")) d.open = true;
+  await new Promise((resolve) => setTimeout(resolve, 0));  // the groups' toggle handlers
 }"""
 
 # Feed each list of [id, event] to fresh instances of the page's modules; SHAPE of each.
