@@ -213,7 +213,7 @@ async def test_the_header_and_the_tree_agree_on_statuses() -> None:
         assert await listed.inner_text() == "waiting"
 
 
-async def test_a_delegated_sub_task_shows_as_notes_in_the_parents_conversation() -> None:
+async def test_a_delegated_sub_task_shows_as_a_block_under_the_call_that_made_it() -> None:
     from agent_flow.delegation import Delegate
 
     child = ScriptedLLM(["The parser drops the last row."])
@@ -244,12 +244,15 @@ async def test_a_delegated_sub_task_shows_as_notes_in_the_parents_conversation()
         # One user message (the child's sub-task is no message of the user's), one run end.
         assert await conversation.locator(".msg.user").count() == 1
         assert await conversation.locator(".run-end").count() == 1
-        notes = await conversation.locator(".note.child").all_inner_texts()
-        assert notes == [
-            "↳ delegated a sub-task: why are totals low?",
-            "↳ the sub-task ended answered: The parser drops the last row.",
-        ]
-        assert await page.locator("#budget .bar-row").count() == 2  # the parent's steps only
+        # The child's run: a block under the call d1, its task and end in the heading, its
+        # answer inside (tests/test_server_inspector_delegation.py checks the nesting in depth).
+        block = conversation.locator(".delegated[data-call='d1'] > details.child-run")
+        assert await block.count() == 1
+        assert await block.locator("summary .task").inner_text() == "why are totals low?"
+        assert await block.locator("summary .pill").inner_text() == "answered"
+        assert "The parser drops the last row." in await block.locator(".child-body").inner_text()
+        assert await page.locator("#budget > .bar-row").count() == 2  # the parent's steps
+        assert await page.locator("#budget details.child-steps .bar-row").count() == 1
         await page.click(".tab[data-tab='events']")
         child_rows = page.locator("#events > li", has_text="↳")
         assert await child_rows.count() >= 2
