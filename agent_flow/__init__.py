@@ -56,7 +56,14 @@ if _TYPE_CHECKING:
         UserError,
     )
     from agent_flow.events import AgentEvent, EventBus, Subscription, event_from_json, event_to_json
-    from agent_flow.handoff import Handoff, LastUnits, SummaryView, WholeConversation
+    from agent_flow.handoff import (
+        Handoff,
+        HandoffRecord,
+        LastUnits,
+        SummaryView,
+        WholeConversation,
+        handoff_of,
+    )
     from agent_flow.history import (
         AgentMessage,
         AgentThinking,
@@ -109,6 +116,8 @@ _LAZY = {
     "DeferredResults": "agent_flow.agent",
     "Delegate": "agent_flow.delegation",
     "Handoff": "agent_flow.handoff",
+    "HandoffRecord": "agent_flow.handoff",
+    "handoff_of": "agent_flow.handoff",
     "LastUnits": "agent_flow.handoff",
     "SummaryView": "agent_flow.handoff",
     "WholeConversation": "agent_flow.handoff",
@@ -210,6 +219,7 @@ __all__ = [
     "FileInfo",
     "Finish",
     "Handoff",
+    "HandoffRecord",
     "History",
     "HistoryEntry",
     "KnowledgeBase",
@@ -254,5 +264,6 @@ __all__ = [
     "__version__",
     "event_from_json",
     "event_to_json",
+    "handoff_of",
     "load_config",
 ]

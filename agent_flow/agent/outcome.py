@@ -125,7 +125,12 @@ Step: TypeAlias = Continue | RunTools | Finish
 
 
 class ToolUse(FrozenModel):
-    """One tool call of a run and what came of it."""
+    """One tool call of a run and what came of it.
+
+    Attributes:
+        data: The result's structured data (`agent_flow.tools.ToolResult.data`): a
+            delegation's `agent_flow.delegation.DelegationResult`, a handoff's record.
+    """
 
     iteration: int
     call_id: str
@@ -135,6 +140,7 @@ class ToolUse(FrozenModel):
     is_error: bool
     error_kind: str | None
     duration_ms: float
+    data: JsonValue = None
 
 
 class RunErrorInfo(BaseModel):
