@@ -56,14 +56,7 @@ if _TYPE_CHECKING:
         UserError,
     )
     from agent_flow.events import AgentEvent, EventBus, Subscription, event_from_json, event_to_json
-    from agent_flow.handoff import (
-        Handoff,
-        HandoffRecord,
-        LastUnits,
-        SummaryView,
-        WholeConversation,
-        handoff_of,
-    )
+    from agent_flow.handoff import Handoff, LastUnits, SummaryView, WholeConversation
     from agent_flow.history import (
         AgentMessage,
         AgentThinking,
@@ -116,8 +109,6 @@ _LAZY = {
     "DeferredResults": "agent_flow.agent",
     "Delegate": "agent_flow.delegation",
     "Handoff": "agent_flow.handoff",
-    "HandoffRecord": "agent_flow.handoff",
-    "handoff_of": "agent_flow.handoff",
     "LastUnits": "agent_flow.handoff",
     "SummaryView": "agent_flow.handoff",
     "WholeConversation": "agent_flow.handoff",
@@ -219,7 +210,6 @@ __all__ = [
     "FileInfo",
     "Finish",
     "Handoff",
-    "HandoffRecord",
     "History",
     "HistoryEntry",
     "KnowledgeBase",
@@ -264,6 +254,5 @@ __all__ = [
     "__version__",
     "event_from_json",
     "event_to_json",
-    "handoff_of",
     "load_config",
 ]

@@ -205,10 +205,6 @@ model calls, so the tool default (`DEFAULT_TOOL_TIMEOUT`) would cut most of them
 DEFAULT_MAX_CONCURRENT_CHILDREN: Final = 4
 """Children of one `Delegate` running at once (more calls in one step wait for a slot)."""
 
-DEFAULT_MAX_HANDOFFS: Final = 5
-"""Handoffs one run may make, those of the agents it handed over to included (a `Handoff`'s
-``max_handoffs``): two agents that keep handing the conversation back and forth stop there."""
-
 DELEGATION_PARENT_TASK: Final = "/extensions/parent_task"
 """Where a child finds the parent's ``/task`` pointers it was given (its own ``/task`` is its
 sub-task): ``/task/objective`` is projected to ``/extensions/parent_task/objective``."""

@@ -13,7 +13,6 @@ PUBLIC_MODULES = [
     "agent_flow.environment",
     "agent_flow.errors",
     "agent_flow.events",
-    "agent_flow.handoff",
     "agent_flow.history",
     "agent_flow.lab",
     "agent_flow.llm",

@@ -355,7 +355,6 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
                 is_error=result.is_error,
                 error_kind=result.error_kind,
                 duration_ms=result.duration_seconds * 1000,
-                data=result.data,
             )
         )
         # A refused task_completion is an error result that still signals: a correction.

@@ -125,12 +125,7 @@ Step: TypeAlias = Continue | RunTools | Finish
 
 
 class ToolUse(FrozenModel):
-    """One tool call of a run and what came of it.
-
-    Attributes:
-        data: The result's structured data (`agent_flow.tools.ToolResult.data`): a
-            delegation's `agent_flow.delegation.DelegationResult`, a handoff's record.
-    """
+    """One tool call of a run and what came of it."""
 
     iteration: int
     call_id: str
@@ -140,7 +135,6 @@ class ToolUse(FrozenModel):
     is_error: bool
     error_kind: str | None
     duration_ms: float
-    data: JsonValue = None
 
 
 class RunErrorInfo(BaseModel):
