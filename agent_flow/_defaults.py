@@ -121,7 +121,24 @@ DURABLE_APP_NAME: Final = "agent_flow"
 """The DBOS application name the processes of one deployment share."""
 
 DURABLE_POLL_SECONDS: Final = 0.2
-"""How often a worker looks for queued runs, and for the runs of workers that died."""
+"""On a SQLite system database, how often a worker looks for queued runs (and, every fifth
+look, for the runs of workers that died)."""
+
+DURABLE_IDLE_SECONDS: Final = 5.0
+"""On a PostgreSQL system database, where enqueuing a run notifies the workers (LISTEN/NOTIFY),
+how often an idle worker still looks for queued runs (a notification lost while its connection
+was down) and for the runs of workers that died."""
+
+DURABLE_NOTIFY_COALESCE_SECONDS: Final = 0.25
+"""How often DBOS pushes its own events' notifications from a worker (DBOS: every 10 ms)."""
+
+DURABLE_DBOS_HOUSEKEEPING_SECONDS: Final = 30.0
+"""How often a worker lets DBOS sweep for what agent_flow does not use: delayed workflows,
+DBOS workflow timeouts, its internal queue (DBOS: every second; `agent_flow.durable._wake`)."""
+
+DURABLE_QUEUE_BACKSTOP_SECONDS: Final = 60.0
+"""DBOS's own poll of the queue, left registered as a last resort: workers dequeue when told
+(`agent_flow.durable._wake`)."""
 
 DURABLE_CANCEL_CHECK_SECONDS: Final = 0.5
 """How often, at most, a running durable run reads whether it was cancelled (one status read)."""

@@ -50,6 +50,7 @@ from agent_flow._types import JsonObject
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.config import AgentConfig
 from agent_flow.durable._steps import DurableReplayError, WorkflowStatus, _StoreSteps
+from agent_flow.durable._wake import on_done
 from agent_flow.environment import Environment
 from agent_flow.errors import AgentFlowError, SessionBusyError, StoreError
 from agent_flow.events import AgentEvent, RunFinished
@@ -115,6 +116,8 @@ class Runtime:
             from the request that enqueued it, makes its spans part of that trace).
         status: Reads a run's DBOS status without recording a step (the worker sets a
             `DBOSClient` read; None: DBOS's own read, which records one per look).
+        after_run: Called once a run's workflow has ended and its outcome is recorded (the
+            worker looks at the queue again: the session's next run may be taken now).
     """
 
     store: SessionStore
@@ -124,6 +127,7 @@ class Runtime:
     cancel_check_seconds: float = DURABLE_CANCEL_CHECK_SECONDS
     on_agent: Callable[[AgentExecutor], object] | None = None
     status: WorkflowStatus | None = None
+    after_run: Callable[[], None] | None = None
 
     async def workflow_status(self, run_id: str) -> str | None:
         """The DBOS status of `run_id` ("PENDING", "CANCELLED", ...; None if unknown)."""
@@ -227,6 +231,8 @@ async def run_workflow(request_json: str) -> str:
     if runtime is None:
         raise RuntimeError("no agent_flow durable runtime in this process; start a Worker")
     request = RunRequest.model_validate_json(request_json)
+    if runtime.after_run is not None:
+        on_done(runtime.after_run)
     with attached_context(request.trace_context):
         outcome = await _execute_recovering(runtime, request)
     return outcome.model_dump_json()

@@ -19,6 +19,7 @@ from dbos import error as dbos_error
 from agent_flow._defaults import DURABLE_CANCEL_SETTLE_SECONDS
 from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.config import AgentConfig
+from agent_flow.durable._wake import Notifier, listen_url, wake_payload
 from agent_flow.durable._workflow import OUTCOME_CHECKPOINT, WORKFLOW_NAME, RunRequest
 from agent_flow.durable.config import DurableConfig, app_version
 from agent_flow.errors import RunError
@@ -166,6 +167,11 @@ class DurableClient:
         self._client = DBOSClient(
             system_database_url=durable.resolved_url(), application_name=durable.app_name
         )
+        # On PostgreSQL the workers are told of each run enqueued (`_wake`).
+        url = listen_url(durable.resolved_url())
+        self._notifier = (
+            Notifier(url, wake_payload(durable.app_name, durable.queue)) if url else None
+        )
 
     async def enqueue(
         self,
@@ -199,6 +205,8 @@ class DurableClient:
             "queue_partition_key": session_id,
         }
         await self._client.enqueue_async(options, request.model_dump_json())
+        if self._notifier is not None:
+            await self._notifier.notify()
         return RunHandle(self._client, request.run_id, session_id, self.store)
 
     def handle(self, run_id: str, session_id: str) -> RunHandle:
@@ -208,6 +216,8 @@ class DurableClient:
     def close(self) -> None:
         """Release the client's connections to the system database."""
         self._client.destroy()
+        if self._notifier is not None:
+            self._notifier.close()
 
     async def __aenter__(self) -> Self:
         return self

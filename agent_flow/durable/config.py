@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_flow._defaults import (
     DURABLE_APP_NAME,
+    DURABLE_IDLE_SECONDS,
     DURABLE_POLL_SECONDS,
     DURABLE_QUEUE,
     DURABLE_SQLITE_FILE,
@@ -30,7 +31,11 @@ class DurableConfig(BaseModel):
         global_concurrency: Runs executing at once across every worker (None: no limit).
         executor_id: This process's DBOS executor id (None: a new one per process). A
             worker restarted with its old id takes back its own unfinished runs at once.
-        poll_seconds: How often a worker looks for queued runs and for dead workers.
+        poll_seconds: On a SQLite system database, how often a worker looks for queued runs
+            (every fifth look also for the runs of dead workers).
+        idle_seconds: On a PostgreSQL system database, where enqueuing a run notifies the
+            workers at once (LISTEN/NOTIFY), how often an idle worker still looks for queued
+            runs and for the runs of dead workers (None: 5 s). Ignored on SQLite.
         app_name: The DBOS application name every process of one deployment shares.
     """
 
@@ -43,6 +48,7 @@ class DurableConfig(BaseModel):
     global_concurrency: int | None = Field(default=None, ge=1)
     executor_id: str | None = Field(default=None, min_length=1)
     poll_seconds: float = Field(default=DURABLE_POLL_SECONDS, gt=0)
+    idle_seconds: float | None = Field(default=None, gt=0)
     app_name: str = Field(default=DURABLE_APP_NAME, pattern=r"^[a-z0-9_-]{3,256}$")
 
     def resolved_url(self) -> str:
@@ -54,6 +60,20 @@ class DurableConfig(BaseModel):
         path = default_store_path().with_name(DURABLE_SQLITE_FILE)
         path.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{path}"
+
+    def notified(self) -> bool:
+        """Whether workers are told of queued runs (a PostgreSQL system database)."""
+        return self.resolved_url().startswith(("postgresql", "postgres"))
+
+    def resolved_idle_seconds(self) -> float:
+        """How often an idle worker looks for queued runs nothing told it of."""
+        if not self.notified():
+            return self.poll_seconds
+        return self.idle_seconds if self.idle_seconds is not None else DURABLE_IDLE_SECONDS
+
+    def watch_seconds(self) -> float:
+        """How often a worker looks for the runs of dead workers."""
+        return self.resolved_idle_seconds() if self.notified() else self.poll_seconds * 5
 
 
 def load_durable_config(path: str | Path | None) -> DurableConfig:

@@ -2,9 +2,10 @@
 
 A worker launches DBOS in this process (its executor id, the deployment's system database),
 registers the queue with its concurrency limits, and executes the runs DBOS dequeues for it
-(`agent_flow.durable._workflow`). Every `DurableConfig.poll_seconds` it also looks at the
-runs pending on other executors: an executor whose liveness lock it can take is gone (see
-`agent_flow.durable._liveness`), and its runs are handed back to the queue
+(`agent_flow.durable._workflow`) as soon as it is told of them (`agent_flow.durable._wake`:
+LISTEN/NOTIFY on PostgreSQL, a poll on SQLite). Every `DurableConfig.watch_seconds` it also
+looks at the runs pending on other executors: an executor whose liveness lock it can take is
+gone (see `agent_flow.durable._liveness`), and its runs are handed back to the queue
 (``DBOS.resume_workflows``, DBOS's public API), then finished by whichever worker dequeues
 them, from their last recorded step.
 
@@ -17,17 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self
 
 from dbos import DBOS, DBOSClient
 
+from agent_flow._defaults import (
+    DURABLE_DBOS_HOUSEKEEPING_SECONDS,
+    DURABLE_NOTIFY_COALESCE_SECONDS,
+    DURABLE_QUEUE_BACKSTOP_SECONDS,
+)
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.durable._liveness import Liveness, liveness_for
+from agent_flow.durable._wake import Dequeuer, listen_url, quiet_dbos, wake_payload
 from agent_flow.durable._workflow import LLMFactory, Runtime, ToolsFactory, install
 from agent_flow.durable.config import DurableConfig, app_version
 from agent_flow.sessions.protocol import SessionStore
@@ -46,8 +55,17 @@ def dbos_config(durable: DurableConfig, executor_id: str) -> Any:
         # One version for every process of a deployment, so any worker may recover any run.
         "application_version": app_version(),
         "notification_listener_polling_interval_sec": durable.poll_seconds,
+        # DBOS pushes its events' and streams' notifications (agent_flow uses neither) from a
+        # thread that wakes this often: 100 times a second by default.
+        "notification_coalesce_sec": DURABLE_NOTIFY_COALESCE_SECONDS,
         "log_level": "WARNING",
     }
+
+
+def _load_tokenizer(config: AgentConfig) -> None:
+    from agent_flow.agent._build import _make_counter
+
+    _make_counter(config)[0].count("warm up")
 
 
 class DurableWorker:
@@ -89,6 +107,7 @@ class DurableWorker:
         self._liveness: Liveness | None = None
         self._watch: asyncio.Task[None] | None = None
         self._reader: DBOSClient | None = None
+        self._dequeuer: Dequeuer | None = None
 
     async def start(self) -> None:
         """Take this worker's liveness lock, launch DBOS and start watching for dead workers."""
@@ -98,20 +117,37 @@ class DurableWorker:
         # Status reads outside any workflow: a run's cancellation checks record nothing.
         self._reader = DBOSClient(system_database_url=url, application_name=self.durable.app_name)
         self._runtime.status = self._status
+        # The configured model's tokenizer, loaded now rather than inside the first run.
+        _load_tokenizer(self._runtime.config)
         install(self._runtime)
         DBOS(config=dbos_config(self.durable, self.executor_id))
+        idle = self.durable.resolved_idle_seconds()
         # Launched from this event loop: DBOS runs the dequeued workflows on it.
+        quiet_dbos(DURABLE_DBOS_HOUSEKEEPING_SECONDS)
         DBOS.launch()
-        await DBOS.register_queue_async(
+        quiet_dbos(DURABLE_DBOS_HOUSEKEEPING_SECONDS)
+        queue = await DBOS.register_queue_async(
             self.durable.queue,
             worker_concurrency=self._concurrency,
             global_concurrency=self.durable.global_concurrency,
             # Partitioned by session (`DurableClient.enqueue`): one run of a session executes
             # at a time across the fleet; the next waits in the queue, not in a worker's slot.
             partition_concurrency=1,
-            polling_interval_sec=self.durable.poll_seconds,
+            # DBOS's own poll is a last resort: this worker dequeues when told (`_wake`).
+            polling_interval_sec=DURABLE_QUEUE_BACKSTOP_SECONDS,
             on_conflict="always_update",
         )
+        # Its limits as registered, not read back from the database on every pass.
+        local = copy.copy(queue)
+        local.database_backed_queue = False
+        self._dequeuer = Dequeuer(
+            local,
+            wake_payload(self.durable.app_name, self.durable.queue),
+            listen_url(url),
+            idle,
+        )
+        self._runtime.after_run = self._dequeuer.poke
+        await self._dequeuer.start()
         self._watch = asyncio.create_task(self._recover_dead_workers())
 
     async def aclose(self) -> None:
@@ -121,7 +157,12 @@ class DurableWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
             self._watch = None
+        if self._dequeuer is not None:
+            await self._dequeuer.aclose()
         await asyncio.to_thread(DBOS.destroy)
+        # DBOS made its thread pool this loop's default and has shut it down: give the loop a
+        # working one back (``asyncio.to_thread`` after a worker stopped, or a next worker).
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
         install(None)
         if self._reader is not None:
             self._reader.destroy()
@@ -178,6 +219,8 @@ class DurableWorker:
                 ids = [run.workflow_id for run in runs]
                 if ids:
                     await DBOS.resume_workflows_async(ids, queue_name=self.durable.queue)
+                    if self._dequeuer is not None:
+                        self._dequeuer.poke()
                 logger.warning(
                     "executor %s is gone: %d run(s) handed back to the queue", owner, len(ids)
                 )
@@ -196,4 +239,4 @@ class DurableWorker:
                 await self.recover_dead_workers()
             except Exception:  # a failed pass is retried at the next one
                 logger.exception("looking for the runs of dead workers failed")
-            await asyncio.sleep(self.durable.poll_seconds * 5)
+            await asyncio.sleep(self.durable.watch_seconds())

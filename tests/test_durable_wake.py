@@ -1,0 +1,155 @@
+"""Workers are told of queued runs (PostgreSQL LISTEN/NOTIFY) instead of polling for them.
+
+Each worker here looks for queued runs by itself only every 30 s (``idle_seconds``) and DBOS's
+own poll of the queue is at a minute, so a run that starts within a few seconds was started
+because the worker was told: by the client's notification, by the end of the session's run
+before it, or by the reconnection of a dropped LISTEN connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
+from agent_flow.sessions import open_store
+from agent_flow.sessions.protocol import SessionStore
+from tests.durable_app import CONFIG, model_and_tools
+from tests.durable_helpers import pg
+
+__all__ = ["pg"]  # fixture
+
+#: Far above what a told worker takes (tens of ms), far below its own look (30 s).
+PROMPT = 5.0
+
+
+@asynccontextmanager
+async def told_worker(
+    urls: tuple[str, str], folder: Path
+) -> AsyncIterator[tuple[SessionStore, DurableClient, DurableWorker]]:
+    store_url, system_url = urls
+    durable = DurableConfig(enabled=True, system_database_url=system_url, idle_seconds=30.0)
+    llm, tools = model_and_tools(folder, None)
+    async with (
+        open_store(store_url) as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+        ) as worker,
+        DurableClient(durable, store) as client,
+    ):
+        yield store, client, worker
+
+
+async def _times(store: SessionStore, session_id: str, run_id: str) -> tuple[float, float]:
+    events = await store.events(session_id, run_id=run_id)
+    started = next(e for e in events if e.kind == "run_started")
+    finished = next(e for e in events if e.kind == "run_finished")
+    return started.timestamp.timestamp(), finished.timestamp.timestamp()
+
+
+async def test_a_queued_run_starts_when_enqueued_not_at_the_next_look(
+    pg: tuple[str, str], tmp_path: Path
+) -> None:
+    async with told_worker(pg, tmp_path) as (store, client, worker):
+        await asyncio.sleep(0.5)  # past the look a worker makes when it starts listening
+        info = await store.create(agent="durable")
+        enqueued = time.time()
+        handle = await client.enqueue(info.id, "count 1")
+        outcome = await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
+        started, _ = await _times(store, info.id, handle.run_id)
+        assert outcome.final_text == "done"
+        assert started - enqueued < PROMPT, started - enqueued
+        assert worker._dequeuer is not None and worker._dequeuer.notified >= 1
+
+
+async def test_a_dropped_listen_connection_is_made_again_and_runs_still_start(
+    pg: tuple[str, str], tmp_path: Path
+) -> None:
+    import psycopg
+
+    async with told_worker(pg, tmp_path) as (store, client, worker):
+        dequeuer = worker._dequeuer
+        assert dequeuer is not None
+        database = pg[1].rpartition("/")[2]
+        for _ in range(100):
+            if dequeuer.connects == 1:
+                break
+            await asyncio.sleep(0.05)
+        with psycopg.connect(pg[1].rpartition("/")[0] + "/postgres", autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND query = 'LISTEN agent_flow_queue'",
+                (database,),
+            ).fetchall()
+        assert killed == [(True,)]
+        for _ in range(200):
+            if dequeuer.connects == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert dequeuer.connects == 2
+        info = await store.create(agent="durable")
+        enqueued = time.time()
+        handle = await client.enqueue(info.id, "count 1")
+        await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
+        started, _ = await _times(store, info.id, handle.run_id)
+        assert started - enqueued < PROMPT, started - enqueued
+
+
+@pytest.mark.timeout(240)
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(plan=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=3))
+async def test_runs_of_one_session_follow_each_other_at_once_and_never_overlap(
+    pg: tuple[str, str], tmp_path: Path, plan: list[int]
+) -> None:
+    """`plan[i]` runs of session i, enqueued together: each session's runs execute one at
+    a time, and each starts promptly after the one before it ends (the worker looks again
+    when a run ends), never waiting for the worker's own look."""
+    async with told_worker(pg, tmp_path) as (store, client, _worker):
+        queued: list[tuple[str, list[str]]] = []
+        for runs in plan:
+            info = await store.create(agent="durable")
+            handles = [await client.enqueue(info.id, "count 1") for _ in range(runs)]
+            queued.append((info.id, [handle.run_id for handle in handles]))
+            outcomes = [
+                client.handle(h.run_id, info.id).outcome(poll_seconds=0.02) for h in handles
+            ]
+            await asyncio.wait_for(asyncio.gather(*outcomes), 60)
+        for session_id, run_ids in queued:
+            spans = sorted([await _times(store, session_id, run_id) for run_id in run_ids])
+            for (_, end), (start, _) in itertools.pairwise(spans):
+                assert start >= end, spans  # one run of a session at a time
+                assert start - end < PROMPT, spans  # and the next one at once
+
+
+async def test_dbos_housekeeping_agent_flow_does_not_use_is_slowed(
+    pg: tuple[str, str], tmp_path: Path
+) -> None:
+    """The DBOS internals `quiet_dbos` sets exist in the installed DBOS (an upgrade that moves
+    them fails here, not silently in a fleet's idle cost)."""
+    from dbos import _workflow_commands
+    from dbos._dbos import _get_dbos_instance
+
+    from agent_flow._defaults import DURABLE_DBOS_HOUSEKEEPING_SECONDS
+    from agent_flow.durable._wake import quiet_dbos
+
+    async with told_worker(pg, tmp_path):
+        assert quiet_dbos(DURABLE_DBOS_HOUSEKEEPING_SECONDS) == []
+        assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC >= DURABLE_DBOS_HOUSEKEEPING_SECONDS
+        internal = _get_dbos_instance()._registry.get_internal_queue()
+        assert internal._polling_interval_sec >= DURABLE_DBOS_HOUSEKEEPING_SECONDS
