@@ -136,10 +136,6 @@ DURABLE_DBOS_HOUSEKEEPING_SECONDS: Final = 30.0
 """How often a worker lets DBOS sweep for what agent_flow does not use: delayed workflows,
 DBOS workflow timeouts, its internal queue (DBOS: every second; `agent_flow.durable._wake`)."""
 
-DURABLE_QUEUE_BACKSTOP_SECONDS: Final = 60.0
-"""DBOS's own poll of the queue, left registered as a last resort: workers dequeue when told
-(`agent_flow.durable._wake`)."""
-
 DURABLE_CANCEL_CHECK_SECONDS: Final = 0.5
 """How often, at most, a running durable run reads whether it was cancelled (one status read)."""
 

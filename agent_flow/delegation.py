@@ -312,7 +312,7 @@ class Delegate(Generic[_Out]):
         """Build the child agent for one call (its bus feeds the parent's, if any)."""
         bus = None
         if parent is not None:
-            bus = ChildEvents(parent.agent.events, parent.run_id, run=parent)
+            bus = ChildEvents(parent)
         approval = None
         if parent is not None:
             approval = parent.agent.approval or parent.agent.tools.approval

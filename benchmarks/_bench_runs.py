@@ -198,13 +198,33 @@ async def enqueue_and_wait(
         await asyncio.sleep(poll)
 
 
+def _xact_commits(admin_url: str, databases: list[str]) -> int:
+    """Committed transactions of `databases` so far (read from the ``postgres`` database)."""
+    import psycopg
+
+    with psycopg.connect(admin_url.rpartition("/")[0] + "/postgres", autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT sum(xact_commit) FROM pg_stat_database WHERE datname = ANY(%s)", (databases,)
+        ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+#: PostgreSQL flushes a backend's statistics when it has been idle a while: wait this long
+#: before reading the commits of a phase.
+STATS_FLUSH_SECONDS = 11.0
+
+
 async def paired_runs(
     store_url: str, system_url: str, runs: int, steps: int, idempotent: bool = True
 ) -> dict[str, Any]:
     """`runs` pairs, one at a time in this process: a plain run, then a durable run.
 
     Alternating in one process cancels most of the drift of a loaded machine: each pair sees
-    about the same load. Returns each run's own duration (queue wait excluded), per mode.
+    about the same load. Returns each run's own duration (queue wait excluded) and the CPU
+    time of this process over it (worker, client and model server: the same in both modes),
+    per mode; on PostgreSQL also the commits of the store's and the system database's (a
+    phase of plain runs, then one of durable runs, each read after the statistics flush).
     """
     from agent_flow import AgentExecutor, OpenAIClient
     from agent_flow.durable import DurableClient
@@ -217,23 +237,52 @@ async def paired_runs(
         ):
             server.record = False
             llm = OpenAIClient("m", base_url=server.base_url, api_key="k")
-            plain, durable = [], []
-            for _ in range(runs + 1):  # the first pair warms up (imports, connections)
+
+            async def plain_run() -> str:
                 sid = (await inner.create(agent="bench")).id
                 agent = AgentExecutor(
                     llm, config=config(), tools=tools(idempotent), store=store, session_id=sid
                 )
                 async with agent:
                     await agent.run("Add the numbers.")
-                plain.append(sid)
+                return sid
+
+            async def durable_run() -> str:
                 sid = (await inner.create(agent="bench")).id
                 # Polled slowly: the run's span is read from its stored events, not from here.
                 await (await client.enqueue(sid, "Add the numbers.")).outcome(poll_seconds=0.25)
-                durable.append(sid)
+                return sid
+
+            plain, durable, cpu_off, cpu_on = [], [], [], []
+            for _ in range(runs + 1):  # the first pair warms up (imports, connections)
+                cpu = time.process_time()
+                plain.append(await plain_run())
+                cpu_off.append(time.process_time() - cpu)
+                cpu = time.process_time()
+                durable.append(await durable_run())
+                cpu_on.append(time.process_time() - cpu)
+            commits: dict[str, float] = {}
+            if store_url.startswith("postgres"):
+                databases = [
+                    store_url.partition("?")[0].rpartition("/")[2],
+                    system_url.rpartition("/")[2],
+                ]
+                phase = min(runs, 5)
+                for mode, one in (("off", plain_run), ("on", durable_run)):
+                    await asyncio.sleep(STATS_FLUSH_SECONDS)
+                    before = _xact_commits(system_url, databases)
+                    for _ in range(phase):
+                        await one()
+                    await asyncio.sleep(STATS_FLUSH_SECONDS)
+                    after = _xact_commits(system_url, databases)
+                    commits[mode] = (after - before) / phase
             await llm.aclose()
         return {
             "off": (await run_seconds(inner, plain))[1:],
             "on": (await run_seconds(inner, durable))[1:],
+            "cpu_off": cpu_off[1:],
+            "cpu_on": cpu_on[1:],
+            "commits": commits,
         }
 
 
@@ -453,7 +502,10 @@ COST_HEADER = f"""
 1. durability cost per step: {{seq}} pairs of runs x {{steps}} steps, one run at a time,
    DBOS off then on, alternating in one process; ms/step is a run's own duration (first
    event to run_finished) / steps, median of the runs
-{"store, tool":<24}{"DBOS off":>10}{"DBOS on":>10}{"cost":>8}{"cost p25-p75":>16}"""
+   (CPU: this process's, worker, client and model server, over each run; commits: the
+   store's and system database's per step, PostgreSQL only, from pg_stat_database)
+{"store, tool":<24}{"DBOS off":>10}{"DBOS on":>10}{"cost":>8}{"cost p25-p75":>16}\
+{"CPU cost":>10}{"commits off/on":>16}"""
 
 
 def bench_runs(args: Any, workers: list[int]) -> None:
@@ -484,10 +536,21 @@ def bench_runs(args: Any, workers: list[int]) -> None:
                 off = [x / steps * 1000 for x in result["off"]]
                 on = [x / steps * 1000 for x in result["on"]]
                 costs = [b - a for a, b in zip(off, on, strict=True)]
+                cpu = [
+                    (b - a) / steps * 1000
+                    for a, b in zip(result["cpu_off"], result["cpu_on"], strict=True)
+                ]
+                commits = result["commits"]
+                shown = (
+                    f"{commits['off'] / steps:.1f} / {commits['on'] / steps:.1f}"
+                    if commits
+                    else "-"
+                )
                 print(
                     f"{label:<24}{statistics.median(off):>10.2f}{statistics.median(on):>10.2f}"
                     f"{statistics.median(costs):>8.2f}"
-                    f"{percentile(costs, 0.25):>8.2f}..{percentile(costs, 0.75):<6.2f}",
+                    f"{percentile(costs, 0.25):>8.2f}..{percentile(costs, 0.75):<6.2f}"
+                    f"{statistics.median(cpu):>10.2f}{shown:>16}",
                     flush=True,
                 )
             if seq > 0:

@@ -1,8 +1,8 @@
 """Workers are told of queued runs (PostgreSQL LISTEN/NOTIFY) instead of polling for them.
 
 Each worker here looks for queued runs by itself only every 30 s (``idle_seconds``) and DBOS's
-own poll of the queue is at a minute, so a run that starts within a few seconds was started
-because the worker was told: by the client's notification, by the end of the session's run
+own queue threads are stopped, so a run that starts within a few seconds was started because
+the worker was told: by the client's notification, by the end of the session's run
 before it, or by the reconnection of a dropped LISTEN connection.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -137,10 +138,10 @@ async def test_runs_of_one_session_follow_each_other_at_once_and_never_overlap(
                 assert start - end < PROMPT, spans  # and the next one at once
 
 
-async def test_dbos_housekeeping_agent_flow_does_not_use_is_slowed(
+async def test_dbos_queue_threads_are_stopped_and_its_housekeeping_slowed(
     pg: tuple[str, str], tmp_path: Path
 ) -> None:
-    """The DBOS internals `quiet_dbos` sets exist in the installed DBOS (an upgrade that moves
+    """The DBOS internals `_wake` relies on exist in the installed DBOS (an upgrade that moves
     them fails here, not silently in a fleet's idle cost)."""
     from dbos import _workflow_commands
     from dbos._dbos import _get_dbos_instance
@@ -148,7 +149,18 @@ async def test_dbos_housekeeping_agent_flow_does_not_use_is_slowed(
     from agent_flow._defaults import DURABLE_DBOS_HOUSEKEEPING_SECONDS
     from agent_flow.durable._wake import quiet_dbos
 
-    async with told_worker(pg, tmp_path):
+    async with told_worker(pg, tmp_path) as (_store, _client, worker):
+        assert worker.dbos_queue_threads_stopped
+        for _ in range(100):
+            pollers = [
+                thread.name
+                for thread in threading.enumerate()
+                if "(queue_thread)" in thread.name or thread.name.startswith("queue-worker-")
+            ]
+            if not pollers:
+                break
+            await asyncio.sleep(0.1)
+        assert pollers == []
         assert quiet_dbos(DURABLE_DBOS_HOUSEKEEPING_SECONDS) == []
         assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC >= DURABLE_DBOS_HOUSEKEEPING_SECONDS
         internal = _get_dbos_instance()._registry.get_internal_queue()

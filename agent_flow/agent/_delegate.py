@@ -44,33 +44,20 @@ class ChildEvents(EventBus):
     """A child run's bus: its events go to the parent run, under the parent's run id.
 
     Args:
-        parent: The parent agent's bus.
-        parent_run_id: The parent run, prepended to each event's ``path``.
-        run: The parent run itself, which numbers, records and publishes the child's events
-            (`_Run.forward`); by default the run executing here (``CURRENT_RUN``) when it is
-            `parent_run_id`. Without one, the events go to `parent` as they are numbered.
+        run: The parent run, which numbers, records and publishes the child's events
+            (`_Run.forward`), its run id first in each event's ``path``.
     """
 
-    def __init__(self, parent: EventBus, parent_run_id: str, *, run: _Run | None = None) -> None:
+    def __init__(self, run: _Run) -> None:
         super().__init__()
-        self._parent = parent
-        self._prefix = (parent_run_id,)
-        if run is None:
-            from agent_flow.agent._loop import CURRENT_RUN
-
-            current = CURRENT_RUN.get()
-            run = current if current is not None and current.run_id == parent_run_id else None
         self._run = run
+        self._prefix = (run.run_id,)
 
     async def publish(self, event: AgentEvent) -> None:
         """Hand `event` to the parent run with the parent run first in its path."""
         if self._subscriptions or self._hooks:  # someone subscribed to the child itself
             await super().publish(event)
-        path = self._prefix + event.path
-        if self._run is None:
-            await self._parent.publish(event.model_copy(update={"path": path}))
-            return
-        await self._run.forward(event, path)
+        await self._run.forward(event, self._prefix + event.path)
 
 
 class _ParentTokensSpent(CostLimitError):

@@ -16,8 +16,9 @@ told instead:
 the worker's concurrency limit holds. A pass is one iteration of DBOS's own queue loop
 (``dbos._queue.queue_worker_thread``, given a stop event that lets exactly one pass through),
 so the claim (partitions, concurrency limits, application version) is DBOS's own code, not a
-copy. DBOS's own poll of the queue stays registered, at `DURABLE_QUEUE_BACKSTOP_SECONDS`, as
-a last resort should this module fail.
+copy. DBOS's own queue threads are stopped in a worker (`stop_dbos_queue_threads`: they list
+the queues every second and poll each one); where that fails (a newer DBOS), they poll the
+queue every idle period beside the `Dequeuer`.
 
 Who owns what: the `Dequeuer` and its LISTEN connection belong to the `DurableWorker` that
 started them and end with it; a dropped LISTEN connection is made again after
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from agent_flow._defaults import EVENTS_RECONNECT_SECONDS
 
 if TYPE_CHECKING:
-    from psycopg import Connection
+    from psycopg import AsyncConnection, Connection
 
 __all__ = ["CHANNEL", "Dequeuer", "Notifier", "wake_payload"]
 
@@ -162,13 +163,38 @@ class Dequeuer:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.connects += 1
                     self.poke()  # runs enqueued while not listening
-                    async for notify in conn.notifies():
-                        if notify.payload == self._payload:
-                            self.notified += 1
-                            self._wake.set()
+                    await self._take_notifications(conn)
             except Exception as err:
                 logger.warning("the LISTEN connection for queued runs dropped (%s)", err)
                 await asyncio.sleep(EVENTS_RECONNECT_SECONDS)
+
+    async def _take_notifications(self, conn: AsyncConnection[Any]) -> None:
+        """Wake on each notification for this queue, until the connection fails.
+
+        Reads the socket only when it is readable (psycopg's ``notifies()`` wakes ten times
+        a second to look for a cancellation: a cost an idle worker would pay all day).
+        """
+        import psycopg
+
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        fd = conn.fileno()
+        loop.add_reader(fd, readable.set)
+        payload = self._payload.encode()
+        try:
+            while True:
+                await readable.wait()
+                readable.clear()
+                pgconn = conn.pgconn
+                pgconn.consume_input()  # raises once the server or the network dropped it
+                if pgconn.status != psycopg.pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("the connection is closed")
+                while (notify := pgconn.notifies()) is not None:
+                    if notify.extra == payload:
+                        self.notified += 1
+                        self._wake.set()
+        finally:
+            loop.remove_reader(fd)
 
 
 class Notifier:
@@ -264,3 +290,26 @@ def quiet_dbos(idle_seconds: float) -> list[str]:
     for what in missing:
         logger.info("DBOS's %s not found: its housekeeping keeps DBOS's own pace", what)
     return missing
+
+
+def stop_dbos_queue_threads() -> bool:
+    """Stop DBOS's queue manager and its per-queue pollers in this process (after launch).
+
+    The `Dequeuer` does their work when told. The manager lists the deployment's queues every
+    second (two transactions) and polls DBOS's internal queue, which serves DBOS's scheduler,
+    Kafka and resuming without a queue name (agent_flow uses none of them). True if stopped;
+    False (logged) if this DBOS starts them differently, and they go on.
+    """
+    try:
+        from dbos._dbos import _get_dbos_instance
+        from dbos._queue import queue_thread
+
+        for thread in _get_dbos_instance()._background_threads:
+            if getattr(thread, "_target", None) is queue_thread:
+                stop = thread._args[0]  # type: ignore[attr-defined]
+                stop.set()
+                return True
+    except Exception:  # a newer layout
+        pass
+    logger.info("DBOS's queue threads not found: they keep polling beside the dequeuer")
+    return False

@@ -31,12 +31,17 @@ from dbos import DBOS, DBOSClient
 from agent_flow._defaults import (
     DURABLE_DBOS_HOUSEKEEPING_SECONDS,
     DURABLE_NOTIFY_COALESCE_SECONDS,
-    DURABLE_QUEUE_BACKSTOP_SECONDS,
 )
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.durable._liveness import Liveness, liveness_for
-from agent_flow.durable._wake import Dequeuer, listen_url, quiet_dbos, wake_payload
+from agent_flow.durable._wake import (
+    Dequeuer,
+    listen_url,
+    quiet_dbos,
+    stop_dbos_queue_threads,
+    wake_payload,
+)
 from agent_flow.durable._workflow import LLMFactory, Runtime, ToolsFactory, install
 from agent_flow.durable.config import DurableConfig, app_version
 from agent_flow.sessions.protocol import SessionStore
@@ -108,6 +113,8 @@ class DurableWorker:
         self._watch: asyncio.Task[None] | None = None
         self._reader: DBOSClient | None = None
         self._dequeuer: Dequeuer | None = None
+        #: Whether DBOS's own queue threads were stopped (`_wake.stop_dbos_queue_threads`).
+        self.dbos_queue_threads_stopped = False
 
     async def start(self) -> None:
         """Take this worker's liveness lock, launch DBOS and start watching for dead workers."""
@@ -126,6 +133,7 @@ class DurableWorker:
         quiet_dbos(DURABLE_DBOS_HOUSEKEEPING_SECONDS)
         DBOS.launch()
         quiet_dbos(DURABLE_DBOS_HOUSEKEEPING_SECONDS)
+        self.dbos_queue_threads_stopped = stop_dbos_queue_threads()
         queue = await DBOS.register_queue_async(
             self.durable.queue,
             worker_concurrency=self._concurrency,
@@ -133,8 +141,9 @@ class DurableWorker:
             # Partitioned by session (`DurableClient.enqueue`): one run of a session executes
             # at a time across the fleet; the next waits in the queue, not in a worker's slot.
             partition_concurrency=1,
-            # DBOS's own poll is a last resort: this worker dequeues when told (`_wake`).
-            polling_interval_sec=DURABLE_QUEUE_BACKSTOP_SECONDS,
+            # Read only by DBOS's own queue threads, which run where they cannot be stopped
+            # (`_wake.stop_dbos_queue_threads`): this worker dequeues when told.
+            polling_interval_sec=idle,
             on_conflict="always_update",
         )
         # Its limits as registered, not read back from the database on every pass.
