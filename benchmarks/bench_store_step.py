@@ -9,6 +9,8 @@ turns round by round in one process so that machine load hits them alike:
   bookkeeping, no I/O);
 - ``sqlite``: to a SQLite file (``synchronous="full"``, the default: every step's transaction
   is on disk before the next step starts);
+- ``sqlite-normal``: the same with ``synchronous="normal"`` (no sync per step: what the sync
+  itself costs the process, by difference; not a durable configuration);
 - ``postgres``: to PostgreSQL (the client's CPU only: the server's work is another process).
 
 Each prints the median CPU milliseconds per step (``time.process_time`` over a block of runs,
@@ -85,7 +87,7 @@ async def measure(targets: dict[str, str | None], runs: int, k: int, rounds: int
     stores: dict[str, SessionStore | None] = {}
     try:
         for name, target in targets.items():
-            stores[name] = open_store(target) if target is not None else None
+            stores[name] = _store(target) if target is not None else None
             store = stores[name]
             if store is not None:
                 await store.__aenter__()
@@ -123,6 +125,7 @@ def main() -> None:
             "unstored": None,
             "memory": "memory://",
             "sqlite": f"sqlite://{Path(folder) / 'sessions.db'}",
+            "sqlite-normal": f"sqlite-normal://{Path(folder) / 'normal.db'}",
             "postgres": f"{args.postgres}?schema={schema}",
         }
         wanted = ["unstored", *args.stores.split(",")]
@@ -137,6 +140,14 @@ def main() -> None:
         finally:
             if "postgres" in targets:
                 _drop(args.postgres, schema)
+
+
+def _store(target: str) -> SessionStore:
+    if target.startswith("sqlite-normal://"):
+        from agent_flow.sessions.sqlite import SQLiteSessionStore
+
+        return SQLiteSessionStore(target.removeprefix("sqlite-normal://"), synchronous="normal")
+    return open_store(target)
 
 
 def _cores() -> int:

@@ -165,3 +165,63 @@ async def test_dbos_queue_threads_are_stopped_and_its_housekeeping_slowed(
         assert _workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC >= DURABLE_DBOS_HOUSEKEEPING_SECONDS
         internal = _get_dbos_instance()._registry.get_internal_queue()
         assert internal._polling_interval_sec >= DURABLE_DBOS_HOUSEKEEPING_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("worker", "fleet"), [(2, None), (None, 2)], ids=["worker_concurrency", "global_concurrency"]
+)
+async def test_a_told_worker_keeps_its_concurrency_limits(
+    pg: tuple[str, str], worker: int | None, fleet: int | None
+) -> None:
+    """Every run's end and every notification make the worker look again: however many looks,
+    no more runs execute at once than its limits allow (one look at a time, DBOS's claim)."""
+    from agent_flow.llm.base import LLMRequest
+    from agent_flow.testing import FunctionLLM, Reply, call, reply
+    from agent_flow.tools import ToolExecutor, tool
+
+    running, most = 0, 0
+
+    @tool
+    async def work() -> str:
+        """Work a while."""
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.3)
+        running -= 1
+        return "worked"
+
+    def play(request: LLMRequest) -> Reply:
+        if any(m.role == "tool" for m in request.messages):
+            return reply("done")
+        return reply(tool_calls=[call("work")])
+
+    store_url, system_url = pg
+    durable = DurableConfig(
+        enabled=True,
+        system_database_url=system_url,
+        idle_seconds=30.0,
+        worker_concurrency=worker,
+        global_concurrency=fleet,
+    )
+    llm = FunctionLLM(play)
+    async with (
+        open_store(store_url) as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: ToolExecutor([work]),
+        ),
+        DurableClient(durable, store) as client,
+    ):
+        handles = []
+        for _ in range(6):
+            info = await store.create(agent="durable")
+            handles.append(await client.enqueue(info.id, "work"))
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(h.outcome(poll_seconds=0.05) for h in handles)), 60
+        )
+    assert [outcome.final_text for outcome in outcomes] == ["done"] * 6
+    assert most == 2
