@@ -171,12 +171,17 @@ async def test_a_newcomer_watches_the_demo_in_the_inspector(tmp_path: Path) -> N
             await page.locator("#session-title", has_text="Demo: fix the csvstats bug").wait_for()
             # Approve what the scripted model asks, as the newcomer would, until it finishes.
             approved = 0
-            next_thing = page.locator(".approval button.approve, #conversation .run-end")
+            pending = ".approval button.approve:visible"
+            next_thing = page.locator(f"{pending}, #conversation .run-end")
             while True:
                 await next_thing.first.wait_for()
                 if await page.locator("#conversation .run-end").count():
                     break
-                await page.locator(".approval button.approve").first.click()
+                # This very button, then its removal: a loaded machine may still show the one
+                # clicked last time (answered, not yet re-rendered) when the loop comes back.
+                button = await page.locator(pending).first.element_handle()
+                await button.click()
+                await button.wait_for_element_state("hidden")
                 approved += 1
             assert approved >= 2
             await page.locator("#conversation .run-end", has_text="completed").wait_for()

@@ -21,8 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
+from agent_flow.llm.base import LLMClient
 from agent_flow.sessions import open_store
 from agent_flow.sessions.protocol import SessionStore
+from agent_flow.tools import ToolExecutor
 from tests.durable_app import CONFIG, model_and_tools
 from tests.durable_helpers import pg
 
@@ -34,11 +36,21 @@ PROMPT = 5.0
 
 @asynccontextmanager
 async def told_worker(
-    urls: tuple[str, str], folder: Path
+    urls: tuple[str, str],
+    folder: Path | None,
+    model: tuple[LLMClient, ToolExecutor] | None = None,
+    **limits: int | None,
 ) -> AsyncIterator[tuple[SessionStore, DurableClient, DurableWorker]]:
+    """A worker in this process that looks by itself only every 30 s, and a client.
+
+    Its model and tools: `model`, else the counting ones of `tests.durable_app` (in `folder`).
+    """
     store_url, system_url = urls
-    durable = DurableConfig(enabled=True, system_database_url=system_url, idle_seconds=30.0)
-    llm, tools = model_and_tools(folder, None)
+    durable = DurableConfig(
+        enabled=True, system_database_url=system_url, idle_seconds=30.0, **limits
+    )
+    assert model is not None or folder is not None
+    llm, tools = model if model is not None else model_and_tools(folder, None)
     async with (
         open_store(store_url) as store,
         DurableWorker(
@@ -177,7 +189,7 @@ async def test_a_told_worker_keeps_its_concurrency_limits(
     no more runs execute at once than its limits allow (one look at a time, DBOS's claim)."""
     from agent_flow.llm.base import LLMRequest
     from agent_flow.testing import FunctionLLM, Reply, call, reply
-    from agent_flow.tools import ToolExecutor, tool
+    from agent_flow.tools import tool
 
     running, most = 0, 0
 
@@ -196,26 +208,9 @@ async def test_a_told_worker_keeps_its_concurrency_limits(
             return reply("done")
         return reply(tool_calls=[call("work")])
 
-    store_url, system_url = pg
-    durable = DurableConfig(
-        enabled=True,
-        system_database_url=system_url,
-        idle_seconds=30.0,
-        worker_concurrency=worker,
-        global_concurrency=fleet,
-    )
-    llm = FunctionLLM(play)
-    async with (
-        open_store(store_url) as store,
-        DurableWorker(
-            durable,
-            store,
-            CONFIG,
-            llm_factory=lambda _config: (llm, None),
-            tools_factory=lambda _config: ToolExecutor([work]),
-        ),
-        DurableClient(durable, store) as client,
-    ):
+    model = (FunctionLLM(play), ToolExecutor([work]))
+    limits = {"worker_concurrency": worker, "global_concurrency": fleet}
+    async with told_worker(pg, None, model, **limits) as (store, client, _worker):
         handles = []
         for _ in range(6):
             info = await store.create(agent="durable")
