@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,15 +40,15 @@ async def told_worker(
     urls: tuple[str, str],
     folder: Path | None,
     model: tuple[LLMClient, ToolExecutor] | None = None,
-    **limits: int | None,
+    **settings: float | None,
 ) -> AsyncIterator[tuple[SessionStore, DurableClient, DurableWorker]]:
     """A worker in this process that looks by itself only every 30 s, and a client.
 
     Its model and tools: `model`, else the counting ones of `tests.durable_app` (in `folder`).
     """
     store_url, system_url = urls
-    durable = DurableConfig(
-        enabled=True, system_database_url=system_url, idle_seconds=30.0, **limits
+    durable = DurableConfig.model_validate(
+        {"enabled": True, "system_database_url": system_url, "idle_seconds": 30.0, **settings}
     )
     assert model is not None or folder is not None
     llm, tools = model if model is not None else model_and_tools(folder, None)
@@ -220,3 +221,58 @@ async def test_a_told_worker_keeps_its_concurrency_limits(
         )
     assert [outcome.final_text for outcome in outcomes] == ["done"] * 6
     assert most == 2
+
+
+async def test_an_idle_look_finds_nothing_cheaply_and_a_queued_run_all_the_same(
+    pg: tuple[str, str], tmp_path: Path
+) -> None:
+    """Looking every 0.1 s with nothing queued, the worker makes no pass of DBOS's claim (its
+    cheap read says nothing is queued); a run enqueued without a notification (as a lost one
+    would leave it) is found by the next look."""
+    from dbos import DBOSClient
+
+    from agent_flow.durable._wake import SystemReads
+
+    async with told_worker(pg, tmp_path, idle_seconds=0.1) as (store, _client, worker):
+        dequeuer = worker._dequeuer
+        assert dequeuer is not None and worker._reads is not None
+        await asyncio.sleep(0.5)
+        passes = dequeuer.passes
+        await asyncio.sleep(1.0)  # ten idle looks
+        assert dequeuer.passes == passes
+        assert await worker._reads.pending_owners() == set()
+        # Enqueued straight through DBOS: no notification.
+        info = await store.create(agent="durable")
+        silent = DBOSClient(system_database_url=pg[1], application_name="agent_flow")
+        try:
+            from agent_flow.durable._workflow import WORKFLOW_NAME, RunRequest
+            from agent_flow.durable.config import app_version
+
+            request = RunRequest(session_id=info.id, message="count 1", run_id="silent")
+            options: Any = {
+                "workflow_name": WORKFLOW_NAME,
+                "queue_name": worker.durable.queue,
+                "workflow_id": request.run_id,
+                "app_version": app_version(),
+                "queue_partition_key": info.id,
+            }
+            await silent.enqueue_async(options, request.model_dump_json())
+        finally:
+            silent.destroy()
+        for _ in range(100):
+            events = await store.events(info.id)
+            if any(event.kind == "run_finished" for event in events):
+                break
+            await asyncio.sleep(0.1)
+        assert [e.kind for e in events].count("run_finished") == 1
+        assert dequeuer.notified == 0
+
+    async def failing(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+        import psycopg
+
+        raise psycopg.errors.UndefinedTable('relation "dbos.workflow_status" does not exist')
+
+    reads = SystemReads(failing)
+    assert await reads.anything_queued("q") is True  # cannot tell: look in full
+    assert await reads.pending_owners() is None
+    assert reads._off

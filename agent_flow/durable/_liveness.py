@@ -59,6 +59,13 @@ class Liveness(Protocol):
         """Make sure this process still holds its own lock (reconnect and take it again)."""
         ...
 
+    async def query(self, sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]] | None:
+        """Rows of a read on the system database over this process's connection.
+
+        None where there is no such connection (a SQLite system database).
+        """
+        ...
+
 
 class _PostgresLiveness:
     def __init__(self, url: str) -> None:
@@ -90,13 +97,19 @@ class _PostgresLiveness:
         return conn
 
     async def _execute(self, sql: str, executor_id: str, *, fetch: bool = True) -> bool:
+        rows = await self._rows(sql, (_KEY + executor_id,), fetch=fetch)
+        return bool(rows and rows[0][0])
+
+    async def _rows(
+        self, sql: str, params: tuple[object, ...], *, fetch: bool = True
+    ) -> list[tuple[object, ...]]:
         import psycopg
 
         for attempt in (1, 2):
             conn = await self._connection()
             try:
-                cursor = await conn.execute(sql, (_KEY + executor_id,))
-                row = await cursor.fetchone() if fetch else None
+                cursor = await conn.execute(sql, params)
+                return await cursor.fetchall() if fetch else []
             except psycopg.OperationalError:
                 # The connection dropped (found only when used): close it, so the next
                 # attempt connects again and takes our own lock back, then tries once more.
@@ -104,9 +117,10 @@ class _PostgresLiveness:
                     await conn.close()
                 if attempt == 2:
                     raise
-                continue
-            return bool(row and row[0])
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def query(self, sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]] | None:
+        return await self._rows(sql, params)
 
     async def hold(self, executor_id: str) -> None:
         self._own = executor_id
@@ -166,6 +180,9 @@ class _FileLiveness:
 
     async def check(self) -> None:
         return None  # a flock lives as long as this process: nothing drops it
+
+    async def query(self, sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]] | None:
+        return None
 
     async def aclose(self) -> None:
         for handle in self._held.values():

@@ -37,6 +37,7 @@ from agent_flow.config import AgentConfig
 from agent_flow.durable._liveness import Liveness, liveness_for
 from agent_flow.durable._wake import (
     Dequeuer,
+    SystemReads,
     listen_url,
     quiet_dbos,
     stop_dbos_queue_threads,
@@ -113,6 +114,7 @@ class DurableWorker:
         self._watch: asyncio.Task[None] | None = None
         self._reader: DBOSClient | None = None
         self._dequeuer: Dequeuer | None = None
+        self._reads: SystemReads | None = None
         #: Whether DBOS's own queue threads were stopped (`_wake.stop_dbos_queue_threads`).
         self.dbos_queue_threads_stopped = False
 
@@ -149,11 +151,15 @@ class DurableWorker:
         # Its limits as registered, not read back from the database on every pass.
         local = copy.copy(queue)
         local.database_backed_queue = False
+        notified = listen_url(url)
+        if notified is not None:
+            self._reads = SystemReads(self._liveness.query)
         self._dequeuer = Dequeuer(
             local,
             wake_payload(self.durable.app_name, self.durable.queue),
-            listen_url(url),
+            notified,
             idle,
+            self._anything_queued if self._reads is not None else None,
         )
         self._runtime.after_run = self._dequeuer.poke
         await self._dequeuer.start()
@@ -205,13 +211,20 @@ class DurableWorker:
         """Execute runs until cancelled."""
         await asyncio.Event().wait()
 
+    async def _anything_queued(self) -> bool:
+        assert self._reads is not None
+        return await self._reads.anything_queued(self.durable.queue)
+
     async def recover_dead_workers(self) -> list[str]:
         """Hand the runs of every dead executor back to the queue; return those executors."""
         assert self._liveness is not None
-        pending = await DBOS.list_workflows_async(
-            status="PENDING", load_input=False, load_output=False
-        )
-        owners = sorted({w.executor_id for w in pending if w.executor_id} - {self.executor_id})
+        found = await self._reads.pending_owners() if self._reads is not None else None
+        if found is None:
+            pending = await DBOS.list_workflows_async(
+                status="PENDING", load_input=False, load_output=False
+            )
+            found = {w.executor_id for w in pending if w.executor_id}
+        owners = sorted(found - {self.executor_id})
         recovered: list[str] = []
         for owner in owners:
             if not await self._liveness.claim_if_dead(owner):
