@@ -8,9 +8,9 @@ polls, and the worker's looks and watch, is one or more transactions; DBOS check
 connection with a ``SELECT`` of its own when taken). Two windows: 10 s in DBOS's first minute
 (its scheduler looks for schedules every second then; the statistics of DBOS's migrations may
 still arrive in it) and 30 s after it. Then runs are enqueued one after another and the time
-from enqueue to the worker's stored ``run_started`` is the start latency (the first run, then the median of the next four).
-Rows: the default, and ``idle_seconds=1``. Goals (issue 30): <= 5 ms of CPU per second,
-<= 2 commits per second, a queued run started within 250 ms.
+from enqueue to the worker's stored ``run_started`` is the start latency (the first run,
+then the median of the next four). Rows: the default, and ``idle_seconds=1``. Goals (issue
+30): <= 5 ms of CPU per second, <= 2 commits per second, a queued run started within 250 ms.
 """
 
 from __future__ import annotations
