@@ -112,8 +112,13 @@ async function refresh() {
   const plan = (view.environment.task && view.environment.task.plan) || [];
   $("plan").replaceChildren(...plan.map((step) => element("li", { class: step.completed ? "done" : "" }, step.description)));
   $("no-plan").hidden = plan.length > 0;
+  // The view may be older than the events: a card an `approval_required` event added after
+  // this view was read stays (and one shown already is kept, not rebuilt under the pointer).
   const pending = view.pending_approvals.filter((a) => !state.resolved.has(a.call_id));
-  $("approvals").replaceChildren(...pending.map(approvalCard));
+  const shown = new Map([...$("approvals").children].map((card) => [card.dataset.call, card]));
+  const listed = new Set(pending.map((a) => a.call_id));
+  const newer = [...shown.values()].filter((card) => !listed.has(card.dataset.call) && !state.resolved.has(card.dataset.call));
+  $("approvals").replaceChildren(...pending.map((a) => shown.get(a.call_id) || approvalCard(a)), ...newer);
 }
 
 function tree(value, old, path) {
