@@ -20,8 +20,10 @@ from pathlib import Path
 
 from agent_flow.config import AgentConfig
 from agent_flow.durable import DurableConfig, DurableWorker
+from agent_flow.errors import StoreError
 from agent_flow.llm.base import LLMRequest
 from agent_flow.sessions import open_store
+from agent_flow.sessions.protocol import SessionStore
 from agent_flow.testing import FunctionLLM, Reply, call, reply
 from agent_flow.tools import ToolContext, ToolExecutor, ToolPolicy, tool
 
@@ -57,24 +59,41 @@ def model_and_tools(
     return FunctionLLM(play), ToolExecutor([count])
 
 
+async def _opened(store_url: str) -> SessionStore:
+    """The store, opened; a worker started on a loaded machine may find the database slow to
+    answer its first connection (10 s), so it tries three times, as a supervisor would."""
+    for attempt in (1, 2, 3):
+        store = open_store(store_url)
+        try:
+            await store.__aenter__()
+        except StoreError:
+            if attempt == 3:
+                raise
+            await asyncio.sleep(1.0)
+            continue
+        return store
+    raise AssertionError("unreachable")
+
+
 async def main(store_url: str, system_url: str, counts: str, executor: str, kill: str) -> None:
     pause = float(os.environ.get("DURABLE_APP_PAUSE", "0"))
     llm, tools = model_and_tools(Path(counts), int(kill) if kill else None, pause=pause)
     durable = DurableConfig(
         enabled=True, system_database_url=system_url, executor_id=executor, poll_seconds=0.1
     )
-    async with (
-        open_store(store_url) as store,
-        DurableWorker(
+    store = await _opened(store_url)
+    try:
+        async with DurableWorker(
             durable,
             store,
             CONFIG,
             llm_factory=lambda _config: (llm, None),
             tools_factory=lambda _config: tools,
-        ) as worker,
-    ):
-        print("ready", flush=True)
-        await worker.serve_forever()
+        ) as worker:
+            print("ready", flush=True)
+            await worker.serve_forever()
+    finally:
+        await store.aclose()
 
 
 if __name__ == "__main__":
