@@ -26,6 +26,8 @@ import os
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
+from agent_flow.durable.config import libpq_url
+
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
@@ -193,8 +195,8 @@ class _FileLiveness:
 
 def liveness_for(system_database_url: str) -> Liveness:
     """The liveness locks that fit a DBOS system database URL."""
-    if system_database_url.startswith(("postgresql", "postgres")):
-        scheme, _, rest = system_database_url.partition("://")
-        return _PostgresLiveness(f"postgresql://{rest}" if "+" in scheme else system_database_url)
+    url = libpq_url(system_database_url)
+    if url is not None:
+        return _PostgresLiveness(url)
     path = system_database_url.removeprefix("sqlite:///")
     return _FileLiveness(Path(os.path.abspath(path + ".executors")))

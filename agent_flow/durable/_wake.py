@@ -54,14 +54,6 @@ def wake_payload(app_name: str, queue: str) -> str:
     return f"{app_name}/{queue}"
 
 
-def listen_url(system_database_url: str) -> str | None:
-    """The libpq URL to LISTEN and NOTIFY on, or None where there is none (SQLite)."""
-    scheme, _, rest = system_database_url.partition("://")
-    if not scheme.startswith(("postgresql", "postgres")):
-        return None
-    return f"postgresql://{rest}"
-
-
 class _OnePass:
     """A stop event for DBOS's queue loop that lets exactly one pass through.
 

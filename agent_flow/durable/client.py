@@ -19,9 +19,9 @@ from dbos import error as dbos_error
 from agent_flow._defaults import DURABLE_CANCEL_SETTLE_SECONDS
 from agent_flow.agent import ExecutionOutcome, StopReason
 from agent_flow.config import AgentConfig
-from agent_flow.durable._wake import Notifier, listen_url, wake_payload
+from agent_flow.durable._wake import Notifier, wake_payload
 from agent_flow.durable._workflow import OUTCOME_CHECKPOINT, WORKFLOW_NAME, RunRequest
-from agent_flow.durable.config import DurableConfig, app_version
+from agent_flow.durable.config import DurableConfig, app_version, libpq_url
 from agent_flow.errors import RunError
 from agent_flow.sessions.models import Checkpoint
 from agent_flow.sessions.protocol import SessionStore
@@ -168,7 +168,7 @@ class DurableClient:
             system_database_url=durable.resolved_url(), application_name=durable.app_name
         )
         # On PostgreSQL the workers are told of each run enqueued (`_wake`).
-        url = listen_url(durable.resolved_url())
+        url = libpq_url(durable.resolved_url())
         self._notifier = (
             Notifier(url, wake_payload(durable.app_name, durable.queue)) if url else None
         )

@@ -15,7 +15,7 @@ from agent_flow._defaults import (
 )
 from agent_flow.errors import ConfigError
 
-__all__ = ["DurableConfig", "load_durable_config"]
+__all__ = ["DurableConfig", "libpq_url", "load_durable_config"]
 
 
 class DurableConfig(BaseModel):
@@ -63,7 +63,7 @@ class DurableConfig(BaseModel):
 
     def notified(self) -> bool:
         """Whether workers are told of queued runs (a PostgreSQL system database)."""
-        return self.resolved_url().startswith(("postgresql", "postgres"))
+        return libpq_url(self.resolved_url()) is not None
 
     def resolved_idle_seconds(self) -> float:
         """How often an idle worker looks for queued runs nothing told it of."""
@@ -74,6 +74,17 @@ class DurableConfig(BaseModel):
     def watch_seconds(self) -> float:
         """How often a worker looks for the runs of dead workers."""
         return self.resolved_idle_seconds() if self.notified() else self.poll_seconds * 5
+
+
+def libpq_url(system_database_url: str) -> str | None:
+    """The system database's URL as libpq takes it, or None if it is not PostgreSQL.
+
+    A SQLAlchemy driver suffix (``postgresql+psycopg://``) is dropped; SQLite gives None.
+    """
+    scheme, _, rest = system_database_url.partition("://")
+    if not scheme.startswith(("postgresql", "postgres")):
+        return None
+    return f"postgresql://{rest}"
 
 
 def load_durable_config(path: str | Path | None) -> DurableConfig:

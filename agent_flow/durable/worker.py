@@ -38,13 +38,12 @@ from agent_flow.durable._liveness import Liveness, liveness_for
 from agent_flow.durable._wake import (
     Dequeuer,
     SystemReads,
-    listen_url,
     quiet_dbos,
     stop_dbos_queue_threads,
     wake_payload,
 )
 from agent_flow.durable._workflow import LLMFactory, Runtime, ToolsFactory, install
-from agent_flow.durable.config import DurableConfig, app_version
+from agent_flow.durable.config import DurableConfig, app_version, libpq_url
 from agent_flow.sessions.protocol import SessionStore
 
 __all__ = ["DurableWorker", "dbos_config"]
@@ -151,7 +150,7 @@ class DurableWorker:
         # Its limits as registered, not read back from the database on every pass.
         local = copy.copy(queue)
         local.database_backed_queue = False
-        notified = listen_url(url)
+        notified = libpq_url(url)
         if notified is not None:
             self._reads = SystemReads(self._liveness.query)
         self._dequeuer = Dequeuer(
