@@ -96,6 +96,30 @@ async def wait_dead(proc: subprocess.Popen[bytes], seconds: float) -> None:
 
 
 @asynccontextmanager
+async def in_process(
+    durable: DurableConfig,
+    store_url: str,
+    llm: LLMClient,
+    tools: ToolExecutor,
+    *,
+    on_agent: Callable[[AgentExecutor], object] | None = None,
+) -> AsyncIterator[tuple[SessionStore, DurableWorker]]:
+    """A store, and a worker in this process on `llm` and `tools`."""
+    async with (
+        open_store(store_url) as store,
+        DurableWorker(
+            durable,
+            store,
+            CONFIG,
+            llm_factory=lambda _config: (llm, None),
+            tools_factory=lambda _config: tools,
+            on_agent=on_agent,
+        ) as worker,
+    ):
+        yield store, worker
+
+
+@asynccontextmanager
 async def on_sqlite(
     folder: Path,
     llm: LLMClient,
@@ -107,16 +131,9 @@ async def on_sqlite(
     durable = DurableConfig(
         enabled=True, system_database_url=f"sqlite:///{folder}/dbos.sqlite", poll_seconds=0.05
     )
+    store_url = f"sqlite:///{folder}/sessions.db"
     async with (
-        open_store(f"sqlite:///{folder}/sessions.db") as store,
-        DurableWorker(
-            durable,
-            store,
-            CONFIG,
-            llm_factory=lambda _config: (llm, None),
-            tools_factory=lambda _config: tools,
-            on_agent=on_agent,
-        ),
+        in_process(durable, store_url, llm, tools, on_agent=on_agent) as (store, _worker),
         DurableClient(durable) as client,
     ):
         yield store, client

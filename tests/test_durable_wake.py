@@ -23,11 +23,10 @@ from hypothesis import strategies as st
 
 from agent_flow.durable import DurableClient, DurableConfig, DurableWorker
 from agent_flow.llm.base import LLMClient
-from agent_flow.sessions import open_store
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.tools import ToolExecutor
-from tests.durable_app import CONFIG, model_and_tools
-from tests.durable_helpers import pg
+from tests.durable_app import model_and_tools
+from tests.durable_helpers import in_process, pg
 
 __all__ = ["pg"]  # fixture
 
@@ -53,14 +52,7 @@ async def told_worker(
     assert model is not None or folder is not None
     llm, tools = model if model is not None else model_and_tools(folder, None)
     async with (
-        open_store(store_url) as store,
-        DurableWorker(
-            durable,
-            store,
-            CONFIG,
-            llm_factory=lambda _config: (llm, None),
-            tools_factory=lambda _config: tools,
-        ) as worker,
+        in_process(durable, store_url, llm, tools) as (store, worker),
         DurableClient(durable, store) as client,
     ):
         yield store, client, worker

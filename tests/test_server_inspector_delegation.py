@@ -324,18 +324,17 @@ async def test_a_live_run_shows_delegated_runs_nested_and_a_reload_the_same() ->
             await opened.shot("inspector-delegation")
 
         # The page opened again: the events come back from the session (stored, with ids).
-        async with inspector(url, height=1000) as opened:
-            page = opened.page
-            await page.locator("#conversation > .run-end", has_text="answered").wait_for()
-            await page.evaluate(MARK_PAGE)
-            again = await page.evaluate(f"({SHAPE})(document.body)")
-            assert again == live
+        assert await _shape_when_opened(url) == live
 
         # Evicted as an idle session is; opened again, it is read from the store.
         assert session in await app.state.manager.evict(now=float("inf"))
-        async with inspector(url, height=1000) as opened:
-            page = opened.page
-            await page.locator("#conversation > .run-end", has_text="answered").wait_for()
-            await page.evaluate(MARK_PAGE)
-            reloaded = await page.evaluate(f"({SHAPE})(document.body)")
-            assert reloaded == live
+        assert await _shape_when_opened(url) == live
+
+
+async def _shape_when_opened(url: str) -> object:
+    """The nesting the page shows, opened anew at `url`, once the run's end is shown."""
+    async with inspector(url, height=1000) as opened:
+        page = opened.page
+        await page.locator("#conversation > .run-end", has_text="answered").wait_for()
+        await page.evaluate(MARK_PAGE)
+        return await page.evaluate(f"({SHAPE})(document.body)")
