@@ -113,6 +113,62 @@ async def test_a_dropped_listen_connection_is_made_again_and_runs_still_start(
         assert started - enqueued < PROMPT, started - enqueued
 
 
+async def test_a_dropped_notify_connection_is_made_again_and_runs_still_start_at_once(
+    pg: tuple[str, str], tmp_path: Path
+) -> None:
+    """The client's NOTIFY connection, cut by the server between two enqueues, is made again
+    on the next one: that run is still started by its notification, not by the worker's own
+    look 30 s later."""
+    import psycopg
+
+    async with told_worker(pg, tmp_path) as (store, client, worker):
+        await asyncio.sleep(0.5)
+        first = await store.create(agent="durable")
+        handle = await client.enqueue(first.id, "count 1")
+        await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
+        notifier = client._notifier
+        assert notifier is not None and notifier._conn is not None
+        backend = notifier._conn.info.backend_pid
+        with psycopg.connect(pg[1].rpartition("/")[0] + "/postgres", autocommit=True) as admin:
+            killed = admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchall()
+        assert killed == [(True,)]
+        second = await store.create(agent="durable")
+        enqueued = time.time()
+        handle = await client.enqueue(second.id, "count 1")
+        outcome = await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
+        started, _ = await _times(store, second.id, handle.run_id)
+        assert outcome.final_text == "done"
+        assert started - enqueued < PROMPT, started - enqueued
+        assert notifier._conn is not None and notifier._conn.info.backend_pid != backend
+        assert worker._dequeuer is not None and worker._dequeuer.notified >= 2
+
+
+async def test_two_clients_enqueuing_on_one_session_at_once_get_one_run_at_a_time(
+    pg: tuple[str, str], tmp_path: Path
+) -> None:
+    """Two clients (two servers of a fleet) enqueue runs on one session at the same moment:
+    each run executes once, never beside another run of the session, in some order."""
+    async with told_worker(pg, tmp_path) as (store, client, _worker):
+        durable = client.durable
+        async with DurableClient(durable, store) as other:
+            info = await store.create(agent="durable")
+            handles = await asyncio.gather(
+                *(c.enqueue(info.id, "count 1") for c in (client, other, client, other))
+            )
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(*(h.outcome(poll_seconds=0.02) for h in handles)), 60
+            )
+        assert [o.final_text for o in outcomes] == ["done"] * 4
+        assert len({h.run_id for h in handles}) == 4
+        events = await store.events(info.id)
+        for handle in handles:
+            mine = [e.kind for e in events if e.run_id == handle.run_id]
+            assert mine.count("run_started") == 1 and mine.count("run_finished") == 1, mine
+        spans = sorted([await _times(store, info.id, h.run_id) for h in handles])
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert start >= end, spans
+
+
 @pytest.mark.timeout(240)
 @settings(
     max_examples=4,
