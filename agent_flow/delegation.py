@@ -66,7 +66,7 @@ from agent_flow._defaults import (
     DELEGATION_PARENT_TASK,
 )
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow.agent._build import _make_counter
+from agent_flow.agent._build import counter_for
 from agent_flow.agent._cost import PARENT_BUDGET
 from agent_flow.agent._delegate import ChildEvents, meter_for
 from agent_flow.agent._loop import CURRENT_RUN
@@ -246,7 +246,7 @@ class Delegate(Generic[_Out]):
             settings = settings.model_copy(update={"context": budget})
         self.config = settings
         # One counter for all children: building one per call would cost more than the rest.
-        self._counter = _make_counter(settings)[0]
+        self._counter = counter_for(settings)
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._allowed: tuple[int, tuple[str, ...] | None] | None = None
         self.parameters = {

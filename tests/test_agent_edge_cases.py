@@ -429,3 +429,41 @@ def test_an_environment_override_of_a_text_field_keeps_text_that_looks_like_a_nu
     except ConfigError as err:
         pytest.fail(f"AGENT_FLOW_NAME=2024 was refused: {err}")
     assert config.name == "2024"
+
+
+# -- one tokenizer per agent -----------------------------------------------------------------
+
+
+async def test_an_agents_tools_truncate_in_the_tokens_its_budget_counts() -> None:
+    """The agent's counter reaches the tool executor it builds and one given without a
+    counter: results are cut in the budget's tokens, and no second tokenizer is loaded (an
+    agent of an ``o200k_base`` model loaded ``cl100k_base`` too, for truncation alone)."""
+    from agent_flow import AgentConfig, AgentExecutor
+    from agent_flow.testing import FunctionLLM, call, reply
+    from agent_flow.tools import ToolExecutor, tool
+
+    @tool
+    def shout() -> str:
+        """Shout."""
+        return "A" * 400
+
+    def answer(request: LLMRequest) -> Reply:
+        if any(m.role == "tool" for m in request.messages):
+            return reply("done")
+        return reply(tool_calls=[call("shout")])
+
+    approx = AgentConfig.model_validate({"context": {"counter": "approx"}})
+    built = AgentExecutor(FunctionLLM(answer), config=approx)
+    assert built.tools.counter is built.context.counter
+    tools = ToolExecutor([shout], max_output_tokens=32)
+    given = AgentExecutor(FunctionLLM(answer), config=approx, tools=tools)
+    assert isinstance(given.tools.counter, ApproxCounter)
+    outcome = await given.run("shout")
+    [use] = outcome.tool_uses
+    assert "of 100 tokens cut" in use.content  # 400 characters / 4: the agent's count
+    gpt4o = AgentConfig.model_validate({"llm": {"model": "gpt-4o"}})
+    agent = AgentExecutor(FunctionLLM(answer), config=gpt4o)
+    assert isinstance(agent.tools.counter, TiktokenCounter)
+    assert agent.tools.counter.encoding_name == "o200k_base"
+    own = ToolExecutor(counter=TiktokenCounter())
+    assert AgentExecutor(FunctionLLM(answer), config=gpt4o, tools=own).tools.counter is own.counter

@@ -13,12 +13,12 @@ The pieces, by module:
   the `DeferredResults` that answer them;
 - `_hooks`: the tool executor's progress as run events;
 - `_build`: the counter, pruning strategy and tool executor a config describes
-  (`tool_executor_from_config`).
+  (`counter_for`, `tool_executor_from_config`).
 """
 
 from __future__ import annotations
 
-from agent_flow.agent._build import tool_executor_from_config
+from agent_flow.agent._build import counter_for, tool_executor_from_config
 from agent_flow.agent._deferred import DeferredResults
 from agent_flow.agent.executor import AgentExecutor
 from agent_flow.agent.outcome import (
@@ -41,5 +41,6 @@ __all__ = [
     "RunTools",
     "StopReason",
     "ToolUse",
+    "counter_for",
     "tool_executor_from_config",
 ]

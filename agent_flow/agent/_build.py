@@ -33,7 +33,16 @@ from agent_flow.tools import (
     workspace_tools,
 )
 
-__all__ = ["tool_executor_from_config"]
+__all__ = ["counter_for", "tool_executor_from_config"]
+
+
+def counter_for(config: AgentConfig) -> TokenCounter:
+    """The token counter an agent of `config` counts with (its model's tokenizer encoding).
+
+    What a process that reads or prepares that agent's sessions should count with, so that it
+    loads no other encoding and its counts are the agent's.
+    """
+    return _make_counter(config)[0]
 
 
 def _make_counter(config: AgentConfig) -> tuple[TokenCounter, str | None]:

@@ -58,9 +58,9 @@ def resumed_state(state: SessionState, config: AgentConfig) -> tuple[History, En
 
     Plain CPU work (decoding, token counts): a server runs it off its event loop.
     """
-    from agent_flow.agent._build import _make_counter
+    from agent_flow.agent._build import counter_for
 
-    history = state.history(counter=_make_counter(config)[0])
+    history = state.history(counter=counter_for(config))
     environment = state.environment if state.environment is not None else Environment()
     if state.info.task and not state.entries:
         take_up_unstarted(environment, history, state.info.task)

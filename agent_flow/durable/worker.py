@@ -68,9 +68,9 @@ def dbos_config(durable: DurableConfig, executor_id: str) -> Any:
 
 
 def _load_tokenizer(config: AgentConfig) -> None:
-    from agent_flow.agent._build import _make_counter
+    from agent_flow.agent import counter_for
 
-    _make_counter(config)[0].count("warm up")
+    counter_for(config).count("warm up")
 
 
 class DurableWorker:

@@ -36,7 +36,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import WithJsonSchema
 
-from agent_flow.agent import AgentExecutor
+from agent_flow.agent import AgentExecutor, counter_for
 from agent_flow.config import AgentConfig
 from agent_flow.environment import Environment
 from agent_flow.events import ContextBuilt
@@ -528,7 +528,9 @@ async def _view(manager: SessionManager, live: LiveSession, info: SessionInfo) -
         environment, history = live.agent.environment, live.agent.history
     else:
         state = await manager.store.load(live.id)
-        environment, history = state.environment, state.history()
+        # Counted as the session's agent counts: no other tokenizer is loaded for a view.
+        counter = counter_for(manager.session_config(live.options))
+        environment, history = state.environment, state.history(counter=counter)
     last_prompt = live.last_prompt
     if last_prompt is None and info.event_count:
         recent = await manager.store.events(live.id, offset=max(0, info.event_count - 500))

@@ -170,7 +170,8 @@ class ToolExecutor(ToolRegistry):
         default_timeout: Seconds a call may run unless its tool says otherwise (``None``: no
             limit).
         max_output_tokens: Default token limit of a result's content (``None``: no limit).
-        counter: Counts tokens for truncation; defaults to `default_counter()`.
+        counter: Counts tokens for truncation; defaults to the counter of the first agent
+            that uses this executor (`count_with`), else `default_counter()`.
         max_concurrency: The most calls running at once (``None``: all of a turn).
         approval_timeout: Seconds to wait for an approval answer (``None``: no limit).
         secrets: Redacts known secret values from every result (and progress message);
@@ -220,6 +221,17 @@ class ToolExecutor(ToolRegistry):
         if self._counter is None:
             self._counter = default_counter()
         return self._counter
+
+    def count_with(self, counter: TokenCounter) -> None:
+        """Count with `counter` for truncation, unless this executor already has a counter.
+
+        An `AgentExecutor` calls it with its own counter: a result is then truncated in the
+        tokens its prompt budget counts, and a process loads only the tokenizer encodings its
+        models use (without it, an agent of an ``o200k_base`` model loaded ``cl100k_base``
+        too, about 25 MB, for truncation alone).
+        """
+        if self._counter is None:
+            self._counter = counter
 
     async def execute(
         self,
