@@ -8,6 +8,7 @@ nothing from the library.
 
 from __future__ import annotations
 
+import os
 from typing import Final
 
 # -- the prompt budget (ContextConfig, ContextManager) ----------------------------------------
@@ -86,6 +87,16 @@ DEFAULT_TOOL_TIMEOUT: Final = 60.0
 
 DEFAULT_MAX_TOOL_OUTPUT_TOKENS: Final = 4000
 """Token limit of one tool result as the model sees it (the full result is kept)."""
+
+TOOL_THREADS_MAX: Final = min(32, (os.cpu_count() or 1) + 4)
+"""The most threads sync tools run on at once (`asyncio.to_thread`'s default pool's size)."""
+
+TOOL_THREAD_PATIENCE_SECONDS: Final = 0.02
+"""How long every tool thread must have been inside one call, while calls wait, before one
+more starts (a thread may wait 5 ms for the GIL between two calls: well above that)."""
+
+TOOL_THREAD_LINGER_SECONDS: Final = 10.0
+"""Idle seconds after which a tool thread beyond the first leaves."""
 
 MIN_OUTPUT_TOKENS: Final = 32
 """The smallest tool output limit accepted: room for the truncation marker and some content.

@@ -24,7 +24,6 @@ result handlers).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import re
@@ -40,6 +39,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ToolDefinitionError, ToolError
+from agent_flow.tools._threads import tool_threads
 from agent_flow.tools.policy import ToolPolicy
 from agent_flow.tools.results import OutputCheck, ToolResult
 
@@ -422,7 +422,7 @@ class FunctionTool(Generic[P, R]):
         elif not self.blocking:
             result = function(*args, **kwargs)
         else:
-            result = await asyncio.to_thread(function, *args, **kwargs)
+            result = await tool_threads().run(function, *args, **kwargs)
         return typing.cast(ToolOutput, result)
 
 
