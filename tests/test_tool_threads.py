@@ -48,6 +48,20 @@ async def test_a_blocking_call_does_not_hold_up_the_others_and_spare_threads_lea
     assert pool.threads == 1  # the spare left after `linger`; the first stays
 
 
+async def test_a_look_lost_with_a_closed_loop_is_replaced() -> None:
+    """The pool's one pending look ran on the loop that asked for it; if that loop closed
+    first, a later caller's loop looks instead, and a blocking call still gets a spare."""
+    pool = ToolThreads(patience=0.02)
+    release = threading.Event()
+    blocked = asyncio.ensure_future(pool.run(release.wait, 10))
+    await asyncio.sleep(0.05)
+    pool._look_due = time.monotonic() - 5.0  # as a closed loop's look that never ran leaves it
+    assert await asyncio.wait_for(pool.run(abs, -3), 2) == 3
+    assert pool.threads == 2
+    release.set()
+    await blocked
+
+
 async def test_threads_never_exceed_the_limit_however_many_calls_block() -> None:
     pool = ToolThreads(max_threads=2, patience=0.01)
     release = threading.Event()

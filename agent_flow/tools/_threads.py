@@ -33,7 +33,6 @@ import os
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -100,7 +99,9 @@ class ToolThreads:
         self._busy: dict[int, float] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self._watched: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        #: When the pending look is due (None: none pending). One look at a time, on the loop
+        #: that asked for it; one a second overdue (its loop closed) is replaced.
+        self._look_due: float | None = None
 
     @property
     def threads(self) -> int:
@@ -122,22 +123,25 @@ class ToolThreads:
             self._calls.put(_Call(function, args, kwargs, loop, future))
             if not self._threads:
                 self._start(first=True)
-            elif len(self._busy) >= len(self._threads) and loop not in self._watched:
+            elif len(self._busy) >= len(self._threads):
                 # Every thread is in a call: look again in a while, in case one blocks.
-                self._watched.add(loop)
-                loop.call_later(self.patience, self._look, loop)
+                now = time.monotonic()
+                if self._look_due is None or now > self._look_due + 1.0:
+                    self._look_due = now + self.patience
+                    loop.call_later(self.patience, self._look, loop)
         return await future
 
     def _look(self, loop: asyncio.AbstractEventLoop) -> None:
         """On `loop`: start a thread if calls wait behind threads that all seem blocked."""
         with self._lock:
             if self._calls.empty() or self._closed:
-                self._watched.discard(loop)
+                self._look_due = None
                 return
             now = time.monotonic()
             stuck = [since for since in self._busy.values() if now - since >= self.patience]
             if len(stuck) >= len(self._threads) and len(self._threads) < self.max_threads:
                 self._start(first=False)
+            self._look_due = now + self.patience
         loop.call_later(self.patience, self._look, loop)
 
     def _start(self, *, first: bool) -> None:
