@@ -42,6 +42,7 @@ billing.add_to(router)                           # the router is offered ``trans
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -184,8 +185,12 @@ class Handoff(Delegate[Any]):
             conversation = complete_units(parent.agent.history)
         else:
             conversation = []
+        # A view that asks a model (`SummaryView` with an `LLMSummarizer`) does it for the
+        # router's run: its calls are counted, and held to its cost limit, as the run's own.
+        with parent.metered() if parent is not None else contextlib.nullcontext():
+            view = tuple(await self.history_view.entries(conversation))
         # Read when the target is built (`child`), in this call's task and context.
-        token = _VIEW.set(tuple(await self.history_view.entries(conversation)))
+        token = _VIEW.set(view)
         try:
             result = await super().run(arguments, context)
         finally:

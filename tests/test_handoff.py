@@ -193,3 +193,37 @@ async def test_last_units_is_exactly_the_last_n_complete_units(entries: list[Any
     assert calls == results
     fresh = History(counter=None)
     fresh.extend(view)  # a valid history on its own
+
+
+async def test_a_summary_views_model_calls_count_in_the_routers_run() -> None:
+    """A `SummaryView` whose summarizer asks a model does it for the router's run: the call is
+    in its usage and its events (source ``summarizer``), as a pruning summary's is."""
+    from agent_flow.events import ModelResponded
+    from agent_flow.llm.base import Usage
+    from agent_flow.llm.summarizer import LLMSummarizer
+    from agent_flow.tokens import ApproxCounter
+
+    summary_usage = Usage(prompt_tokens=321, completion_tokens=12)
+    summaries = FunctionLLM(
+        lambda request: reply("Ann wants invoice 42 refunded.", usage=summary_usage),
+        model="summaries",
+    )
+    view = SummaryView(LLMSummarizer(summaries, counter=ApproxCounter()), max_tokens=200)
+    billing = Handoff("billing", "Billing.", llm=FunctionLLM(Seen()), history=view)
+    agent = router(billing)
+    await agent.run("hi, my name is Ann and my invoice number is 42")
+    subscription = agent.subscribe()
+    events: list[object] = []
+
+    async def collect() -> None:
+        events.extend([event async for event in subscription])
+
+    reader = asyncio.create_task(collect())
+    outcome = await agent.send("please refund it")
+    await reader
+    by_summarizer = [
+        e for e in events if isinstance(e, ModelResponded) and e.source == "summarizer"
+    ]
+    assert [(e.prompt_tokens, e.completion_tokens) for e in by_summarizer] == [(321, 12)]
+    assert summary_usage in outcome.usage_per_call
+    assert outcome.usage.prompt_tokens >= 321

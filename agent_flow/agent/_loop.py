@@ -35,6 +35,7 @@ How a run ends:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -277,14 +278,22 @@ class _Run:
         # asked for can bring the run to its limit.
         return _past_limit(self)
 
+    def metered(self) -> contextlib.AbstractContextManager[None]:
+        """Count the model calls made for this run inside the block as its own.
+
+        A summarizer's, while pruning or for a handoff's view: each is admitted under the
+        run's cost limit first (`agent_flow.llm.metering`).
+        """
+        return listen_for_model_calls(
+            functools.partial(_count_model_call, self), gate=functools.partial(_admit, self)
+        )
+
     async def _after_step(self) -> Finish | None:
         """Step 9: prune, then save the completed step; a `Finish` if pruning could not."""
         # A summarizing strategy calls the model: those calls count like the agent's own, and
         # each is admitted under the cost limit first (a refused step changes nothing).
         try:
-            with listen_for_model_calls(
-                functools.partial(_count_model_call, self), gate=functools.partial(_admit, self)
-            ):
+            with self.metered():
                 report = await self.agent.context.prune_if_needed(tools=self.agent.offered_tools())
         except CostLimitError as err:
             return Finish(StopReason.COST_LIMIT, text=str(err))
