@@ -23,26 +23,14 @@ import time
 import uuid
 from typing import Any
 
-from _bench_runs import config, model, tools
+from _bench_runs import config, model_server, tools
 from bench_server import _cpu_seconds, _rss_mb
-
-from tests.openai_server import OpenAIServer
 
 IDLE_SECONDS = 10.0
 #: The window after DBOS's first minute: six of the worker's 5 s looks, one of DBOS's 30 s.
 STEADY_SECONDS = 30.0
 #: DBOS looks for schedules every second for a minute after launch, then every 30 s.
 DBOS_STARTUP_SECONDS = 62.0
-
-
-def _model_server(steps: int, url: Any, stop: Any) -> None:
-    async def main() -> None:
-        async with OpenAIServer(handler=model(steps)) as server:
-            server.record = False
-            url.put(server.base_url)
-            await asyncio.to_thread(stop.wait)
-
-    asyncio.run(main())
 
 
 async def _hundred_runs(store_url: str, system_url: str) -> None:
@@ -135,7 +123,7 @@ def _one(admin_url: str, idle: float | None) -> dict[str, float]:
     system_url = f"{base}/{database}"
     context = multiprocessing.get_context("spawn")
     ready, stop, url = context.Event(), context.Event(), context.Queue()
-    server = context.Process(target=_model_server, args=(2, url, stop))
+    server = context.Process(target=model_server, args=(2, url, stop))
     server.start()
     base_url = url.get(timeout=60)
     proc = context.Process(

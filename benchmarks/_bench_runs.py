@@ -36,22 +36,45 @@ from tests.openai_server import (
 CONCURRENCY = 10  # runs in flight per process
 
 
-def model(steps: int) -> Any:
-    """An instant model: call ``add`` until `steps` tool results came back, then answer."""
+def _tool_arguments(tool: str, done: int, steps: int) -> dict[str, Any]:
+    if tool == "update_plan":  # a loop-control tool every configured agent has
+        return {
+            "steps": [{"description": f"step {i}", "completed": i < done} for i in range(steps)]
+        }
+    return {"a": done, "b": 1}
+
+
+def model(steps: int, tool: str = "add") -> Any:
+    """An instant model: call `tool` until `steps` tool results came back, then answer.
+
+    `tool` is ``add`` (the benches' own tool) or ``update_plan``.
+    """
 
     def answer(request: Any) -> Reply:
         body = json.loads(request.raw_body)
         done = sum(1 for m in body["messages"] if m["role"] == "tool")
         stream = bool(body.get("stream"))
         if done < steps:
-            arguments = json.dumps({"a": done, "b": 1})
+            arguments = json.dumps(_tool_arguments(tool, done, steps))
+            calls = [(f"call_{done}", tool, arguments)]
             if stream:
-                return sse_reply(tool_call_chunks([(f"call_{done}", "add", arguments)]))
-            calls = [(f"call_{done}", "add", arguments)]
+                return sse_reply(tool_call_chunks(calls))
             return json_reply(completion_body(None, tool_calls=calls, finish_reason="tool_calls"))
         return sse_reply(text_chunks("Done.")) if stream else json_reply(completion_body("Done."))
 
     return answer
+
+
+def model_server(steps: int, url: Any, stop: Any, tool: str = "add") -> None:
+    """Serve `model` until `stop` is set, its address put on `url` (a process's target)."""
+
+    async def main() -> None:
+        async with OpenAIServer(handler=model(steps, tool)) as server:
+            server.record = False
+            url.put(server.base_url)
+            await asyncio.to_thread(stop.wait)
+
+    asyncio.run(main())
 
 
 def config() -> Any:

@@ -27,67 +27,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.openai_server import (  # noqa: E402  (the repo root must be importable first)
-    OpenAIServer,
-    Reply,
-    completion_body,
-    json_reply,
-    sse_reply,
-    text_chunks,
-    tool_call_chunks,
-)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _bench_runs import model_server  # noqa: E402  (found through sys.path, set above)
+from bench_server import _rss_mb as rss_mb  # noqa: E402
+from bench_server import _stop  # noqa: E402
+
 from tests.server_harness import free_port  # noqa: E402
-
-
-def _model(k: int) -> Any:
-    """An instant model: call ``update_plan`` until `k` results came back, then answer."""
-
-    def answer(request: Any) -> Reply:
-        body = json.loads(request.raw_body)
-        done = sum(1 for m in body["messages"] if m["role"] == "tool")
-        stream = bool(body.get("stream"))
-        if done < k:
-            steps = [{"description": f"step {i}", "completed": i < done} for i in range(k)]
-            arguments = json.dumps({"steps": steps})
-            calls = [(f"call_{done}", "update_plan", arguments)]
-            if stream:
-                return sse_reply(tool_call_chunks(calls))
-            return json_reply(completion_body(None, tool_calls=calls, finish_reason="tool_calls"))
-        return sse_reply(text_chunks("Done.")) if stream else json_reply(completion_body("Done."))
-
-    return answer
-
-
-def _model_server(k: int, url: Any, stop: Any) -> None:
-    async def main() -> None:
-        async with OpenAIServer(handler=_model(k)) as server:
-            server.record = False
-            url.put(server.base_url)
-            await asyncio.to_thread(stop.wait)
-
-    asyncio.run(main())
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _config(folder: Path, base_url: str, counter: str, durable: str | None) -> Path:
@@ -112,15 +70,6 @@ def _start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
             stderr=errors,
             env={**os.environ, "BENCH_MEMORY_KEY": "k"},
         )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 async def _serve_runs(port: int, runs: int, process: subprocess.Popen[bytes]) -> float:
@@ -241,7 +190,7 @@ def main() -> None:
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     stop, url = context.Event(), context.Queue()
-    server = context.Process(target=_model_server, args=(args.k, url, stop))
+    server = context.Process(target=model_server, args=(args.k, url, stop, "update_plan"))
     server.start()
     rows: list[tuple[str, str, float, float]] = []
     try:

@@ -22,9 +22,9 @@ The pieces, by module:
 - `control`: ``task_completion``, ``ask_question``, ``converse`` and ``update_plan``.
 
 The modules starting with ``_`` hold the parts behind `executor` (registry, argument
-validation, truncation, hooks, approval), `workspace` (the safe root, the file tools, the
-shell tool) and `mcp` (connection, transports, tool adaptation); import from the modules
-above.
+validation, truncation, hooks, approval), `base` (``_threads``: the threads sync tools run
+on), `workspace` (the safe root, the file tools, the shell tool) and `mcp` (connection,
+transports, tool adaptation); import from the modules above.
 """
 
 from __future__ import annotations
