@@ -456,6 +456,7 @@ async def test_an_agents_tools_truncate_in_the_tokens_its_budget_counts() -> Non
     built = AgentExecutor(FunctionLLM(answer), config=approx)
     assert built.tools.counter is built.context.counter
     tools = ToolExecutor([shout], max_output_tokens=32)
+    assert isinstance(tools.counter, TiktokenCounter)  # read before any agent: the default
     given = AgentExecutor(FunctionLLM(answer), config=approx, tools=tools)
     assert isinstance(given.tools.counter, ApproxCounter)
     outcome = await given.run("shout")

@@ -218,9 +218,8 @@ class ToolExecutor(ToolRegistry):
     @property
     def counter(self) -> TokenCounter:
         """The token counter used for truncation."""
-        if self._counter is None:
-            self._counter = default_counter()
-        return self._counter
+        # The default is not kept: an agent that uses this executor later still gives its own.
+        return self._counter if self._counter is not None else default_counter()
 
     def count_with(self, counter: TokenCounter) -> None:
         """Count with `counter` for truncation, unless this executor already has a counter.
