@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import multiprocessing
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +22,7 @@ from agent_flow.tools import ToolExecutor, tool
 from agent_flow.tools._threads import ToolThreads, tool_threads
 
 WHO = contextvars.ContextVar("who", default="nobody")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 async def test_quick_calls_from_many_runs_at_once_share_one_thread() -> None:
@@ -195,3 +200,33 @@ async def test_a_forked_child_gets_a_pool_of_its_own() -> None:
     finally:
         child.join(20)
     assert child.exitcode == 0
+
+
+def test_at_exit_a_running_call_finishes_before_the_process_ends(tmp_path: Path) -> None:
+    """A call whose caller gave up (a cancelled run) is still running when the program
+    ends: the interpreter waits for it, as for `concurrent.futures`' threads, so a tool is
+    never cut off half-way by an ordinary exit."""
+    done = tmp_path / "done"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, time
+        from pathlib import Path
+        from agent_flow.tools._threads import tool_threads
+
+        def slow():
+            time.sleep(0.5)
+            Path({str(done)!r}).write_text("finished")
+
+        async def main():
+            call = asyncio.ensure_future(tool_threads().run(slow))
+            await asyncio.sleep(0.1)
+            call.cancel()
+
+        asyncio.run(main())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert done.read_text() == "finished"
