@@ -4,9 +4,10 @@
 whenever none is idle (up to the CPU count plus four). With many runs at once those threads
 and the event loop's thread take the GIL from each other at every call: 100 runs of a
 one-line sync tool cost 0.67 ms of CPU per model turn more than with an async tool
-(`bench_loop.py`, 2 cores), against 0.04 ms with one thread taking the calls one after
-another. One thread alone would let a call that blocks (a slow request, a sleep) hold up
-every other run's calls, so:
+(`bench_loop`'s workload, 2 cores), against 0.04 ms with one thread taking the calls one
+after another (`bench_tool_threads.py` compares this pool with `asyncio.to_thread`). One
+thread alone would let a call that blocks (a slow request, a sleep) hold up every other
+run's calls, so:
 
 - calls queue for the pool's threads; the first thread stays for the life of the process;
 - while calls wait and every thread has been inside one call for longer than `patience`
