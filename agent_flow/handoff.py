@@ -43,6 +43,7 @@ billing.add_to(router)                           # the router is offered ``trans
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -116,7 +117,8 @@ class SummaryView:
 
     Attributes:
         summarizer: Writes it (an `agent_flow.llm.LLMSummarizer` asks a model; the default,
-            `ExtractiveSummarizer`, picks sentences offline).
+            `ExtractiveSummarizer`, picks sentences offline, counting with the router's
+            counter in a `Handoff`).
         max_tokens: The summary's budget.
     """
 
@@ -185,10 +187,19 @@ class Handoff(Delegate[Any]):
             conversation = complete_units(parent.agent.history)
         else:
             conversation = []
+        history_view = self.history_view
+        if (
+            parent is not None
+            and isinstance(history_view, SummaryView)
+            and history_view.summarizer is None
+        ):
+            # The default summary counts with the router's counter: no other tokenizer.
+            summarizer = ExtractiveSummarizer(counter=parent.agent.context.counter)
+            history_view = dataclasses.replace(history_view, summarizer=summarizer)
         # A view that asks a model (`SummaryView` with an `LLMSummarizer`) does it for the
         # router's run: its calls are counted, and held to its cost limit, as the run's own.
         with parent.metered() if parent is not None else contextlib.nullcontext():
-            view = tuple(await self.history_view.entries(conversation))
+            view = tuple(await history_view.entries(conversation))
         # Read when the target is built (`child`), in this call's task and context.
         token = _VIEW.set(view)
         try:

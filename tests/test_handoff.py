@@ -227,3 +227,30 @@ async def test_a_summary_views_model_calls_count_in_the_routers_run() -> None:
     assert [(e.prompt_tokens, e.completion_tokens) for e in by_summarizer] == [(321, 12)]
     assert summary_usage in outcome.usage_per_call
     assert outcome.usage.prompt_tokens >= 321
+
+
+async def test_the_default_summary_counts_with_the_routers_counter() -> None:
+    """`SummaryView()`'s extractive summary is budgeted in the router's tokens (here the
+    approximate counter's), not with a tokenizer of its own (which, for an ``o200k_base``
+    router, loaded ``cl100k_base`` besides)."""
+    from agent_flow.history import ExtractiveSummarizer
+    from agent_flow.tokens import ApproxCounter, TiktokenCounter
+
+    seen = Seen()
+    billing = Handoff(
+        "billing", "Billing.", llm=FunctionLLM(seen), history=SummaryView(max_tokens=60)
+    )
+    agent = router(billing)  # counts approximately (APPROX)
+    await agent.run("你好我叫安我的发票号码是四十二我想退款因为商品坏了。" * 3)
+    await agent.send("请退款。")
+    conversation = agent.history.entries[:2]  # the first message and the router's answer
+    approx = await ExtractiveSummarizer(counter=ApproxCounter()).summarize(
+        conversation, max_tokens=60
+    )
+    exact = await ExtractiveSummarizer(counter=TiktokenCounter()).summarize(
+        conversation, max_tokens=60
+    )
+    assert approx != exact  # the two budgets keep different text
+    (first,) = seen.requests
+    summary = next(str(m.content) for m in first.messages if m.role == "user")
+    assert approx in summary
