@@ -60,23 +60,14 @@ POOL = tool_base.tool_threads
 VARIANTS = ("pool", "to_thread", "async")
 
 
+SYNC_ADD = bench_loop.add_tool()
+
+
 async def one_run(client: Any, stream: bool, variant: str) -> int:
+    """`bench_loop.agent_flow_run` with `variant`'s ``add`` and thread hand-off."""
     tool_base.tool_threads = (lambda: _ToThread()) if variant == "to_thread" else POOL  # type: ignore[assignment]
-    agent = bench_loop.make_agent(client, stream)
-    if variant == "async":
-        agent.tools.unregister("add")
-        agent.tools.register(ASYNC_ADD)
-    subscription = agent.subscribe()
-
-    async def drain() -> None:
-        async for _ in subscription:
-            pass
-
-    reader = asyncio.create_task(drain())
-    outcome = await agent.run("Add the numbers.")
-    await reader
-    assert outcome.final_text == "Done.", outcome
-    return outcome.iterations
+    bench_loop._tools[:] = [ASYNC_ADD if variant == "async" else SYNC_ADD]
+    return int(await bench_loop.agent_flow_run(client, stream))
 
 
 async def cell(concurrent: bool, args: argparse.Namespace) -> dict[str, float]:

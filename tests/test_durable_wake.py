@@ -65,26 +65,38 @@ async def _times(store: SessionStore, session_id: str, run_id: str) -> tuple[flo
     return started.timestamp.timestamp(), finished.timestamp.timestamp()
 
 
+async def _run_once(store: SessionStore, client: DurableClient) -> tuple[str, float]:
+    """Enqueue one run on a new session and wait for it: its final text, and how many seconds
+    after its enqueue it started."""
+    info = await store.create(agent="durable")
+    enqueued = time.time()
+    handle = await client.enqueue(info.id, "count 1")
+    outcome = await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
+    started, _ = await _times(store, info.id, handle.run_id)
+    return outcome.final_text, started - enqueued
+
+
+def _admin(pg: tuple[str, str]) -> Any:
+    """A connection to the cluster's ``postgres`` database, to end other connections."""
+    import psycopg
+
+    return psycopg.connect(pg[1].rpartition("/")[0] + "/postgres", autocommit=True)
+
+
 async def test_a_queued_run_starts_when_enqueued_not_at_the_next_look(
     pg: tuple[str, str], tmp_path: Path
 ) -> None:
     async with told_worker(pg, tmp_path) as (store, client, worker):
         await asyncio.sleep(0.5)  # past the look a worker makes when it starts listening
-        info = await store.create(agent="durable")
-        enqueued = time.time()
-        handle = await client.enqueue(info.id, "count 1")
-        outcome = await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
-        started, _ = await _times(store, info.id, handle.run_id)
-        assert outcome.final_text == "done"
-        assert started - enqueued < PROMPT, started - enqueued
+        text, delay = await _run_once(store, client)
+        assert text == "done"
+        assert delay < PROMPT, delay
         assert worker._dequeuer is not None and worker._dequeuer.notified >= 1
 
 
 async def test_a_dropped_listen_connection_is_made_again_and_runs_still_start(
     pg: tuple[str, str], tmp_path: Path
 ) -> None:
-    import psycopg
-
     async with told_worker(pg, tmp_path) as (store, client, worker):
         dequeuer = worker._dequeuer
         assert dequeuer is not None
@@ -93,7 +105,7 @@ async def test_a_dropped_listen_connection_is_made_again_and_runs_still_start(
             if dequeuer.connects == 1:
                 break
             await asyncio.sleep(0.05)
-        with psycopg.connect(pg[1].rpartition("/")[0] + "/postgres", autocommit=True) as admin:
+        with _admin(pg) as admin:
             killed = admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = %s AND query = 'LISTEN agent_flow_queue'",
@@ -105,12 +117,8 @@ async def test_a_dropped_listen_connection_is_made_again_and_runs_still_start(
                 break
             await asyncio.sleep(0.05)
         assert dequeuer.connects == 2
-        info = await store.create(agent="durable")
-        enqueued = time.time()
-        handle = await client.enqueue(info.id, "count 1")
-        await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
-        started, _ = await _times(store, info.id, handle.run_id)
-        assert started - enqueued < PROMPT, started - enqueued
+        _, delay = await _run_once(store, client)
+        assert delay < PROMPT, delay
 
 
 async def test_a_dropped_notify_connection_is_made_again_and_runs_still_start_at_once(
@@ -119,26 +127,18 @@ async def test_a_dropped_notify_connection_is_made_again_and_runs_still_start_at
     """The client's NOTIFY connection, cut by the server between two enqueues, is made again
     on the next one: that run is still started by its notification, not by the worker's own
     look 30 s later."""
-    import psycopg
-
     async with told_worker(pg, tmp_path) as (store, client, worker):
         await asyncio.sleep(0.5)
-        first = await store.create(agent="durable")
-        handle = await client.enqueue(first.id, "count 1")
-        await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
+        await _run_once(store, client)
         notifier = client._notifier
         assert notifier is not None and notifier._conn is not None
         backend = notifier._conn.info.backend_pid
-        with psycopg.connect(pg[1].rpartition("/")[0] + "/postgres", autocommit=True) as admin:
+        with _admin(pg) as admin:
             killed = admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchall()
         assert killed == [(True,)]
-        second = await store.create(agent="durable")
-        enqueued = time.time()
-        handle = await client.enqueue(second.id, "count 1")
-        outcome = await asyncio.wait_for(handle.outcome(poll_seconds=0.02), 20)
-        started, _ = await _times(store, second.id, handle.run_id)
-        assert outcome.final_text == "done"
-        assert started - enqueued < PROMPT, started - enqueued
+        text, delay = await _run_once(store, client)
+        assert text == "done"
+        assert delay < PROMPT, delay
         assert notifier._conn is not None and notifier._conn.info.backend_pid != backend
         assert worker._dequeuer is not None and worker._dequeuer.notified >= 2
 

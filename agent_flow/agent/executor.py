@@ -150,8 +150,7 @@ class AgentExecutor:
         self.context.prompt_format = prompt_format_of(llm)
         self._base_template = self.context.system_prompt_template
         self.tools = tools if tools is not None else tool_executor_from_config(self.config)
-        # Results are truncated in the tokens the budget counts, with the one tokenizer.
-        self.tools.count_with(counter)
+        self.tools.count_with(counter)  # one tokenizer: results cut in the budget's tokens
         if self.config.pricing is None:
             # Model calls are priced from genai-prices' data: load it while the agent gets
             # ready, not in the event loop when the first answer arrives.
