@@ -145,9 +145,7 @@ def measure_worker(
     log = folder / f"worker-{counter}.log"
     process = _start(command, log)
     try:
-        # One run first so that the worker is known up (its log says little); then idle.
-        asyncio.run(_worker_runs(store_url, system_url, 0))
-        time.sleep(8.0)  # DBOS launched, listening, the tokenizer loaded
+        time.sleep(8.0)  # started: DBOS launched, listening, the tokenizer loaded
         if process.poll() is not None:
             raise RuntimeError(f"the worker exited: {log.read_text()[-2000:]}")
         idle = rss_mb(process.pid)
