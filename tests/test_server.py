@@ -439,3 +439,29 @@ async def test_a_client_that_stops_reading_holds_up_neither_the_run_nor_other_wa
     seen = [int(found) for found in re.findall(r"^id: (\d+)$", body, flags=re.MULTILINE)]
     assert "events_dropped" in kinds and kinds[-1] == "run_finished"
     assert seen == sorted(set(seen)) and seen[-1] == ids[-1] and len(seen) < len(ids)
+
+
+async def test_a_stored_sessions_view_counts_its_history_with_the_agents_counter(
+    tmp_path: Path,
+) -> None:
+    """The view of a session no agent holds (after a restart) counts its stored history as
+    the session's agent would (here approximately), not with a tokenizer of its own."""
+    from agent_flow.tokens import ApproxCounter, TiktokenCounter
+
+    path = tmp_path / "sessions.db"
+    message = "请记住这个号码四十二" * 40  # a text the two counters count fourfold apart
+    async with SQLiteSessionStore(path) as store:
+        app = create_app(_config(), store=store, llm_factory=Models(ScriptedLLM([reply("hi")])))
+        async with serving(app) as client:
+            sid = await _create(client)
+            async with stream(client, f"/sessions/{sid}/events") as events:
+                await client.post(f"/sessions/{sid}/messages", json={"message": message})
+                await events.until("run_finished")
+    async with SQLiteSessionStore(path) as store:
+        state = await store.load(sid)
+        approx = state.history(counter=ApproxCounter()).token_count()
+        assert approx != state.history(counter=TiktokenCounter()).token_count()
+        app = create_app(_config(), store=store, llm_factory=Models())
+        async with serving(app) as client:
+            view = (await client.get(f"/sessions/{sid}")).json()
+    assert view["history"]["tokens"] == approx
