@@ -58,8 +58,10 @@ def _short(path: str, roots: list[str]) -> str:
     return path
 
 
-def record(out: str, *, stream: bool, concurrent: bool, runs: int, k: int) -> tuple[int, float]:
-    """Run `bench_loop`'s agent_flow loop under a CPU-time sampler; return its model turns."""
+def record(
+    out: str, *, stream: bool, concurrent: bool, runs: int, k: int, loop: str = "agent_flow"
+) -> tuple[int, float]:
+    """Run one of `bench_loop`'s loops under a CPU-time sampler; return its model turns."""
     here = Path(__file__).resolve().parent
     sys.path.insert(0, str(here))
     import bench_loop
@@ -79,7 +81,7 @@ def record(out: str, *, stream: bool, concurrent: bool, runs: int, k: int) -> tu
     signal.setitimer(signal.ITIMER_PROF, _INTERVAL, _INTERVAL)
     cpu = time.process_time()
     try:
-        result = asyncio.run(bench_loop.measure("agent_flow", stream, k, runs, concurrent))
+        result = asyncio.run(bench_loop.measure(loop, stream, k, runs, concurrent))
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
     cpu = time.process_time() - cpu
@@ -103,10 +105,18 @@ def main() -> None:
     parser.add_argument("--concurrent", action="store_true", help="record all runs at once")
     parser.add_argument("--runs", type=int, default=100, help="runs to record")
     parser.add_argument("--k", type=int, default=10, help="tool steps per run")
+    parser.add_argument(
+        "--loop", default="agent_flow", help="the loop to record: agent_flow, floor, handwritten"
+    )
     args = parser.parse_args()
     if args.record:
         args.turns, args.rate = record(
-            args.raw, stream=args.stream, concurrent=args.concurrent, runs=args.runs, k=args.k
+            args.raw,
+            stream=args.stream,
+            concurrent=args.concurrent,
+            runs=args.runs,
+            k=args.k,
+            loop=args.loop,
         )
 
     own: Counter[str] = Counter()

@@ -33,10 +33,12 @@ else with 404, and recorded in `side_requests`, not `requests`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from ssl import SSLContext
 from typing import Any, TypeAlias
 
 __all__ = [
@@ -396,12 +398,19 @@ class OpenAIServer:
 
     Args:
         handler: Answers requests when the script is empty (a benchmark's fixed reply).
+        ssl: Serve HTTPS with this context (`base_url` then says ``https``).
     """
 
     def __init__(
-        self, handler: Callable[[RecordedRequest], Reply | Awaitable[Reply]] | None = None
+        self,
+        handler: Callable[[RecordedRequest], Reply | Awaitable[Reply]] | None = None,
+        *,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.handler = handler
+        self.ssl = ssl
+        #: Connections accepted so far.
+        self.connections = 0
         self.requests: list[RecordedRequest] = []
         self.unexpected: list[RecordedRequest] = []
         #: Answers to requests other than chat completions, by (method, path without query).
@@ -419,7 +428,8 @@ class OpenAIServer:
     @property
     def base_url(self) -> str:
         """The API root to give the client."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        scheme = "https" if self.ssl is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/v1"
 
     def script(self, *replies: ReplyLike) -> None:
         """Queue replies, answered in order, one per request."""
@@ -436,7 +446,7 @@ class OpenAIServer:
         return [request.body for request in self.requests]
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -453,6 +463,22 @@ class OpenAIServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+    async def close_idle(self) -> None:
+        """Close every open connection, as a server's keep-alive timeout closes idle ones.
+
+        Over TLS the socket is closed at once, as nginx does, not after waiting for the
+        client's own TLS close (which an idle client does not send until it reads again).
+        """
+        writers = list(self._writers)
+        for writer in writers:
+            if self.ssl is not None:
+                writer.transport.abort()
+            else:
+                writer.close()
+        for writer in writers:
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
 
     async def __aenter__(self) -> OpenAIServer:
         await self.start()
@@ -482,6 +508,7 @@ class OpenAIServer:
         assert task is not None
         self._tasks.add(task)  # type: ignore[arg-type]
         self._writers.add(writer)
+        self.connections += 1
         try:
             while True:
                 try:

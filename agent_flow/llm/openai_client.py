@@ -47,6 +47,7 @@ from agent_flow.errors import (
     ModelResponseError,
     ModelTimeoutError,
 )
+from agent_flow.llm._idle_probe import quicken
 from agent_flow.llm._openai_body import BodyDefaults, body_fields
 from agent_flow.llm._openai_errors import translate_error
 from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
@@ -236,6 +237,7 @@ class OpenAIClient:
             timeout=sdk_timeout,
             max_retries=0,
         )
+        quicken(self._sdk)
         self._owns_sdk = True
         self._encode_bytes = True
 

@@ -1,0 +1,208 @@
+"""The SDK pool's idle-connection check, answered from a socket looked up once per connection.
+
+Real sockets, a real `AsyncOpenAI` over HTTP and HTTPS to the scripted server: the check must
+say what httpcore2's own says, a connection the server closed while idle must never be used
+for the next request, and TLS, proxies and a user's own HTTP client must be left working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpcore2
+import httpx2
+import pytest
+from httpcore2._utils import is_socket_readable
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai import AsyncOpenAI
+
+from agent_flow.llm import OpenAIClient
+from agent_flow.llm._idle_probe import _Stream, is_readable, quicken
+from tests.openai_client_helpers import HELLO
+from tests.openai_server import OpenAIServer, completion_body, json_reply
+
+ANSWER = json_reply(completion_body("hello"))
+
+
+def _pool(llm: OpenAIClient) -> Any:
+    return llm.sdk_client._client._transport._pool
+
+
+def _streams(llm: OpenAIClient) -> list[Any]:
+    """The network streams of the pool's open HTTP/1.1 connections."""
+    return [c._connection._network_stream for c in _pool(llm).connections if c._connection]
+
+
+# -- the check itself ----------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["send", "read", "close_peer", "close_own"]), max_size=8))
+def test_the_check_answers_what_httpcore2s_own_answers(steps: list[str]) -> None:
+    ours, peer = socket.socketpair()
+    try:
+        for step in steps:
+            if step == "send" and peer.fileno() >= 0 and ours.fileno() >= 0:
+                peer.send(b"x")
+            elif step == "read" and ours.fileno() >= 0:
+                ours.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    ours.recv(64)
+            elif step == "close_peer":
+                peer.close()
+            elif step == "close_own":
+                ours.close()
+            assert is_readable(ours) == is_socket_readable(ours), steps
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_the_check_says_readable_for_data_the_end_and_a_gone_socket() -> None:
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        assert not is_readable(ours)
+        peer.send(b"unasked")
+        assert is_readable(ours)
+        ours.recv(64)
+        assert not is_readable(ours)
+        peer.close()
+        assert is_readable(ours)  # the end a closed peer sends
+    assert is_readable(ours)  # closed: the next read would fail, as at the end
+    assert is_readable(None)
+
+
+# -- which pools get it --------------------------------------------------------------------
+
+
+async def test_an_openai_client_of_its_own_gets_the_check_once() -> None:
+    llm = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    async with llm:
+        assert isinstance(_pool(llm)._network_backend, httpcore2.AsyncNetworkBackend)
+        assert quicken(llm.sdk_client) == 0  # already done, not wrapped twice
+        assert quicken(AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")) == 1
+
+
+async def test_proxy_pools_from_the_environment_get_it_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    sdk = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
+    pools = [t._pool for t in sdk._client._mounts.values() if t is not None]
+    assert pools and all(isinstance(p, httpcore2.AsyncHTTPProxy) for p in pools)
+    assert quicken(sdk) == 1 + len(pools)
+    await sdk.close()
+
+
+async def test_a_users_own_http_client_is_left_alone() -> None:
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json={})
+
+    transport = httpx2.MockTransport(answer)
+    sdk = AsyncOpenAI(
+        base_url="http://127.0.0.1:9/v1",
+        api_key="k",
+        http_client=httpx2.AsyncClient(transport=transport),
+    )
+    assert quicken(sdk) == 0
+    assert sdk._client._transport is transport
+    await sdk.close()
+
+
+# -- real connections ----------------------------------------------------------------------
+
+
+async def _closed_by_server(server: OpenAIServer, llm: OpenAIClient) -> None:
+    """The server closes its idle connections; wait until the client's socket sees the end."""
+    streams = _streams(llm)
+    assert streams and all(isinstance(s, _Stream) for s in streams)
+    await server.close_idle()
+    for _ in range(200):
+        # httpcore2's own check on each socket: the oracle, not the check under test.
+        if all(is_socket_readable(s.get_extra_info("socket")) for s in streams):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the client never saw the server close its connection")
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> None:
+    async with OpenAIServer(handler=lambda request: ANSWER) as server:
+        llm = OpenAIClient("m", base_url=server.base_url, api_key="k", max_retries=0)
+        async with llm:
+            assert (await llm.complete(HELLO)).text == "hello"
+            assert (await llm.complete(HELLO)).text == "hello"
+            assert server.connections == 1  # kept alive and reused
+            await _closed_by_server(server, llm)
+            # No retries allowed: a request sent on the dead connection would fail.
+            assert (await llm.complete(HELLO)).text == "hello"
+            assert server.connections == 2
+
+
+async def test_many_runs_at_once_each_get_their_answer() -> None:
+    async with OpenAIServer(handler=lambda request: ANSWER) as server:
+        llm = OpenAIClient("m", base_url=server.base_url, api_key="k", max_retries=0)
+        async with llm:
+            for _ in range(3):
+                answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(50)))
+                assert {a.text for a in answers} == {"hello"}
+            assert server.connections <= 50
+            await _closed_by_server(server, llm)
+            answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(50)))
+            assert {a.text for a in answers} == {"hello"}
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made with the openssl command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl command is not installed: no certificate for the TLS server")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *(openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
+            *("-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture
+async def tls_server(
+    certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[OpenAIServer]:
+    """The scripted server over HTTPS, its self-signed certificate trusted by the client."""
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read when the client is made
+    async with OpenAIServer(handler=lambda request: ANSWER, ssl=context) as server:
+        yield server
+
+
+async def test_tls_connections_are_checked_on_their_own_socket(tls_server: OpenAIServer) -> None:
+    assert tls_server.base_url.startswith("https://")
+    llm = OpenAIClient("m", base_url=tls_server.base_url, api_key="k", max_retries=0)
+    async with llm:
+        assert (await llm.complete(HELLO)).text == "hello"
+        assert (await llm.complete(HELLO)).text == "hello"
+        assert tls_server.connections == 1
+        (stream,) = _streams(llm)
+        assert stream.get_extra_info("ssl_object") is not None  # TLS, through the wrapper
+        assert stream.get_extra_info("is_readable") is False
+        await _closed_by_server(tls_server, llm)
+        assert (await llm.complete(HELLO)).text == "hello"
+        assert tls_server.connections == 2
