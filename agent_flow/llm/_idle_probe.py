@@ -64,24 +64,17 @@ def is_readable(sock: socket.socket | None) -> bool:
 class _Stream(httpcore2.AsyncNetworkStream):
     """A connection of the SDK's backend, with its socket looked up once.
 
-    Its methods are httpcore2's interface (timeouts in seconds, as httpcore2 passes them).
+    Reads, writes and closing are the inner stream's own bound methods (no extra coroutine
+    per call); its methods are httpcore2's interface, timeouts in seconds.
     """
-
-    __slots__ = ("_inner", "_socket")
 
     def __init__(self, inner: httpcore2.AsyncNetworkStream) -> None:
         self._inner = inner
+        self.read = inner.read  # type: ignore[method-assign]
+        self.write = inner.write  # type: ignore[method-assign]
+        self.aclose = inner.aclose  # type: ignore[method-assign]
         sock = inner.get_extra_info("socket")
         self._socket: socket.socket | None = sock if hasattr(sock, "fileno") else None
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
-        return await self._inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
     async def start_tls(
         self,
