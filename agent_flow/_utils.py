@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import select
 from typing import TypeGuard, TypeVar
 
-__all__ = ["conforms", "loads_json"]
+__all__ = ["conforms", "loads_json", "readable"]
 
 T = TypeVar("T")
 
@@ -46,3 +47,18 @@ def loads_json(text: str) -> object:
         ValueError: The text uses NaN or Infinity (which no event line could carry).
     """
     return json.loads(text, parse_constant=_reject_constant)
+
+
+def readable(fd: int) -> bool:
+    """Whether a read on the socket `fd` would return at once, without reading it.
+
+    Data waiting, or the end a closed peer sends: on an idle connection, either means the
+    other side has spoken (often its last word). A gone socket (``fd < 0``) counts as readable:
+    the next read ends. One ``poll`` system call; the poll object is not kept, so this is safe
+    from any thread.
+    """
+    if fd < 0:
+        return True
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return bool(poll.poll(0))

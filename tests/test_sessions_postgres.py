@@ -343,3 +343,38 @@ async def test_two_processes_writing_one_session_never_corrupt_it(pg_schema: str
     assert state.environment is not None
     assert state.environment.to_json() == last["environment"]
     assert len(events) == 2 * len(committed)
+
+
+async def _pool_backend(store: PostgresSessionStore) -> int:
+    async with (await store._backend._ready()).connection() as conn:  # type: ignore[attr-defined]
+        row = await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone()
+    assert row is not None
+    return int(row["pid"])
+
+
+@pytest.mark.parametrize("saves", [1, 3])
+async def test_a_pooled_connection_whose_backend_was_terminated_is_replaced_before_a_write(
+    pg_schema: str, saves: int
+) -> None:
+    """A database restart or a proxy's idle cut ends a connection resting in the pool: the
+    next writes go out on a new connection, never fail on the dead one (no retry here)."""
+    history, environment = add_step_fresh()
+    async with PostgresSessionStore(URL, schema=pg_schema) as store:
+        info = await store.create()
+        backend = await _pool_backend(store)
+        with psycopg.connect(URL, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (
+                True,
+            )
+            for _ in range(500):  # until the backend has exited and closed its socket
+                gone = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (backend,)
+                ).fetchone()
+                if gone == (0,):
+                    break
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the end of the stream reaches the client's socket
+        for _ in range(saves):
+            info = await store.save_step(info.id, history=history, environment=environment)
+        assert await _pool_backend(store) != backend
+        assert (await store.load(info.id)).entries == tuple(history.entries)

@@ -19,12 +19,13 @@ SDK's default stands.
 
 from __future__ import annotations
 
-import select
 import socket
 from collections.abc import Iterable
 from typing import Any
 
 import httpcore2
+
+from agent_flow._utils import readable
 
 __all__ = ["quicken"]
 
@@ -53,12 +54,7 @@ def is_readable(sock: socket.socket | None) -> bool:
 
     A socket that is gone counts as readable: the next read returns the end.
     """
-    fd = -1 if sock is None else sock.fileno()
-    if fd < 0:
-        return True
-    poll = select.poll()
-    poll.register(fd, select.POLLIN)
-    return bool(poll.poll(0))
+    return readable(-1 if sock is None else sock.fileno())
 
 
 class _Stream(httpcore2.AsyncNetworkStream):

@@ -47,6 +47,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agent_flow._defaults import EVENTS_NOTIFIED_POLL_SECONDS
+from agent_flow._utils import readable
 from agent_flow.errors import StoreError, UserError
 from agent_flow.sessions._backend import (
     _INFO_COLUMNS,
@@ -145,7 +146,7 @@ class _PostgresBackend:
                 name="agent_flow.sessions",
                 # A pooled connection is checked before it is handed out: one that a database
                 # restart or a proxy's idle cut closed is replaced, not used for a write.
-                check=AsyncConnectionPool.check_connection,
+                check=_check_pooled,
             )
             try:
                 await pool.open(wait=True, timeout=self._timeout)
@@ -460,6 +461,21 @@ class _PostgresBackend:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+async def _check_pooled(conn: _Conn) -> None:
+    """The pool's check of a connection before handing it out, with no round trip if it can.
+
+    A connection that a database restart, ``pg_terminate_backend`` or a proxy's idle cut
+    ended has something to read (the server's last error, the end of the stream): only then
+    is the server asked (`AsyncConnectionPool.check_connection`, an empty query), which
+    raises for a dead connection. One with nothing to read is as its last transaction left
+    it; asking the server each time cost a round trip per transaction (every step's write).
+    A connection cut silently (no end ever arrives) is not found by either check: its next
+    statement fails, as it would have failed a moment after a successful check.
+    """
+    if conn.closed or readable(conn.pgconn.socket):
+        await AsyncConnectionPool.check_connection(conn)
 
 
 @contextlib.contextmanager
