@@ -17,7 +17,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
+from psycopg.rows import dict_row
 
 import agent_flow.sessions._pg_schema as schema_module
 import agent_flow.sessions.postgres as postgres_module
@@ -378,3 +381,64 @@ async def test_a_pooled_connection_whose_backend_was_terminated_is_replaced_befo
             info = await store.save_step(info.id, history=history, environment=environment)
         assert await _pool_backend(store) != backend
         assert (await store.load(info.id)).entries == tuple(history.entries)
+
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=40)
+
+
+@pytest.fixture
+def pg_session(pg_schema: str) -> tuple[str, str]:
+    """A migrated schema holding one session: (schema, session id)."""
+
+    async def create() -> str:
+        async with PostgresSessionStore(URL, schema=pg_schema) as store:
+            return (await store.create()).id
+
+    return pg_schema, asyncio.run(create())
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    # One session for all examples: each example replaces its events.
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    rows=st.lists(
+        st.tuples(_TEXT, st.integers(0, 2**31 - 1), _TEXT, _TEXT, st.integers(0, 2**62)),
+        max_size=30,
+        unique_by=lambda row: row[4],  # event ids are unique in a session
+    ),
+    first=st.integers(0, 1000),
+)
+def test_a_steps_events_are_stored_exactly_as_given_in_one_statement(
+    pg_session: tuple[str, str], rows: list[tuple[str, int, str, str, int]], first: int
+) -> None:
+    """Any text (quotes, backslashes, JSON escapes, any script) and any id comes back as it
+    went in, each event at its position, in order."""
+    from agent_flow.sessions._backend import _EventRow
+    from agent_flow.sessions._pg_rows import _insert_events
+
+    schema, session = pg_session
+    events = [_EventRow(run_id, seq, kind, data) for run_id, seq, kind, data, _ in rows]
+    ids = [number for *_, number in rows]
+
+    async def store_and_read() -> list[tuple[object, ...]]:
+        conn = await psycopg.AsyncConnection.connect(
+            URL, options=f"-c search_path={schema}", row_factory=dict_row
+        )
+        async with conn, conn.transaction():
+            await conn.execute("DELETE FROM events WHERE session_id = %s", (session,))
+            await _insert_events(conn, session, first, events, ids)
+            cursor = await conn.execute(
+                "SELECT position, event_id, run_id, seq, kind, data FROM events "
+                "WHERE session_id = %s ORDER BY position",
+                (session,),
+            )
+            return [tuple(row.values()) for row in await cursor.fetchall()]
+
+    stored = asyncio.run(store_and_read())
+    assert stored == [
+        (first + i, number, run_id, seq, kind, data)
+        for i, (run_id, seq, kind, data, number) in enumerate(rows)
+    ]

