@@ -206,3 +206,17 @@ async def test_tls_connections_are_checked_on_their_own_socket(tls_server: OpenA
         await _closed_by_server(tls_server, llm)
         assert (await llm.complete(HELLO)).text == "hello"
         assert tls_server.connections == 2
+
+
+async def test_a_servers_shared_clients_get_the_check() -> None:
+    from agent_flow.llm.config import LLMConfig
+    from agent_flow.server._clients import ModelClients
+
+    clients = ModelClients()
+    config = LLMConfig(model="m", base_url="http://127.0.0.1:9/v1")  # a local server: no key
+    session = clients.client(config)
+    assert quicken(session.sdk_client) == 0  # the shared SDK client already has it
+    backend = session.sdk_client._client._transport._pool._network_backend
+    assert type(backend).__name__ == "_Backend"
+    await session.aclose()
+    await clients.aclose()
