@@ -132,7 +132,9 @@ class OpenAIClient:
             or ``"max_completion_tokens"`` (OpenAI's reasoning models need it).
         extra_body: Provider-specific fields merged into every request body.
         sdk_client: A ready `AsyncOpenAI` (e.g. `AsyncAzureOpenAI`) to use instead of
-            building one; the connection arguments must then be left unset.
+            building one; the connection arguments must then be left unset. It is used as
+            it is; one built here checks its idle pooled connections more cheaply
+            (`agent_flow.llm._idle_probe`).
 
     Raises:
         ConfigError: No API key was found for OpenAI's own endpoint, or `sdk_client` was

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from agent_flow.sessions._backend import _EventRow, _info_of
+from agent_flow.sessions._backend import _EntryRow, _EventRow, _info_of
 from agent_flow.sessions._lease import _LeaseState
 from agent_flow.sessions._pg_schema import _Conn
 from agent_flow.sessions.models import SessionInfo
@@ -22,6 +22,7 @@ __all__ = [
     "_INSERT_EVENTS",
     "_info_from_row",
     "_insert_events",
+    "_insert_step",
     "_lease_state",
 ]
 
@@ -38,6 +39,28 @@ _INSERT_EVENTS = (
     "INSERT INTO events (session_id, position, event_id, run_id, seq, kind, data) "
     "SELECT %s, %s + e.n - 1, (e.v->>0)::bigint, e.v->>1, (e.v->>2)::integer, e.v->>3, e.v->>4 "
     "FROM json_array_elements(%s::json) WITH ORDINALITY AS e(v, n)"
+)
+#: A step's new rows in one statement: its entries (from position ``entries_at`` on), its
+#: environment changes (``[version, data]``) and its events (from position ``events_at`` on,
+#: ``[event_id, run_id, seq, kind, data]``), each a JSON array (an empty one inserts nothing),
+#: and the notification of followers when ``notify`` (delivered at commit). The three tables
+#: are distinct, so the statement's parts never need each other's rows; every part that
+#: changes data runs, referenced or not.
+_INSERT_STEP = (
+    "WITH new_entries AS ("
+    "INSERT INTO entries (session_id, position, entry_id, kind, data) "
+    "SELECT %(sid)s, %(entries_at)s + e.n - 1, e.v->>0, e.v->>1, e.v->>2 "
+    "FROM json_array_elements(%(entries)s::json) WITH ORDINALITY AS e(v, n)), "
+    "new_changes AS ("
+    "INSERT INTO environment_changes (session_id, version, data) "
+    "SELECT %(sid)s, (e.v->>0)::integer, e.v->>1 "
+    "FROM json_array_elements(%(changes)s::json) AS e(v)), "
+    "new_events AS ("
+    "INSERT INTO events (session_id, position, event_id, run_id, seq, kind, data) "
+    "SELECT %(sid)s, %(events_at)s + e.n - 1, (e.v->>0)::bigint, e.v->>1, (e.v->>2)::integer, "
+    "e.v->>3, e.v->>4 "
+    "FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS e(v, n)) "
+    "SELECT pg_notify(%(channel)s, %(sid)s) WHERE %(notify)s"
 )
 _INSERT_CHECKPOINT = (
     "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
@@ -80,4 +103,48 @@ async def _insert_events(
     await conn.execute(
         _INSERT_EVENTS,
         (session_id, first_position, json.dumps(rows, ensure_ascii=False, separators=(",", ":"))),
+    )
+
+
+def _json_rows(rows: list[list[Any]]) -> str:
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _insert_step(
+    conn: _Conn,
+    session_id: str,
+    *,
+    entries_at: int,
+    entries: Sequence[_EntryRow],
+    changes: Sequence[tuple[int, str]],
+    events_at: int,
+    events: Sequence[_EventRow],
+    ids: Sequence[int],
+    notify: str | None,
+) -> None:
+    """Append a step's rows and notify the channel `notify` (if given), in one statement.
+
+    Entries, environment changes and events; the notification is delivered at commit.
+    Against psycopg's ``executemany`` (a message per row, and more work per row in Python)
+    and a statement for the notification: one statement a step, whatever its rows.
+    """
+    if not (entries or changes or events or notify):
+        return
+    await conn.execute(
+        _INSERT_STEP,
+        {
+            "sid": session_id,
+            "entries_at": entries_at,
+            "entries": _json_rows([[e.entry_id, e.kind, e.data] for e in entries]),
+            "changes": _json_rows([[version, data] for version, data in changes]),
+            "events_at": events_at,
+            "events": _json_rows(
+                [
+                    [number, e.run_id, e.seq, e.kind, e.data]
+                    for e, number in zip(events, ids, strict=True)
+                ]
+            ),
+            "channel": notify or "",
+            "notify": notify is not None,
+        },
     )

@@ -73,6 +73,7 @@ from agent_flow.sessions._pg_rows import (
     _INSERT_ENTRY,
     _info_from_row,
     _insert_events,
+    _insert_step,
     _lease_state,
 )
 from agent_flow.sessions._pg_schema import SCHEMA_VERSION, _Conn, migrate
@@ -255,33 +256,30 @@ class _PostgresBackend:
                         "DELETE FROM entries WHERE session_id = %s AND position >= %s",
                         (sid, write.keep_entries),
                     )
-                async with conn.cursor() as many:
-                    if write.entries:
-                        await many.executemany(
-                            _INSERT_ENTRY,
-                            [
-                                (sid, write.keep_entries + i, e.entry_id, e.kind, e.data)
-                                for i, e in enumerate(write.entries)
-                            ],
-                        )
-                    env = write.environment
-                    if env is not None:
-                        if env.reset:
-                            await conn.execute(
-                                "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
-                            )
-                        elif env.trim_through > 0:
-                            await conn.execute(
-                                "DELETE FROM environment_changes "
-                                "WHERE session_id = %s AND version <= %s",
-                                (sid, env.trim_through),
-                            )
-                        if env.changes:
-                            await many.executemany(
-                                _INSERT_CHANGE,
-                                [(sid, version, data) for version, data in env.changes],
-                            )
-                    if write.checkpoints:
+                env = write.environment
+                if env is not None and env.reset:
+                    await conn.execute(
+                        "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
+                    )
+                elif env is not None and env.trim_through > 0:
+                    await conn.execute(
+                        "DELETE FROM environment_changes WHERE session_id = %s AND version <= %s",
+                        (sid, env.trim_through),
+                    )
+                await _insert_step(
+                    conn,
+                    sid,
+                    entries_at=write.keep_entries,
+                    entries=write.entries,
+                    changes=env.changes if env is not None else (),
+                    events_at=info.event_count,
+                    events=write.events,
+                    ids=ids,
+                    # Delivered at commit only: followers elsewhere read what it committed.
+                    notify=self.channel if write.events or ended is not None else None,
+                )
+                if write.checkpoints:
+                    async with conn.cursor() as many:
                         await many.executemany(
                             _INSERT_CHECKPOINT,
                             [
@@ -289,10 +287,6 @@ class _PostgresBackend:
                                 for c in write.checkpoints
                             ],
                         )
-                await _insert_events(conn, sid, info.event_count, write.events, ids)
-                if write.events or ended is not None:
-                    # Delivered at commit only: followers elsewhere read what it committed.
-                    await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, sid))
                 after = _stepped(info, write, ids)
                 await conn.execute(
                     "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
