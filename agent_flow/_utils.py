@@ -54,11 +54,13 @@ def readable(fd: int) -> bool:
 
     Data waiting, or the end a closed peer sends: on an idle connection, either means the
     other side has spoken (often its last word). A gone socket (``fd < 0``) counts as readable:
-    the next read ends. One ``poll`` system call; the poll object is not kept, so this is safe
-    from any thread.
+    the next read ends. One ``poll`` system call (``select`` where there is no ``poll``: Windows,
+    eventlet); the poll object is not kept, so this is safe from any thread.
     """
     if fd < 0:
         return True
+    if not hasattr(select, "poll"):  # Windows, or eventlet's patched select
+        return bool(select.select([fd], [], [], 0)[0])
     poll = select.poll()
     poll.register(fd, select.POLLIN)
     return bool(poll.poll(0))

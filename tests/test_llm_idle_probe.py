@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from openai import AsyncOpenAI
 
 from agent_flow.llm import OpenAIClient
-from agent_flow.llm._idle_probe import _Stream, is_readable, quicken
+from agent_flow.llm._idle_probe import _Backend, _Stream, is_readable, quicken
 from tests.openai_client_helpers import HELLO
 from tests.openai_server import OpenAIServer, completion_body, json_reply
 
@@ -87,14 +87,19 @@ def test_the_check_says_readable_for_data_the_end_and_a_gone_socket() -> None:
 async def test_an_openai_client_of_its_own_gets_the_check_once() -> None:
     llm = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", api_key="k")
     async with llm:
-        assert isinstance(_pool(llm)._network_backend, httpcore2.AsyncNetworkBackend)
+        assert isinstance(_pool(llm)._network_backend, _Backend)
         assert quicken(llm.sdk_client) == 0  # already done, not wrapped twice
-        assert quicken(AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")) == 1
+    async with AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k") as sdk:
+        assert not isinstance(sdk._client._transport._pool._network_backend, _Backend)
+        assert quicken(sdk) == 1
 
 
 async def test_proxy_pools_from_the_environment_get_it_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    for name in ("NO_PROXY", "ALL_PROXY", "HTTPS_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     sdk = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
@@ -216,7 +221,18 @@ async def test_a_servers_shared_clients_get_the_check() -> None:
     config = LLMConfig(model="m", base_url="http://127.0.0.1:9/v1")  # a local server: no key
     session = clients.client(config)
     assert quicken(session.sdk_client) == 0  # the shared SDK client already has it
-    backend = session.sdk_client._client._transport._pool._network_backend
-    assert type(backend).__name__ == "_Backend"
+    assert isinstance(session.sdk_client._client._transport._pool._network_backend, _Backend)
     await session.aclose()
     await clients.aclose()
+
+
+def test_the_check_works_where_there_is_no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows and eventlet have no ``select.poll``: the check falls back to ``select``."""
+    import select
+
+    monkeypatch.delattr(select, "poll")
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        assert not is_readable(ours)
+        peer.send(b"x")
+        assert is_readable(ours)

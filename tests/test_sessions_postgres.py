@@ -442,3 +442,80 @@ def test_a_steps_events_are_stored_exactly_as_given_in_one_statement(
         (first + i, number, run_id, seq, kind, data)
         for i, (run_id, seq, kind, data, number) in enumerate(rows)
     ]
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    entries=st.lists(st.tuples(_TEXT, _TEXT, _TEXT), max_size=8),
+    changes=st.lists(_TEXT, max_size=8),
+    first=st.integers(0, 1000),
+    notify=st.booleans(),
+)
+def test_a_steps_entries_and_changes_are_stored_exactly_and_followers_told_only_when_asked(
+    pg_session: tuple[str, str],
+    entries: list[tuple[str, str, str]],
+    changes: list[str],
+    first: int,
+    notify: bool,
+) -> None:
+    """The other parts of the step's one statement: entries at their positions, changes at
+    their versions, whatever the text, and a notification at commit exactly when asked."""
+    from agent_flow.sessions._backend import _EntryRow
+    from agent_flow.sessions._pg_rows import _insert_step
+
+    schema, session = pg_session
+    channel = f"af_test_{uuid.uuid4().hex[:12]}"
+
+    async def store_and_read() -> tuple[list[tuple[object, ...]], list[tuple[object, ...]], int]:
+        listener = await psycopg.AsyncConnection.connect(URL, autocommit=True)
+        async with listener:
+            await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            conn = await psycopg.AsyncConnection.connect(
+                URL, options=f"-c search_path={schema}", row_factory=dict_row
+            )
+            async with conn:
+                async with conn.transaction():
+                    await conn.execute("DELETE FROM entries WHERE session_id = %s", (session,))
+                    await conn.execute(
+                        "DELETE FROM environment_changes WHERE session_id = %s", (session,)
+                    )
+                    await _insert_step(
+                        conn,
+                        session,
+                        entries_at=first,
+                        entries=[_EntryRow(*entry) for entry in entries],
+                        changes=[(first + i, data) for i, data in enumerate(changes)],
+                        events_at=0,
+                        events=(),
+                        ids=(),
+                        notify=channel if notify else None,
+                    )
+                stored_entries = await (
+                    await conn.execute(
+                        "SELECT position, entry_id, kind, data FROM entries "
+                        "WHERE session_id = %s ORDER BY position",
+                        (session,),
+                    )
+                ).fetchall()
+                stored_changes = await (
+                    await conn.execute(
+                        "SELECT version, data FROM environment_changes "
+                        "WHERE session_id = %s ORDER BY version",
+                        (session,),
+                    )
+                ).fetchall()
+            told = [n async for n in listener.notifies(timeout=0.1, stop_after=1)]
+        return (
+            [tuple(row.values()) for row in stored_entries],
+            [tuple(row.values()) for row in stored_changes],
+            len(told),
+        )
+
+    stored_entries, stored_changes, told = asyncio.run(store_and_read())
+    assert stored_entries == [(first + i, *entry) for i, entry in enumerate(entries)]
+    assert stored_changes == [(first + i, data) for i, data in enumerate(changes)]
+    assert told == (1 if notify else 0)

@@ -69,7 +69,10 @@ class _Stream(httpcore2.AsyncNetworkStream):
         self.read = inner.read  # type: ignore[method-assign]
         self.write = inner.write  # type: ignore[method-assign]
         self.aclose = inner.aclose  # type: ignore[method-assign]
-        sock = inner.get_extra_info("socket")
+        try:
+            sock = inner.get_extra_info("socket")
+        except Exception:  # a backend that cannot say: the SDK's own check then answers
+            sock = None
         self._socket: socket.socket | None = sock if hasattr(sock, "fileno") else None
 
     async def start_tls(
