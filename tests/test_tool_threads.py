@@ -77,6 +77,30 @@ async def test_threads_never_exceed_the_limit_however_many_calls_block() -> None
     assert await asyncio.wait_for(asyncio.gather(*calls), 10) == [True] * 6
 
 
+async def test_calls_queued_before_the_first_thread_takes_one_still_get_a_spare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls queued while the first thread is still starting (a loaded machine): when it then
+    blocks in the first, a spare starts for the rest; no new call has to come to ask."""
+    work = ToolThreads._work
+
+    def slow_start(self: ToolThreads, first: bool) -> None:
+        time.sleep(0.1)  # the thread takes its first call only after every call is queued
+        work(self, first)
+
+    monkeypatch.setattr(ToolThreads, "_work", slow_start)
+    pool = ToolThreads(max_threads=2, patience=0.01)
+    release = threading.Event()
+    calls = [asyncio.ensure_future(pool.run(release.wait, 10)) for _ in range(3)]
+    for _ in range(100):
+        if pool.threads == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert pool.threads == 2
+    release.set()
+    assert await asyncio.wait_for(asyncio.gather(*calls), 10) == [True] * 3
+
+
 async def test_a_call_its_caller_stopped_waiting_for_before_it_started_is_not_run() -> None:
     pool = ToolThreads(patience=60.0)  # no second thread: the second call must wait
     release = threading.Event()

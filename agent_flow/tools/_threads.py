@@ -124,12 +124,14 @@ class ToolThreads:
             self._calls.put(_Call(function, args, kwargs, loop, future))
             if not self._threads:
                 self._start(first=True)
-            elif len(self._busy) >= len(self._threads):
-                # Every thread is in a call: look again in a while, in case one blocks.
-                now = time.monotonic()
-                if self._look_due is None or now > self._look_due + 1.0:
-                    self._look_due = now + self.patience
-                    loop.call_later(self.patience, self._look, loop)
+            # Look in a while, in case every thread blocks while calls wait. Not only when
+            # every thread is in a call now: a thread that has not taken its call yet (one
+            # just started, on a loaded machine) may block the moment it does, and without a
+            # look pending nothing would start a spare for the calls queued behind it.
+            now = time.monotonic()
+            if self._look_due is None or now > self._look_due + 1.0:
+                self._look_due = now + self.patience
+                loop.call_later(self.patience, self._look, loop)
         return await future
 
     def _look(self, loop: asyncio.AbstractEventLoop) -> None:
