@@ -417,7 +417,7 @@ def test_a_steps_events_are_stored_exactly_as_given_in_one_statement(
     """Any text (quotes, backslashes, JSON escapes, any script) and any id comes back as it
     went in, each event at its position, in order."""
     from agent_flow.sessions._backend import _EventRow
-    from agent_flow.sessions._pg_rows import _insert_events
+    from agent_flow.sessions._pg_rows import _insert_rows
 
     schema, session = pg_session
     events = [_EventRow(run_id, seq, kind, data) for run_id, seq, kind, data, _ in rows]
@@ -429,7 +429,7 @@ def test_a_steps_events_are_stored_exactly_as_given_in_one_statement(
         )
         async with conn, conn.transaction():
             await conn.execute("DELETE FROM events WHERE session_id = %s", (session,))
-            await _insert_events(conn, session, first, events, ids)
+            await _insert_rows(conn, session, events_at=first, events=events, ids=ids)
             cursor = await conn.execute(
                 "SELECT position, event_id, run_id, seq, kind, data FROM events "
                 "WHERE session_id = %s ORDER BY position",
@@ -465,7 +465,7 @@ def test_a_steps_entries_and_changes_are_stored_exactly_and_followers_told_only_
     """The other parts of the step's one statement: entries at their positions, changes at
     their versions, whatever the text, and a notification at commit exactly when asked."""
     from agent_flow.sessions._backend import _EntryRow
-    from agent_flow.sessions._pg_rows import _insert_step
+    from agent_flow.sessions._pg_rows import _insert_rows
 
     schema, session = pg_session
     channel = f"af_test_{uuid.uuid4().hex[:12]}"
@@ -483,7 +483,7 @@ def test_a_steps_entries_and_changes_are_stored_exactly_and_followers_told_only_
                     await conn.execute(
                         "DELETE FROM environment_changes WHERE session_id = %s", (session,)
                     )
-                    await _insert_step(
+                    await _insert_rows(
                         conn,
                         session,
                         entries_at=first,

@@ -20,7 +20,7 @@ from agent_flow.sessions._lease import (
     _released,
     _renewed,
 )
-from agent_flow.sessions._pg_rows import _info_from_row, _insert_events, _lease_state
+from agent_flow.sessions._pg_rows import _info_from_row, _insert_rows, _lease_state
 from agent_flow.sessions._pg_schema import _Conn
 from agent_flow.sessions.models import Lease, SessionInfo
 
@@ -72,7 +72,7 @@ async def _end_dead_run(
     if found["finished"]:
         return None
     row, number, after = _interruption(info, dead.run, dead.fence, found["top"], now)
-    await _insert_events(conn, info.id, info.event_count, (row,), (number,))
+    await _insert_rows(conn, info.id, events_at=info.event_count, events=(row,), ids=(number,))
     await conn.execute(
         "UPDATE sessions SET status = %s, updated_at = %s, event_count = %s, last_event_id = %s "
         "WHERE id = %s",

@@ -16,37 +16,19 @@ from agent_flow.sessions._pg_schema import _Conn
 from agent_flow.sessions.models import SessionInfo
 
 __all__ = [
-    "_INSERT_CHANGE",
     "_INSERT_CHECKPOINT",
-    "_INSERT_ENTRY",
-    "_INSERT_EVENTS",
     "_info_from_row",
-    "_insert_events",
-    "_insert_step",
+    "_insert_rows",
     "_lease_state",
 ]
 
-#: The rows a step or an import appends.
-_INSERT_ENTRY = (
-    "INSERT INTO entries (session_id, position, entry_id, kind, data) VALUES (%s, %s, %s, %s, %s)"
-)
-_INSERT_CHANGE = "INSERT INTO environment_changes (session_id, version, data) VALUES (%s, %s, %s)"
-#: A step's events in one statement: the session, the first position, and the rows as a JSON
-#: array of ``[event_id, run_id, seq, kind, data]`` (positions follow the array's order).
-#: Against one ``INSERT`` per row (psycopg's ``executemany``): 0.21 against 0.29 ms of the
-#: client's CPU for 11 events, 0.29 against 1.03 for 100 (a streamed answer's deltas).
-_INSERT_EVENTS = (
-    "INSERT INTO events (session_id, position, event_id, run_id, seq, kind, data) "
-    "SELECT %s, %s + e.n - 1, (e.v->>0)::bigint, e.v->>1, (e.v->>2)::integer, e.v->>3, e.v->>4 "
-    "FROM json_array_elements(%s::json) WITH ORDINALITY AS e(v, n)"
-)
-#: A step's new rows in one statement: its entries (from position ``entries_at`` on), its
+#: New rows of a session in one statement: its entries (from position ``entries_at`` on), its
 #: environment changes (``[version, data]``) and its events (from position ``events_at`` on,
 #: ``[event_id, run_id, seq, kind, data]``), each a JSON array (an empty one inserts nothing),
 #: and the notification of followers when ``notify`` (delivered at commit). The three tables
 #: are distinct, so the statement's parts never need each other's rows; every part that
 #: changes data runs, referenced or not.
-_INSERT_STEP = (
+_INSERT_ROWS = (
     "WITH new_entries AS ("
     "INSERT INTO entries (session_id, position, entry_id, kind, data) "
     "SELECT %(sid)s, %(entries_at)s + e.n - 1, e.v->>0, e.v->>1, e.v->>2 "
@@ -87,51 +69,34 @@ def _lease_state(row: dict[str, Any]) -> _LeaseState:
     )
 
 
-async def _insert_events(
-    conn: _Conn,
-    session_id: str,
-    first_position: int,
-    events: Sequence[_EventRow],
-    ids: Sequence[int],
-) -> None:
-    """Append `events` with the ids `ids`, at positions from `first_position` on."""
-    if not events:
-        return
-    rows = [
-        [number, e.run_id, e.seq, e.kind, e.data] for e, number in zip(events, ids, strict=True)
-    ]
-    await conn.execute(
-        _INSERT_EVENTS,
-        (session_id, first_position, json.dumps(rows, ensure_ascii=False, separators=(",", ":"))),
-    )
-
-
 def _json_rows(rows: list[list[Any]]) -> str:
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
 
 
-async def _insert_step(
+async def _insert_rows(
     conn: _Conn,
     session_id: str,
     *,
-    entries_at: int,
-    entries: Sequence[_EntryRow],
-    changes: Sequence[tuple[int, str]],
-    events_at: int,
-    events: Sequence[_EventRow],
-    ids: Sequence[int],
-    notify: str | None,
+    entries_at: int = 0,
+    entries: Sequence[_EntryRow] = (),
+    changes: Sequence[tuple[int, str]] = (),
+    events_at: int = 0,
+    events: Sequence[_EventRow] = (),
+    ids: Sequence[int] = (),
+    notify: str | None = None,
 ) -> None:
-    """Append a step's rows and notify the channel `notify` (if given), in one statement.
+    """Append rows of a session and notify `notify` if given, in one statement.
 
-    Entries, environment changes and events; the notification is delivered at commit.
-    Against psycopg's ``executemany`` (a message per row, and more work per row in Python)
-    and a statement for the notification: one statement a step, whatever its rows.
+    Entries from position `entries_at` on, environment changes, events from `events_at` on
+    with the ids `ids`: a step's rows, an import's, or a dead run's last event. The
+    notification is delivered at commit. Against psycopg's ``executemany`` (a message per
+    row, and more work per row in Python): 0.21 against 0.29 ms of the client's CPU for 11
+    events, 0.29 against 1.03 for 100 (a streamed answer's deltas).
     """
     if not (entries or changes or events or notify):
         return
     await conn.execute(
-        _INSERT_STEP,
+        _INSERT_ROWS,
         {
             "sid": session_id,
             "entries_at": entries_at,

@@ -68,12 +68,9 @@ from agent_flow.sessions._lease import _LeaseState, _new_event_ids, _writable
 from agent_flow.sessions._pg_lease import _claim, _end_dead_run, _release, _renew, _set_lease
 from agent_flow.sessions._pg_notify import _Listener, channel_for
 from agent_flow.sessions._pg_rows import (
-    _INSERT_CHANGE,
     _INSERT_CHECKPOINT,
-    _INSERT_ENTRY,
     _info_from_row,
-    _insert_events,
-    _insert_step,
+    _insert_rows,
     _lease_state,
 )
 from agent_flow.sessions._pg_schema import SCHEMA_VERSION, _Conn, migrate
@@ -266,7 +263,7 @@ class _PostgresBackend:
                         "DELETE FROM environment_changes WHERE session_id = %s AND version <= %s",
                         (sid, env.trim_through),
                     )
-                await _insert_step(
+                await _insert_rows(
                     conn,
                     sid,
                     entries_at=write.keep_entries,
@@ -428,22 +425,14 @@ class _PostgresBackend:
                 conn, session.info, session.revision, session.environment
             ):
                 raise _exists(sid)
-            async with conn.cursor() as many:
-                if session.entries:
-                    await many.executemany(
-                        _INSERT_ENTRY,
-                        [
-                            (sid, i, e.entry_id, e.kind, e.data)
-                            for i, e in enumerate(session.entries)
-                        ],
-                    )
-                if session.changes:
-                    await many.executemany(
-                        _INSERT_CHANGE,
-                        [(sid, version, data) for version, data in session.changes],
-                    )
-            ids = _new_event_ids(sid, session.events, None, -1)
-            await _insert_events(conn, sid, 0, session.events, ids)
+            await _insert_rows(
+                conn,
+                sid,
+                entries=session.entries,
+                changes=session.changes,
+                events=session.events,
+                ids=_new_event_ids(sid, session.events, None, -1),
+            )
 
     async def delete(self, session_id: str) -> None:
         async with (await self._ready()).connection() as conn:
