@@ -6,7 +6,7 @@ import json
 import select
 from typing import TypeGuard, TypeVar
 
-__all__ = ["conforms", "loads_json", "readable"]
+__all__ = ["compact_json", "conforms", "loads_json", "readable"]
 
 T = TypeVar("T")
 
@@ -47,6 +47,11 @@ def loads_json(text: str) -> object:
         ValueError: The text uses NaN or Infinity (which no event line could carry).
     """
     return json.loads(text, parse_constant=_reject_constant)
+
+
+def compact_json(value: object) -> str:
+    """`value` as JSON without spaces, non-ASCII text kept as it is (not escaped)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def readable(fd: int) -> bool:

@@ -8,13 +8,13 @@ reports go); `_Fit` (in `render`) does the search for one budget.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from agent_flow._types import JsonObject, JsonValue
+from agent_flow._types import JsonObject
+from agent_flow._utils import compact_json
 from agent_flow.environment._trim import _SECTION_SHAPES, _Trim
 from agent_flow.environment.render import RenderReport, _Fit
 from agent_flow.environment.sections import _DEFAULT_STATE, RENDER_ORDER
@@ -63,7 +63,7 @@ class _Renderer:
         if cache is None or cache.version != version:
             trim = _Trim(None, None)
             data = trim.value(state[name], _SECTION_SHAPES[name])
-            block = _Block(f"## {name}\n{_dumps(data)}", 0, 0)
+            block = _Block(f"## {name}\n{compact_json(data)}", 0, 0)
             cache = _SectionCache(
                 version, trim.longest_collection, trim.longest_string, {(None, None): block}
             )
@@ -85,7 +85,7 @@ class _Renderer:
                 cache.blocks[(None, None)] = full
             trim = _Trim(item_cap, string_cap)
             data = trim.value(state[name], _SECTION_SHAPES[name])
-            block = _Block(f"## {name}\n{_dumps(data)}", trim.elided, trim.shortened)
+            block = _Block(f"## {name}\n{compact_json(data)}", trim.elided, trim.shortened)
             cache.blocks[key] = block
         return block
 
@@ -131,7 +131,3 @@ class _Renderer:
         if len(self._reports) > self._MAX_REPORTS:
             self._reports.popitem(last=False)
         return report
-
-
-def _dumps(data: JsonValue) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))

@@ -5,11 +5,11 @@ Shared by the backend (`postgres._PostgresBackend`) and its lease operations (`_
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from agent_flow._utils import compact_json
 from agent_flow.sessions._backend import _EntryRow, _EventRow, _info_of
 from agent_flow.sessions._lease import _LeaseState
 from agent_flow.sessions._pg_schema import _Conn
@@ -69,10 +69,6 @@ def _lease_state(row: dict[str, Any]) -> _LeaseState:
     )
 
 
-def _json_rows(rows: list[list[Any]]) -> str:
-    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
-
-
 async def _insert_rows(
     conn: _Conn,
     session_id: str,
@@ -100,10 +96,10 @@ async def _insert_rows(
         {
             "sid": session_id,
             "entries_at": entries_at,
-            "entries": _json_rows([[e.entry_id, e.kind, e.data] for e in entries]),
-            "changes": _json_rows([[version, data] for version, data in changes]),
+            "entries": compact_json([[e.entry_id, e.kind, e.data] for e in entries]),
+            "changes": compact_json([[version, data] for version, data in changes]),
             "events_at": events_at,
-            "events": _json_rows(
+            "events": compact_json(
                 [
                     [number, e.run_id, e.seq, e.kind, e.data]
                     for e, number in zip(events, ids, strict=True)

@@ -12,10 +12,10 @@ JSON strings: the SDK's span attributes take no structured values.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from agent_flow._utils import compact_json
 from agent_flow.llm.base import Completion
 from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 
@@ -28,10 +28,6 @@ _FINISH_REASONS = {
     "tool_calls": "tool_call",
     "content_filter": "content_filter",
 }
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _call_part(call: ToolCall) -> dict[str, Any]:
@@ -58,7 +54,7 @@ def _message(message: ChatMessage) -> dict[str, Any]:
 
 def input_messages(messages: Sequence[ChatMessage]) -> str:
     """The prompt as ``gen_ai.input.messages``: every message, in the order sent."""
-    return _dumps([_message(message) for message in messages])
+    return compact_json([_message(message) for message in messages])
 
 
 def output_messages(completion: Completion) -> str:
@@ -72,7 +68,7 @@ def output_messages(completion: Completion) -> str:
     finish = _FINISH_REASONS.get(completion.finish_reason)
     if finish is None:
         finish = completion.raw_finish_reason or completion.finish_reason
-    return _dumps([{"role": "assistant", "parts": parts, "finish_reason": finish}])
+    return compact_json([{"role": "assistant", "parts": parts, "finish_reason": finish}])
 
 
 def text_message(role: str, text: str, finish_reason: str | None = None) -> str:
@@ -80,12 +76,12 @@ def text_message(role: str, text: str, finish_reason: str | None = None) -> str:
     message: dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": text}]}
     if finish_reason is not None:
         message["finish_reason"] = finish_reason
-    return _dumps([message])
+    return compact_json([message])
 
 
 def tool_definitions(tools: Sequence[ToolDefinition]) -> str:
     """The offered tools as ``gen_ai.tool.definitions``."""
-    return _dumps(
+    return compact_json(
         [
             {
                 "type": "function",

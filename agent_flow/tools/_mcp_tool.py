@@ -8,13 +8,13 @@ base64; embedded text resources are included with their URI.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Literal
 
 import mcp_types
 from pydantic import TypeAdapter
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow._utils import compact_json
 from agent_flow.tools.base import ToolContext
 from agent_flow.tools.results import Attachment, ToolResult
 
@@ -88,7 +88,7 @@ def convert_call_result(result: mcp_types.CallToolResult) -> ToolResult:
     data: JsonValue = _JSON.validate_python(result.structured_content)
     content = "\n".join(parts)
     if not content and data is not None:
-        content = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        content = compact_json(data)
     return ToolResult(
         content=content or ("(no output)" if not result.is_error else "the tool failed"),
         data=data,

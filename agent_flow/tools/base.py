@@ -25,7 +25,6 @@ result handlers).
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import sys
 import typing
@@ -38,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow._utils import compact_json
 from agent_flow.errors import ToolDefinitionError, ToolError
 from agent_flow.tools._threads import tool_threads
 from agent_flow.tools.policy import ToolPolicy
@@ -243,14 +243,10 @@ def to_tool_result(value: object) -> ToolResult:
             f"the tool returned a {type(value).__name__}, which cannot be turned into JSON; "
             "return a string, a JSON value or a pydantic model"
         ) from err
-    return ToolResult(content=_compact_json(jsonable), data=jsonable)
+    return ToolResult(content=compact_json(jsonable), data=jsonable)
 
 
 _JSON_ADAPTER: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
-
-
-def _compact_json(value: JsonValue) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 # --- @tool --------------------------------------------------------------------------------
