@@ -32,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _bench_rounds import interleaved
+
 from agent_flow import AgentConfig, AgentExecutor, ContextConfig, Delegate
 from agent_flow.llm.base import LLMRequest
 from agent_flow.testing import FunctionLLM, Reply, call, reply
@@ -116,10 +118,8 @@ async def main(runs: int, rounds: int, children: int) -> None:
     for make in makers.values():  # warm up: imports, price data, caches
         await timed(make, 5)
     samples: dict[str, list[float]] = {name: [] for name in makers}
-    for index in range(rounds):
-        order = list(makers)[index % 3 :] + list(makers)[: index % 3]
-        for name in order:
-            samples[name].append(await timed(makers[name], runs))
+    for name in interleaved(list(makers), rounds):
+        samples[name].append(await timed(makers[name], runs))
     median = {name: statistics.median(values) * 1000 for name, values in samples.items()}
     overhead = (median["delegated"] - median["inline"] - median["child alone"]) / children
     print(f"{runs} runs x {rounds} rounds, {children} delegation(s) per parent run")

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_loop
+from _bench_rounds import interleaved
 
 VARIANTS = ("ours", "sdk")
 
@@ -56,17 +57,15 @@ async def cell(at_once: int, stream: bool, args: argparse.Namespace) -> dict[str
                 *(bench_loop.agent_flow_run(client, stream) for _ in range(at_once))
             )
         samples: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-        for index in range(args.rounds):
-            order = VARIANTS[index % 2 :] + VARIANTS[: index % 2]
-            for variant in order:
-                client = clients[variant]
-                started = time.process_time()
-                runs = max(at_once, args.runs) // at_once
-                turns = 0
-                for _ in range(runs):
-                    batch = [bench_loop.agent_flow_run(client, stream) for _ in range(at_once)]
-                    turns += sum(await asyncio.gather(*batch))
-                samples[variant].append((time.process_time() - started) * 1000 / turns)
+        for variant in interleaved(VARIANTS, args.rounds):
+            client = clients[variant]
+            started = time.process_time()
+            runs = max(at_once, args.runs) // at_once
+            turns = 0
+            for _ in range(runs):
+                batch = [bench_loop.agent_flow_run(client, stream) for _ in range(at_once)]
+                turns += sum(await asyncio.gather(*batch))
+            samples[variant].append((time.process_time() - started) * 1000 / turns)
         for client in clients.values():
             await client.aclose()
         await clients["sdk"].sdk_client.close()  # given, so not closed by its OpenAIClient

@@ -41,6 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _bench_rounds import interleaved
+
 # The repo root must be importable before the test server is.
 from tests.openai_server import (
     OpenAIServer,
@@ -328,11 +330,9 @@ async def measure_rounds(
     async with serving(stream, k) as one:
         for loop in LOOPS:  # warm-up: imports, connections, tokenizer
             await one(loop)
-        for index in range(rounds):
-            order = LOOPS[index % len(LOOPS) :] + LOOPS[: index % len(LOOPS)]
-            for loop in order:
-                cpu, wall, _ = await block(one, loop, runs, concurrent)
-                per_round[loop].append((cpu, wall))
+        for loop in interleaved(LOOPS, rounds):
+            cpu, wall, _ = await block(one, loop, runs, concurrent)
+            per_round[loop].append((cpu, wall))
     base = [cpu for cpu, _ in per_round["handwritten"]]
     return {
         loop: {

@@ -67,6 +67,7 @@ os.environ.update(
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _bench_rounds import interleaved
 from bench_loop import SYSTEM, add, agent_flow_run, block, handwritten_run, make_handler
 
 from tests.openai_server import OpenAIServer
@@ -279,11 +280,9 @@ async def measure_rounds(
     async with serving(stream, k, loops) as one:
         for loop in loops:  # warm-up: imports, connections, tokenizer
             await one(loop)
-        for index in range(rounds):
-            shift = index % len(loops)
-            for loop in loops[shift:] + loops[:shift]:
-                cpu, _, _ = await block(one, loop, runs, concurrent)
-                per_round[loop].append(cpu)
+        for loop in interleaved(loops, rounds):
+            cpu, _, _ = await block(one, loop, runs, concurrent)
+            per_round[loop].append(cpu)
     base = per_round["handwritten"]
     return {
         loop: {

@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _bench_rounds import interleaved
+
 from agent_flow import AgentConfig, AgentExecutor, ContextConfig
 from agent_flow.sessions import SessionStore, open_store
 from agent_flow.testing import FunctionLLM, Reply, call, reply
@@ -94,11 +96,8 @@ async def measure(targets: dict[str, str | None], runs: int, k: int, rounds: int
         for store in stores.values():  # warm up: imports, tokenizer, connections
             await block(store, 2, k)
         samples: dict[str, list[float]] = {name: [] for name in stores}
-        names = list(stores)
-        for index in range(rounds):
-            order = names[index % len(names) :] + names[: index % len(names)]
-            for name in order:
-                samples[name].append(await block(stores[name], runs, k))
+        for name in interleaved(list(stores), rounds):
+            samples[name].append(await block(stores[name], runs, k))
     finally:
         for store in stores.values():
             if store is not None:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_loop
+from _bench_rounds import interleaved
 
 import agent_flow.tools.base as tool_base
 from agent_flow.tools import tool
@@ -80,17 +81,15 @@ async def cell(concurrent: bool, args: argparse.Namespace) -> dict[str, float]:
         for variant in VARIANTS:  # warm-up
             await one_run(client, False, variant)
         samples: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-        for index in range(args.rounds):
-            order = VARIANTS[index % 3 :] + VARIANTS[: index % 3]
-            for variant in order:
-                started, turns = time.process_time(), 0
-                if concurrent:
-                    runs = [one_run(client, False, variant) for _ in range(100)]
-                    turns = sum(await asyncio.gather(*runs))
-                else:
-                    for _ in range(args.runs):
-                        turns += await one_run(client, False, variant)
-                samples[variant].append((time.process_time() - started) * 1000 / turns)
+        for variant in interleaved(VARIANTS, args.rounds):
+            started, turns = time.process_time(), 0
+            if concurrent:
+                runs = [one_run(client, False, variant) for _ in range(100)]
+                turns = sum(await asyncio.gather(*runs))
+            else:
+                for _ in range(args.runs):
+                    turns += await one_run(client, False, variant)
+            samples[variant].append((time.process_time() - started) * 1000 / turns)
         await client.aclose()
     return {variant: statistics.median(values) for variant, values in samples.items()}
 
