@@ -271,7 +271,12 @@ class ToolExecutor(ToolRegistry):
 
         runner = current_step_runner()
         # A durable run's calls run side by side, each with its own reserved step positions.
-        calls_steps = runner.for_calls(len(calls)) if isinstance(runner, CallSteps) else None
+        # (`runner is not None` first: a runtime protocol check costs microseconds per turn.)
+        calls_steps = (
+            runner.for_calls(len(calls))
+            if runner is not None and isinstance(runner, CallSteps)
+            else None
+        )
 
         async def run(index: int, call: ToolCall) -> None:
             if calls_steps is None:
