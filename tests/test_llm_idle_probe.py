@@ -13,7 +13,7 @@ import shutil
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,69 +169,61 @@ def test_after_each_turn_of_the_loop_every_answer_is_the_sockets_own(
     asyncio.run(play())
 
 
-async def test_one_poll_answers_every_socket_asked_in_a_turn() -> None:
+_Watched = tuple[_Readable, _CountingPoll, list[tuple[socket.socket, socket.socket]]]
+
+
+@pytest.fixture
+def watched() -> Iterator[_Watched]:
+    """A `_Readable` whose polls are counted, watching enough socket pairs to poll them all."""
     sockets = _Readable()
     counting = _CountingPoll()
     sockets._poll = counting  # type: ignore[assignment]
     pairs = [socket.socketpair() for _ in range(_POLL_ALL_FROM + 1)]
-    try:
-        for ours, _ in pairs:
-            sockets.watch(ours)
-        pairs[0][1].send(b"x")
-        answers = [sockets.readable(ours) for ours, _ in pairs]
-        assert answers == [True] + [False] * _POLL_ALL_FROM
-        assert counting.polls == 1
-        pairs[1][1].close()  # within the turn: the answer may be the turn's first
-        await asyncio.sleep(0)
-        assert [sockets.readable(ours) for ours, _ in pairs][:2] == [True, True]
-        assert counting.polls == 2
-    finally:
-        for ours, peer in pairs:
-            ours.close()
-            peer.close()
+    for ours, _ in pairs:
+        sockets.watch(ours)
+    yield sockets, counting, pairs
+    for ours, peer in pairs:
+        ours.close()
+        peer.close()
 
 
-async def test_a_socket_given_a_closed_ones_number_in_the_same_turn_answers_for_itself() -> None:
-    sockets = _Readable()
-    pairs = [socket.socketpair() for _ in range(_POLL_ALL_FROM + 1)]
-    try:
-        for ours, _ in pairs:
-            sockets.watch(ours)
-        talker, peer = pairs[0]
-        peer.send(b"x")
-        assert sockets.readable(talker)  # this turn's poll: its number is readable
-        number = talker.fileno()
-        talker.close()  # closed without aclose: its number stays registered
-        fresh, fresh_peer = socket.socketpair()
-        pairs.append((fresh, fresh_peer))
-        assert fresh.fileno() == number  # the lowest free number, reused at once
-        sockets.watch(fresh)
-        assert sockets.readable(fresh) is False
-    finally:
-        for ours, theirs in pairs:
-            ours.close()
-            theirs.close()
+async def test_one_poll_answers_every_socket_asked_in_a_turn(watched: _Watched) -> None:
+    sockets, counting, pairs = watched
+    pairs[0][1].send(b"x")
+    answers = [sockets.readable(ours) for ours, _ in pairs]
+    assert answers == [True] + [False] * _POLL_ALL_FROM
+    assert counting.polls == 1
+    pairs[1][1].close()  # within the turn: the answer may be the turn's first
+    await asyncio.sleep(0)
+    assert [sockets.readable(ours) for ours, _ in pairs][:2] == [True, True]
+    assert counting.polls == 2
 
 
-def test_few_sockets_or_no_running_loop_are_asked_one_by_one() -> None:
-    sockets = _Readable()
-    counting = _CountingPoll()
-    sockets._poll = counting  # type: ignore[assignment]
-    pairs = [socket.socketpair() for _ in range(_POLL_ALL_FROM + 1)]
-    try:
-        for ours, _ in pairs:
-            sockets.watch(ours)
-        pairs[2][1].send(b"x")
-        # No running loop: nothing would say when the turn ends.
-        assert [sockets.readable(ours) for ours, _ in pairs] == [False, False, True, False, False]
-        for ours, _ in pairs[1:]:
-            sockets.forget(ours)
-        assert sockets.readable(pairs[0][0]) is False  # one registered: asked on its own
-        assert counting.polls == 0
-    finally:
-        for ours, peer in pairs:
-            ours.close()
-            peer.close()
+async def test_a_socket_given_a_closed_ones_number_in_the_same_turn_answers_for_itself(
+    watched: _Watched,
+) -> None:
+    sockets, _, pairs = watched
+    talker, peer = pairs[0]
+    peer.send(b"x")
+    assert sockets.readable(talker)  # this turn's poll: its number is readable
+    number = talker.fileno()
+    talker.close()  # closed without aclose: its number stays registered
+    fresh, fresh_peer = socket.socketpair()
+    pairs.append((fresh, fresh_peer))
+    assert fresh.fileno() == number  # the lowest free number, reused at once
+    sockets.watch(fresh)
+    assert sockets.readable(fresh) is False
+
+
+def test_few_sockets_or_no_running_loop_are_asked_one_by_one(watched: _Watched) -> None:
+    sockets, counting, pairs = watched
+    pairs[2][1].send(b"x")
+    # No running loop: nothing would say when the turn ends.
+    assert [sockets.readable(ours) for ours, _ in pairs] == [False, False, True, False, False]
+    for ours, _ in pairs[1:]:
+        sockets.forget(ours)
+    assert sockets.readable(pairs[0][0]) is False  # one registered: asked on its own
+    assert counting.polls == 0
 
 
 # -- which pools get it --------------------------------------------------------------------
