@@ -13,7 +13,7 @@ import shutil
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,7 @@ from hypothesis import strategies as st
 from openai import AsyncOpenAI
 
 from agent_flow.llm import OpenAIClient
-from agent_flow.llm._idle_probe import (
-    _POLL_ALL_FROM,
-    _Backend,
-    _Readable,
-    _Stream,
-    is_readable,
-    quicken,
-)
+from agent_flow.llm._idle_probe import _Backend, _Stream, is_readable, quicken
 from tests.openai_client_helpers import HELLO
 from tests.openai_server import OpenAIServer, completion_body, json_reply
 
@@ -86,144 +79,6 @@ def test_the_check_says_readable_for_data_the_end_and_a_gone_socket() -> None:
         assert is_readable(ours)  # the end a closed peer sends
     assert is_readable(ours)  # closed: the next read would fail, as at the end
     assert is_readable(None)
-
-
-# -- one poll of every socket per turn of the loop ------------------------------------------
-
-
-class _CountingPoll:
-    """A poll object that counts its polls (``select.poll`` objects take no attributes)."""
-
-    def __init__(self) -> None:
-        import select
-
-        self._poll = select.poll()
-        self.polls = 0
-
-    def register(self, fd: int, mask: int) -> None:
-        self._poll.register(fd, mask)
-
-    def unregister(self, fd: int) -> None:
-        self._poll.unregister(fd)
-
-    def poll(self, timeout: int) -> list[tuple[int, int]]:
-        self.polls += 1
-        return self._poll.poll(timeout)
-
-
-_ACTIONS = ["open", "send", "read", "close_peer", "close_own", "aclose", "turn"]
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(_ACTIONS), st.integers(0, 9)), max_size=40))
-def test_after_each_turn_of_the_loop_every_answer_is_the_sockets_own(
-    steps: list[tuple[str, int]],
-) -> None:
-    """Sockets open, speak, close with and without ``aclose`` (their numbers reused by new
-    ones); after every turn of the loop each live socket's answer is httpcore2's own."""
-
-    async def play() -> None:
-        sockets = _Readable()
-        pairs: list[tuple[socket.socket, socket.socket]] = []
-
-        def open_one() -> None:
-            ours, peer = socket.socketpair()
-            sockets.watch(ours)
-            pairs.append((ours, peer))
-            # Asked in the turn it opened, perhaps with a closed socket's number: its own.
-            assert sockets.readable(ours) is False, steps
-
-        for _ in range(_POLL_ALL_FROM + 2):
-            open_one()
-        try:
-            for action, index in steps:
-                ours, peer = pairs[index % len(pairs)]
-                if action == "open":
-                    open_one()
-                elif action == "send" and peer.fileno() >= 0 and ours.fileno() >= 0:
-                    peer.send(b"x")
-                elif action == "read" and ours.fileno() >= 0:
-                    ours.setblocking(False)
-                    with contextlib.suppress(BlockingIOError, ConnectionError):
-                        ours.recv(64)
-                elif action == "close_peer":
-                    peer.close()
-                elif action == "close_own":  # closed without aclose: left registered
-                    ours.close()
-                elif action == "aclose":
-                    sockets.forget(ours)
-                    ours.close()
-                    sockets.forget(ours)  # a second, stale aclose drops nobody's number
-                elif action == "turn":
-                    await asyncio.sleep(0)
-                    for mine, _ in pairs:
-                        assert sockets.readable(mine) == is_socket_readable(mine), steps
-            await asyncio.sleep(0)
-            for mine, _ in pairs:
-                assert sockets.readable(mine) == is_socket_readable(mine), steps
-        finally:
-            for mine, theirs in pairs:
-                mine.close()
-                theirs.close()
-
-    asyncio.run(play())
-
-
-_Watched = tuple[_Readable, _CountingPoll, list[tuple[socket.socket, socket.socket]]]
-
-
-@pytest.fixture
-def watched() -> Iterator[_Watched]:
-    """A `_Readable` whose polls are counted, watching enough socket pairs to poll them all."""
-    sockets = _Readable()
-    counting = _CountingPoll()
-    sockets._poll = counting  # type: ignore[assignment]
-    pairs = [socket.socketpair() for _ in range(_POLL_ALL_FROM + 1)]
-    for ours, _ in pairs:
-        sockets.watch(ours)
-    yield sockets, counting, pairs
-    for ours, peer in pairs:
-        ours.close()
-        peer.close()
-
-
-async def test_one_poll_answers_every_socket_asked_in_a_turn(watched: _Watched) -> None:
-    sockets, counting, pairs = watched
-    pairs[0][1].send(b"x")
-    answers = [sockets.readable(ours) for ours, _ in pairs]
-    assert answers == [True] + [False] * _POLL_ALL_FROM
-    assert counting.polls == 1
-    pairs[1][1].close()  # within the turn: the answer may be the turn's first
-    await asyncio.sleep(0)
-    assert [sockets.readable(ours) for ours, _ in pairs][:2] == [True, True]
-    assert counting.polls == 2
-
-
-async def test_a_socket_given_a_closed_ones_number_in_the_same_turn_answers_for_itself(
-    watched: _Watched,
-) -> None:
-    sockets, _, pairs = watched
-    talker, peer = pairs[0]
-    peer.send(b"x")
-    assert sockets.readable(talker)  # this turn's poll: its number is readable
-    number = talker.fileno()
-    talker.close()  # closed without aclose: its number stays registered
-    fresh, fresh_peer = socket.socketpair()
-    pairs.append((fresh, fresh_peer))
-    assert fresh.fileno() == number  # the lowest free number, reused at once
-    sockets.watch(fresh)
-    assert sockets.readable(fresh) is False
-
-
-def test_few_sockets_or_no_running_loop_are_asked_one_by_one(watched: _Watched) -> None:
-    sockets, counting, pairs = watched
-    pairs[2][1].send(b"x")
-    # No running loop: nothing would say when the turn ends.
-    assert [sockets.readable(ours) for ours, _ in pairs] == [False, False, True, False, False]
-    for ours, _ in pairs[1:]:
-        sockets.forget(ours)
-    assert sockets.readable(pairs[0][0]) is False  # one registered: asked on its own
-    assert counting.polls == 0
 
 
 # -- which pools get it --------------------------------------------------------------------
@@ -381,6 +236,3 @@ def test_the_check_works_where_there_is_no_poll(monkeypatch: pytest.MonkeyPatch)
         assert not is_readable(ours)
         peer.send(b"x")
         assert is_readable(ours)
-        sockets = _Readable()  # registers nothing: every question is asked on its own
-        sockets.watch(ours)
-        assert sockets.readable(ours)

@@ -15,22 +15,11 @@ TLS, proxies, reads, writes, timeouts and their errors) is the SDK's own backend
 The pools are reached through private attributes of httpx2 and httpcore2: where they are not
 what this expects (another version, a user's own HTTP client), nothing is changed and the
 SDK's default stands.
-
-The pool asks once per idle connection, twice per request: with a hundred runs at once that
-was a hundred ``poll`` calls per pass. A backend's sockets are therefore registered in one
-poll object of its own (`_Readable`, from connecting to ``aclose``), and the first question
-in a turn of the event loop polls them all at once; the rest of that turn's questions are
-answered from that one poll. An answer is at most one turn of the loop old: asyncio itself
-learns of a socket's readiness only once per turn, and the pool uses a connection it found
-idle only a turn later anyway (its request is sent by its own task).
 """
 
 from __future__ import annotations
 
-import asyncio
-import select
 import socket
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -68,93 +57,23 @@ def is_readable(sock: socket.socket | None) -> bool:
     return readable(-1 if sock is None else sock.fileno())
 
 
-#: From this many registered sockets on, one poll of them all per turn of the loop is cheaper
-#: than a poll of each socket asked (a poll of one is half a microsecond here).
-_POLL_ALL_FROM = 4
-
-
-class _Readable:
-    """Which of one backend's sockets are readable: one ``poll`` per turn of the event loop.
-
-    Owner: its `_Backend`. Sockets are registered when their connection is made and dropped
-    at its ``aclose``; a socket closed without one stays registered until its number is
-    reused (the kernel then reports on the new socket, which registers itself again). A
-    socket not registered (no ``select.poll``, a number dropped by a stale ``aclose``), a
-    question outside a running asyncio loop, a gone socket, and any socket while fewer than
-    `_POLL_ALL_FROM` are registered, are answered on their own.
-    """
-
-    def __init__(self) -> None:
-        self._poll = select.poll() if hasattr(select, "poll") else None
-        self._lock = threading.Lock()  # a poll object is not for two threads at once
-        self._registered: set[int] = set()
-        #: The registered sockets readable in this turn of the loop; None: not polled yet.
-        self._ready: frozenset[int] | None = None
-
-    def watch(self, sock: socket.socket | None) -> None:
-        """Register `sock` (a new connection's)."""
-        fd = -1 if sock is None else sock.fileno()
-        if self._poll is None or fd < 0:
-            return
-        with self._lock:
-            self._poll.register(fd, select.POLLIN)
-            self._registered.add(fd)
-            self._ready = None  # its number may be a closed socket's, readable in that poll
-
-    def forget(self, sock: socket.socket | None) -> None:
-        """Drop `sock` (its connection is closing); a socket closed already is left."""
-        fd = -1 if sock is None else sock.fileno()
-        if self._poll is None or fd < 0:
-            return
-        with self._lock:
-            if fd in self._registered:
-                self._registered.discard(fd)
-                self._poll.unregister(fd)
-
-    def readable(self, sock: socket.socket) -> bool:
-        """Whether a read on `sock` would return at once (data, or the end)."""
-        fd = sock.fileno()
-        if fd < 0 or fd not in self._registered or len(self._registered) < _POLL_ALL_FROM:
-            return readable(fd)
-        ready = self._ready
-        if ready is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return readable(fd)
-            assert self._poll is not None  # registered: there is a poll object
-            with self._lock:
-                ready = frozenset([polled for polled, _ in self._poll.poll(0)])
-            self._ready = ready
-            loop.call_soon(self._expire)
-        return fd in ready
-
-    def _expire(self) -> None:
-        self._ready = None
-
-
 class _Stream(httpcore2.AsyncNetworkStream):
     """A connection of the SDK's backend, with its socket looked up once.
 
-    Reads and writes are the inner stream's own bound methods (no extra coroutine per
-    call); its methods are httpcore2's interface, timeouts in seconds.
+    Reads, writes and closing are the inner stream's own bound methods (no extra coroutine
+    per call); its methods are httpcore2's interface, timeouts in seconds.
     """
 
-    def __init__(self, inner: httpcore2.AsyncNetworkStream, sockets: _Readable) -> None:
+    def __init__(self, inner: httpcore2.AsyncNetworkStream) -> None:
         self._inner = inner
-        self._sockets = sockets
         self.read = inner.read  # type: ignore[method-assign]
         self.write = inner.write  # type: ignore[method-assign]
+        self.aclose = inner.aclose  # type: ignore[method-assign]
         try:
             sock = inner.get_extra_info("socket")
         except Exception:  # a backend that cannot say: the SDK's own check then answers
             sock = None
         self._socket: socket.socket | None = sock if hasattr(sock, "fileno") else None
-        sockets.watch(self._socket)
-
-    async def aclose(self) -> None:
-        self._sockets.forget(self._socket)
-        await self._inner.aclose()
 
     async def start_tls(
         self,
@@ -162,12 +81,11 @@ class _Stream(httpcore2.AsyncNetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (httpcore2's interface)
     ) -> httpcore2.AsyncNetworkStream:
-        inner = await self._inner.start_tls(ssl_context, server_hostname, timeout)
-        return _Stream(inner, self._sockets)
+        return _Stream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable" and self._socket is not None:
-            return self._sockets.readable(self._socket)
+            return is_readable(self._socket)
         return self._inner.get_extra_info(info)
 
 
@@ -176,7 +94,6 @@ class _Backend(httpcore2.AsyncNetworkBackend):
 
     def __init__(self, inner: httpcore2.AsyncNetworkBackend) -> None:
         self._inner = inner
-        self._sockets = _Readable()
 
     async def connect_tcp(
         self,
@@ -189,7 +106,7 @@ class _Backend(httpcore2.AsyncNetworkBackend):
         stream = await self._inner.connect_tcp(
             host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
         )
-        return _Stream(stream, self._sockets)
+        return _Stream(stream)
 
     async def connect_unix_socket(
         self,
@@ -200,7 +117,7 @@ class _Backend(httpcore2.AsyncNetworkBackend):
         stream = await self._inner.connect_unix_socket(
             path, timeout=timeout, socket_options=socket_options
         )
-        return _Stream(stream, self._sockets)
+        return _Stream(stream)
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
