@@ -80,6 +80,7 @@ async def _insert_rows(
     events: Sequence[_EventRow] = (),
     ids: Sequence[int] = (),
     notify: str | None = None,
+    update: tuple[str, dict[str, object]] | None = None,
 ) -> None:
     """Append rows of a session and notify `notify` if given, in one statement.
 
@@ -87,13 +88,19 @@ async def _insert_rows(
     with the ids `ids`: a step's rows, an import's, or a dead run's last event. The
     notification is delivered at commit. Against psycopg's ``executemany`` (a message per
     row, and more work per row in Python): 0.21 against 0.29 ms of the client's CPU for 11
-    events, 0.29 against 1.03 for 100 (a streamed answer's deltas).
+    events, 0.29 against 1.03 for 100 (a streamed answer's deltas). `update`, an ``UPDATE``
+    of the session row and its parameters (named ``s_...``), runs in the same statement.
     """
-    if not (entries or changes or events or notify):
+    if not (entries or changes or events or notify or update):
         return
+    statement, extra = _INSERT_ROWS, {}
+    if update is not None:
+        statement = f"WITH step_session AS ({update[0]}), {_INSERT_ROWS.removeprefix('WITH ')}"
+        extra = update[1]
     await conn.execute(
-        _INSERT_ROWS,
+        statement,
         {
+            **extra,
             "sid": session_id,
             "entries_at": entries_at,
             "entries": compact_json([[e.entry_id, e.kind, e.data] for e in entries]),

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -74,10 +75,40 @@ from agent_flow.sessions._pg_rows import (
     _lease_state,
 )
 from agent_flow.sessions._pg_schema import SCHEMA_VERSION, _Conn, migrate
-from agent_flow.sessions._usage import _assignments, _Totals
+from agent_flow.sessions._usage import USAGE_FIELDS, _Totals
 from agent_flow.sessions.models import Checkpoint, Lease, SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
+
+#: The session row after a step, with named parameters (``s_...``): it runs inside the step's
+#: rows statement (`_insert_rows`), so that a step is the locking ``SELECT`` and one statement.
+_STEP_UPDATE = (
+    "UPDATE sessions SET status = %(s_status)s, updated_at = %(s_updated_at)s, "
+    "steps = %(s_steps)s, entry_count = %(s_entry_count)s, event_count = %(s_event_count)s, "
+    "last_event_id = %(s_last_event_id)s, environment_version = %(s_environment_version)s, "
+    + "".join(f"{name} = %(s_{name})s, " for name in USAGE_FIELDS)
+    + "environment = COALESCE(%(s_environment)s, environment), revision = %(s_revision)s "
+    "WHERE id = %(sid)s"
+)
+
+
+def _step_update(after: SessionInfo, base: str | None, write: _StepWrite) -> dict[str, object]:
+    """The parameters of `_STEP_UPDATE` for the session `after` a step."""
+    return {
+        "s_status": after.status,
+        "s_updated_at": after.updated_at,
+        "s_steps": after.steps,
+        "s_entry_count": after.entry_count,
+        "s_event_count": after.event_count,
+        "s_last_event_id": after.last_event_id,
+        "s_environment_version": after.environment_version,
+        **{
+            f"s_{name}": value
+            for name, value in zip(USAGE_FIELDS, _Totals.of(after).values(), strict=True)
+        },
+        "s_environment": base,
+        "s_revision": write.revision,
+    }
 
 
 def redact(url: str) -> str:
@@ -246,6 +277,31 @@ class _PostgresBackend:
                 await _set_lease(conn, sid, _LeaseState(None, None, state.fence, None))
                 info = (ended or info).model_copy(update={"lease_run": None})
             ids = _new_event_ids(sid, write.events, write.fence, info.last_event_id)
+            env = write.environment
+            after = _stepped(info, write, ids)
+            rows = partial(
+                _insert_rows,
+                conn,
+                sid,
+                entries_at=write.keep_entries,
+                entries=write.entries,
+                changes=env.changes if env is not None else (),
+                events_at=info.event_count,
+                events=write.events,
+                ids=ids,
+                # Delivered at commit only: followers elsewhere read what it committed.
+                notify=self.channel if write.events or ended is not None else None,
+                update=(
+                    _STEP_UPDATE,
+                    _step_update(after, env.base if env is not None else None, write),
+                ),
+            )
+            trims = write.keep_entries < info.entry_count or (
+                env is not None and (env.reset or env.trim_through > 0)
+            )
+            if not trims and not write.checkpoints:
+                await rows()  # the whole step in one statement
+                return after
             # The writes go out in one pipeline: one round trip to the server, not one each.
             async with conn.pipeline():
                 if write.keep_entries < info.entry_count:
@@ -253,7 +309,6 @@ class _PostgresBackend:
                         "DELETE FROM entries WHERE session_id = %s AND position >= %s",
                         (sid, write.keep_entries),
                     )
-                env = write.environment
                 if env is not None and env.reset:
                     await conn.execute(
                         "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
@@ -263,18 +318,7 @@ class _PostgresBackend:
                         "DELETE FROM environment_changes WHERE session_id = %s AND version <= %s",
                         (sid, env.trim_through),
                     )
-                await _insert_rows(
-                    conn,
-                    sid,
-                    entries_at=write.keep_entries,
-                    entries=write.entries,
-                    changes=env.changes if env is not None else (),
-                    events_at=info.event_count,
-                    events=write.events,
-                    ids=ids,
-                    # Delivered at commit only: followers elsewhere read what it committed.
-                    notify=self.channel if write.events or ended is not None else None,
-                )
+                await rows()
                 if write.checkpoints:
                     async with conn.cursor() as many:
                         await many.executemany(
@@ -284,26 +328,6 @@ class _PostgresBackend:
                                 for c in write.checkpoints
                             ],
                         )
-                after = _stepped(info, write, ids)
-                await conn.execute(
-                    "UPDATE sessions SET status = %s, updated_at = %s, steps = %s, "
-                    "entry_count = %s, event_count = %s, last_event_id = %s, "
-                    f"environment_version = %s, {_assignments('%s')}, "
-                    "environment = COALESCE(%s, environment), revision = %s WHERE id = %s",
-                    (
-                        after.status,
-                        after.updated_at,
-                        after.steps,
-                        after.entry_count,
-                        after.event_count,
-                        after.last_event_id,
-                        after.environment_version,
-                        *_Totals.of(after).values(),
-                        env.base if env is not None else None,
-                        write.revision,
-                        sid,
-                    ),
-                )
         return after
 
     async def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]:
