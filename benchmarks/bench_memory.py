@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import os
 import subprocess
 import sys
 import tracemalloc
@@ -108,20 +107,6 @@ def child(loop: str, k: int, concurrent: int) -> dict[str, Any]:
     return asyncio.run(measure())
 
 
-def available_loops(wanted: list[str]) -> tuple[list[str], list[str]]:
-    """The loops of `wanted` this interpreter can run, and notes on those it cannot."""
-    import bench_peers
-
-    loops, notes = [], []
-    for loop in wanted:
-        absent = bench_peers.missing(loop)
-        if absent:
-            notes.append(f"{loop}: skipped, not importable here ({', '.join(absent)})")
-        else:
-            loops.append(loop)
-    return loops, notes
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--concurrent", type=int, default=100, help="runs in flight at once")
@@ -134,11 +119,10 @@ def main() -> None:
         return
     import bench_peers  # (it turns the peers' telemetry off in this process and its children)
 
-    wanted = args.loops.split(",") if args.loops else list(bench_peers.LOOPS)
-    loops, notes = available_loops(wanted)
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    wanted = args.loops.split(",") if args.loops else bench_peers.LOOPS
+    loops = [loop for loop in wanted if not bench_peers.missing(loop)]
     print(f"K={args.k}, {args.concurrent} runs in flight; MB are RSS, KB Python allocations")
-    print(f"load {load} on {os.cpu_count()} cores")
+    print(bench_peers.machine())
     print(
         f"{'loop':<14} {'RSS after import':>16} {'RSS warm':>9} {'over plain':>10} "
         f"{'KB per run in flight':>21}"
@@ -159,8 +143,9 @@ def main() -> None:
             f"{over:>10} {result['per_run_kb']:>18.1f} KB",
             flush=True,
         )
-    for note in notes:
-        print(note)
+    for loop in wanted:
+        if loop not in loops:
+            print(f"{loop}: skipped, not importable here ({', '.join(bench_peers.missing(loop))})")
     if "handwritten" in results and "agent_flow" in results:
         plain_loop, ours = results["handwritten"], results["agent_flow"]
         extra = ours["after_import_mb"] - plain_loop["after_import_mb"]

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -92,8 +91,9 @@ _STEP_UPDATE = (
 )
 
 
-def _step_update(after: SessionInfo, base: str | None, write: _StepWrite) -> dict[str, object]:
-    """The parameters of `_STEP_UPDATE` for the session `after` a step."""
+def _step_update(after: SessionInfo, write: _StepWrite) -> dict[str, object]:
+    """The parameters of `_STEP_UPDATE` for the session `after` the step `write`."""
+    env = write.environment
     return {
         "s_status": after.status,
         "s_updated_at": after.updated_at,
@@ -106,7 +106,7 @@ def _step_update(after: SessionInfo, base: str | None, write: _StepWrite) -> dic
             f"s_{name}": value
             for name, value in zip(USAGE_FIELDS, _Totals.of(after).values(), strict=True)
         },
-        "s_environment": base,
+        "s_environment": env.base if env is not None else None,
         "s_revision": write.revision,
     }
 
@@ -278,47 +278,46 @@ class _PostgresBackend:
                 info = (ended or info).model_copy(update={"lease_run": None})
             ids = _new_event_ids(sid, write.events, write.fence, info.last_event_id)
             env = write.environment
-            after = _stepped(info, write, ids)
-            rows = partial(
-                _insert_rows,
-                conn,
-                sid,
-                entries_at=write.keep_entries,
-                entries=write.entries,
-                changes=env.changes if env is not None else (),
-                events_at=info.event_count,
-                events=write.events,
-                ids=ids,
-                # Delivered at commit only: followers elsewhere read what it committed.
-                notify=self.channel if write.events or ended is not None else None,
-                update=(
-                    _STEP_UPDATE,
-                    _step_update(after, env.base if env is not None else None, write),
-                ),
-            )
-            trims = write.keep_entries < info.entry_count or (
-                env is not None and (env.reset or env.trim_through > 0)
-            )
-            if not trims and not write.checkpoints:
-                await rows()  # the whole step in one statement
-                return after
-            # The writes go out in one pipeline: one round trip to the server, not one each.
-            async with conn.pipeline():
-                if write.keep_entries < info.entry_count:
-                    await conn.execute(
+            deletes: list[tuple[str, tuple[object, ...]]] = []
+            if write.keep_entries < info.entry_count:
+                deletes.append(
+                    (
                         "DELETE FROM entries WHERE session_id = %s AND position >= %s",
                         (sid, write.keep_entries),
                     )
-                if env is not None and env.reset:
-                    await conn.execute(
-                        "DELETE FROM environment_changes WHERE session_id = %s", (sid,)
-                    )
-                elif env is not None and env.trim_through > 0:
-                    await conn.execute(
+                )
+            if env is not None and env.reset:
+                deletes.append(("DELETE FROM environment_changes WHERE session_id = %s", (sid,)))
+            elif env is not None and env.trim_through > 0:
+                deletes.append(
+                    (
                         "DELETE FROM environment_changes WHERE session_id = %s AND version <= %s",
                         (sid, env.trim_through),
                     )
-                await rows()
+                )
+            after = _stepped(info, write, ids)
+            # A step that trims nothing and records no checkpoints is one statement; otherwise
+            # the writes go out in one pipeline (one round trip, not one each). A pipeline for
+            # one statement costs the client more than it saves.
+            writes: contextlib.AbstractAsyncContextManager[object] = (
+                conn.pipeline() if deletes or write.checkpoints else contextlib.nullcontext()
+            )
+            async with writes:
+                for statement, parameters in deletes:
+                    await conn.execute(statement, parameters)
+                await _insert_rows(
+                    conn,
+                    sid,
+                    entries_at=write.keep_entries,
+                    entries=write.entries,
+                    changes=env.changes if env is not None else (),
+                    events_at=info.event_count,
+                    events=write.events,
+                    ids=ids,
+                    # Delivered at commit only: followers elsewhere read what it committed.
+                    notify=self.channel if write.events or ended is not None else None,
+                    update=(_STEP_UPDATE, _step_update(after, write)),
+                )
                 if write.checkpoints:
                     async with conn.cursor() as many:
                         await many.executemany(
