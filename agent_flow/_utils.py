@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import select
-from typing import TypeGuard, TypeVar
+import weakref
+from collections.abc import Callable
+from typing import ParamSpec, TypeGuard, TypeVar
 
-__all__ = ["compact_json", "conforms", "loads_json", "readable"]
+__all__ = ["compact_json", "conforms", "loads_json", "readable", "weak_method"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # (type, protocol) pairs known to conform; bounded, for programs that make classes at runtime.
 _CONFORMING: set[tuple[type, type]] = set()
@@ -69,3 +72,20 @@ def readable(fd: int) -> bool:
     poll = select.poll()
     poll.register(fd, select.POLLIN)
     return bool(poll.poll(0))
+
+
+def weak_method(method: Callable[P, T], gone: T) -> Callable[P, T]:
+    """Bound `method`, called through a weak reference to its object; `gone` once it is freed.
+
+    For a part that calls back into the object that owns it (an agent's tool hooks, its MCP
+    servers' run id, its recorder's lease-lost callback): a strong bound method would make
+    the owner and its parts a reference cycle, which only the cycle collector frees, so
+    every agent dropped would wait for a full collection with everything it held.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        bound = ref()
+        return gone if bound is None else bound(*args, **kwargs)
+
+    return call

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -24,10 +25,19 @@ class _Emit(Protocol):
 
 
 class _EventHooks(ToolHooks):
-    """Publishes the tool executor's progress as events of the current run."""
+    """Publishes the tool executor's progress as events of the current run.
+
+    It holds its agent's `emit` weakly: the agent owns these hooks, and a strong bound
+    method back would make the agent a reference cycle (freed only by a full collection).
+    """
 
     def __init__(self, emit: _Emit) -> None:
-        self._emit = emit
+        self._emit_ref = weakref.WeakMethod(emit)
+
+    async def _emit(self, kind: Callable[..., AgentEvent], /, **fields: object) -> None:
+        emit = self._emit_ref()
+        if emit is not None:
+            await emit(kind, **fields)
 
     async def call_started(self, call: ToolCall) -> None:
         await self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import BaseModel
 
+from agent_flow._utils import weak_method
 from agent_flow.agent._build import (
     _config_streams,
     _make_counter,
@@ -172,7 +173,7 @@ class AgentExecutor:
 
             recorder = SessionRecorder(store, session_id)
             # A run that loses its claim on the session stops (its writes would be refused).
-            recorder.on_lease_lost = self.cancel
+            recorder.on_lease_lost = weak_method(self.cancel, None)
             self.recorder = recorder
         self.skill: Skill | None = None
         self._offer = _ToolOffer()
@@ -181,7 +182,10 @@ class AgentExecutor:
         # tools were registered under, and the close method of a model `from_config` built.
         self._state: Literal["new", "started", "closed"] = "new"
         self.mcp = AgentMCP(
-            self.config, self.tools, shared=mcp_servers, current_run=self._current_run_id
+            self.config,
+            self.tools,
+            shared=mcp_servers,
+            current_run=weak_method(self._current_run_id, None),
         )
         self._close_llm: Callable[[], Awaitable[None]] | None = None
 
