@@ -523,3 +523,20 @@ async def test_base_url_follows_the_sdk_clients_url_when_it_is_changed() -> None
         assert llm.base_url == "http://127.0.0.1:10/v2/"
     finally:
         await llm.aclose()
+
+
+async def test_requests_go_to_the_sdk_clients_url_whole_and_streamed_when_it_changes() -> None:
+    async with OpenAIServer() as first, OpenAIServer() as second:
+        first.script(json_reply(completion_body("one")))
+        second.script(json_reply(completion_body("two")), sse_reply(text_chunks("three")))
+        llm = OpenAIClient("m", base_url=first.base_url, api_key="k")
+        try:
+            assert (await llm.complete(HELLO)).text == "one"
+            # Another server, and a path prefix of its own (a proxy's, say).
+            llm.sdk_client.base_url = second.base_url.replace("/v1", "/proxy/v2")
+            assert (await llm.complete(HELLO)).text == "two"
+            assert texts(await collect(llm.stream(HELLO))) == "three"
+        finally:
+            await llm.aclose()
+    assert [r.path for r in first.requests] == ["/v1/chat/completions"]
+    assert [r.path for r in second.requests] == ["/proxy/v2/chat/completions"] * 2

@@ -4,7 +4,8 @@ Built on the official SDK's `AsyncOpenAI` (connections, HTTP), with what real se
 
 - The request body is built here as plain JSON (each message encoded once while it lives,
   see `encode_body`) and posted through the SDK's lower-level ``post``, skipping its
-  per-call transform of typed parameters. Streams are read as raw chunk dicts.
+  per-call transform of typed parameters (see `agent_flow.llm._openai_post`). Streams are
+  read as raw chunk dicts.
 - Every answer goes through one `Assembler` that normalizes what servers disagree about
   (see `agent_flow.llm._openai_wire`).
 - One retry layer, this client's (the SDK's is off), with named timeouts per attempt (see
@@ -34,7 +35,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, cast
 
 import openai
-from openai import AsyncOpenAI, AsyncStream
+from openai import AsyncOpenAI
 from pydantic import SecretStr
 
 from agent_flow._defaults import DEFAULT_MODEL_RETRIES, RETRY_BASE_DELAY
@@ -50,6 +51,7 @@ from agent_flow.errors import (
 from agent_flow.llm._idle_probe import quicken
 from agent_flow.llm._openai_body import BodyDefaults, body_fields
 from agent_flow.llm._openai_errors import translate_error
+from agent_flow.llm._openai_post import ChatPost
 from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
 from agent_flow.llm._openai_stream import (
     STREAM_WITH_TOOLS_UNSUPPORTED,
@@ -59,11 +61,7 @@ from agent_flow.llm._openai_stream import (
     read_stream,
     refused_in_stream,
 )
-from agent_flow.llm._openai_wire import (
-    Assembler,
-    encode_body,
-    messages_to_wire,
-)
+from agent_flow.llm._openai_wire import Assembler, messages_to_wire
 from agent_flow.llm.base import (
     NATIVE_FORMAT,
     RETRY_LISTENER,
@@ -83,14 +81,11 @@ from agent_flow.llm.xml_tools import XML_FORMAT
 from agent_flow.messages import ChatMessage
 
 if TYPE_CHECKING:
-    from openai import RequestOptions
-
     from agent_flow.llm.base import LLMClient
     from agent_flow.llm.config import LLMConfig
 
 __all__ = ["OpenAIClient"]
 
-_PATH = "/chat/completions"
 _NO_KEY_PLACEHOLDER = "no-key-needed"  # local servers ignore the key; the SDK wants one
 _DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 _BACKSTOP = 5.0  # seconds the SDK's read timeout lies behind the request timeout
@@ -209,9 +204,7 @@ class OpenAIClient:
             # One retry layer: this client's. The copy shares the caller's connections.
             self._sdk = sdk_client.with_options(max_retries=0)
             self._owns_sdk = False
-            # Pre-encoded bodies only for the plain client: subclasses (Azure deployments)
-            # read fields of the body to build the URL.
-            self._encode_bytes = type(sdk_client) is AsyncOpenAI
+            self._post = ChatPost(self._sdk)
             self._secret = SecretStr(sdk_client.api_key or "")
             return
         resolved_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
@@ -241,7 +234,7 @@ class OpenAIClient:
         )
         quicken(self._sdk)
         self._owns_sdk = True
-        self._encode_bytes = True
+        self._post = ChatPost(self._sdk)
 
     @classmethod
     def from_config(
@@ -373,46 +366,6 @@ class OpenAIClient:
         fields = body_fields(request, tools, defaults, stream=stream, stream_usage=stream_usage)
         return messages, fields
 
-    def _options(self) -> RequestOptions:
-        return {"security": {"bearer_auth": True}}
-
-    async def _post_json(self, messages: Sequence[ChatMessage], fields: JsonObject) -> object:
-        if self._encode_bytes:
-            return await self._sdk.post(
-                _PATH,
-                cast_to=object,
-                content=encode_body(messages, fields),
-                options=self._options(),
-            )
-        return await self._sdk.post(
-            _PATH,
-            cast_to=object,
-            body={"messages": messages_to_wire(messages), **fields},
-            options=self._options(),
-        )
-
-    async def _post_stream(
-        self, messages: Sequence[ChatMessage], fields: JsonObject
-    ) -> AsyncStream[object]:
-        if self._encode_bytes:
-            return await self._sdk.post(
-                _PATH,
-                cast_to=object,
-                content=encode_body(messages, fields),
-                options=self._options(),
-                stream=True,
-                stream_cls=AsyncStream[object],
-            )
-        # SDK subclasses such as AsyncAzureOpenAI route on the body's fields: give them a dict.
-        return await self._sdk.post(
-            _PATH,
-            cast_to=object,
-            body={"messages": messages_to_wire(messages), **fields},
-            options=self._options(),
-            stream=True,
-            stream_cls=AsyncStream[object],
-        )
-
     def _policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_retries, base_delay=self.retry_base_delay)
 
@@ -455,7 +408,7 @@ class OpenAIClient:
         limit = self.timeouts.request
         try:
             async with asyncio.timeout(limit):
-                return await self._post_json(messages, fields)
+                return await self._post.whole(messages, fields)
         except TimeoutError as err:
             # Not retried: the identical request would only run as long again (see
             # StreamClock.timeout_error).
@@ -521,7 +474,7 @@ class OpenAIClient:
             when, sentence = clock.next_deadline(first=True)
             async with asyncio.timeout_at(when):
                 sdk_stream = await self._streaming.open(
-                    lambda body: self._post_stream(messages, body), fields, codes
+                    lambda body: self._post.stream(messages, body), fields, codes
                 )
         except TimeoutError as err:
             raise clock.timeout_error(when, sentence, where=self.base_url) from err
