@@ -24,6 +24,7 @@ from openai import AsyncStream
 
 from agent_flow._types import JsonObject
 from agent_flow.errors import IncompleteStreamError, ModelTimeoutError
+from agent_flow.llm._openai_sse import SSEChunks
 from agent_flow.llm._openai_wire import Assembler, corrupt_chunk
 from agent_flow.llm.base import StreamEvent, StreamWarning
 
@@ -202,7 +203,7 @@ async def read_stream(
             events, completion = assembler.finish(warnings=notes, require_finish_reason=False)
         else:
             try:
-                chunks = aiter(sdk_stream)
+                chunks = SSEChunks(sdk_stream.response)
                 while True:
                     async with _Deadline(clock, first=assembler.chunks == 0, where=where):
                         try:
