@@ -114,9 +114,11 @@ async def test_an_error_event_is_the_sdks_api_error_after_the_chunks_before_it()
         b'data: {"n": 2}\n\n'
     )
     reader = SSEChunks(_response([body]))
+    assert not reader.buffered  # nothing read yet
     assert await anext(reader) == {"n": 1}
+    assert reader.buffered  # the error came in the same read: no wait for it
     with pytest.raises(openai.APIError) as caught:
-        await anext(reader)
+        reader.next_buffered()
     assert type(caught.value) is openai.APIError  # what refused_in_stream recognizes
     assert caught.value.message == "overloaded"
     assert caught.value.body == {"message": "overloaded", "code": 503}

@@ -72,6 +72,18 @@ class SSEChunks:
     def __aiter__(self) -> SSEChunks:
         return self
 
+    @property
+    def buffered(self) -> bool:
+        """Whether the next chunk (or error) is already read: `next_buffered` needs no wait."""
+        return bool(self._ready)
+
+    def next_buffered(self) -> object:
+        """The next chunk, parsed from an earlier read (see `buffered`); raise its error."""
+        item = self._ready.popleft()
+        if type(item) is _Raise:
+            raise item.error
+        return item
+
     async def __anext__(self) -> object:
         ready = self._ready
         while not ready:
@@ -81,10 +93,7 @@ class SSEChunks:
                 await self._drain()
             else:
                 await self._read()
-        item = ready.popleft()
-        if type(item) is _Raise:
-            raise item.error
-        return item
+        return self.next_buffered()
 
     async def _read(self) -> None:
         try:

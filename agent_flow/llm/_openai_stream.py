@@ -205,11 +205,14 @@ async def read_stream(
             try:
                 chunks = SSEChunks(sdk_stream.response)
                 while True:
-                    async with _Deadline(clock, first=assembler.chunks == 0, where=where):
-                        try:
-                            chunk = await anext(chunks)
-                        except StopAsyncIteration:
-                            break
+                    if chunks.buffered:  # parsed from an earlier read: no wait to bound
+                        chunk = chunks.next_buffered()
+                    else:
+                        async with _Deadline(clock, first=assembler.chunks == 0, where=where):
+                            try:
+                                chunk = await anext(chunks)
+                            except StopAsyncIteration:
+                                break
                     for event in assembler.feed(chunk):
                         yield event
             except openai.APIConnectionError:
