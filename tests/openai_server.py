@@ -561,7 +561,7 @@ class OpenAIServer:
             writer.write(reply.body)
             await writer.drain()
             return True
-        for number, frame in enumerate(reply.events):
+        for number, frame in enumerate((*reply.events, None)):
             if reply.drop_after is not None and number >= reply.drop_after:
                 await writer.drain()
                 writer.transport.abort()
@@ -570,6 +570,8 @@ class OpenAIServer:
                 await writer.drain()
                 await self._closing.wait()
                 return False
+            if frame is None:  # every frame sent
+                break
             size = reply.split_bytes or len(frame)
             for start in range(0, len(frame), size):
                 piece = frame[start : start + size]

@@ -10,6 +10,7 @@ HTTP leaves no async generator for asyncio to finalize.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from agent_flow.llm import OpenAIClient
+from agent_flow.llm import Completion, OpenAIClient
 from agent_flow.llm._openai_sse import DRAIN_SECONDS, SSEChunks
 from tests.openai_client_helpers import HELLO, collect, texts
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
@@ -68,7 +69,7 @@ def _cut(body: bytes, cuts: list[int]) -> list[bytes]:
 
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),  # any character: UTF-8
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
     max_leaves=6,
 ).filter(lambda value: not (isinstance(value, dict) and value.get("error")))
@@ -81,7 +82,7 @@ def _streams(draw: st.DrawFn) -> bytes:
     end = draw(st.sampled_from([b"\n", b"\r\n", b"\r"]))
     parts = [b"\xef\xbb\xbf"] if draw(st.booleans()) else []
     for value in draw(st.lists(_JSON, max_size=6)):
-        text = json.dumps(value, indent=draw(st.sampled_from([None, 1])))
+        text = json.dumps(value, indent=draw(st.sampled_from([None, 1])), ensure_ascii=False)
         if draw(st.booleans()):
             parts.append(b": keep-alive" + end)
         if draw(st.booleans()):
@@ -140,12 +141,72 @@ async def test_data_that_is_not_json_or_not_utf8_raises_the_decoders_error(
         await _chunks([b'data: {"n": 1}\n\n', read])
 
 
-async def test_a_server_that_keeps_the_stream_open_after_done_costs_only_the_drain() -> None:
+async def test_after_done_the_rest_of_the_body_is_drained_for_a_while_at_most() -> None:
+    response = _response([b'data: {"n": 1}\n\ndata: [DONE]\n\n'], then_wait=True)
+    reader = SSEChunks(response)
+    assert [chunk async for chunk in reader] == [{"n": 1}]  # [DONE] ends the iteration
     loop = asyncio.get_running_loop()
     start = loop.time()
-    chunks = await _chunks([b'data: {"n": 1}\n\ndata: [DONE]\n\n'], then_wait=True)
-    assert chunks == [{"n": 1}]
+    await reader.finish()  # the server keeps the stream open
     assert DRAIN_SECONDS <= loop.time() - start < DRAIN_SECONDS + 1
+    assert response.is_closed
+
+
+async def test_after_done_a_body_that_ends_is_read_to_its_end() -> None:
+    response = _response([b'data: {"n": 1}\n\ndata: [DONE]\n\n', b": bye\n\n"])
+    reader = SSEChunks(response)
+    assert [chunk async for chunk in reader] == [{"n": 1}]
+    await reader.finish()
+    assert response.is_stream_consumed and response.is_closed
+
+
+async def test_over_http2_the_stream_is_closed_at_done_without_a_drain() -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"n": 1}\n\ndata: [DONE]\n\n'
+        await asyncio.sleep(3600)
+
+    response = httpx2.Response(
+        200, content=body(), request=_REQUEST, extensions={"http_version": b"HTTP/2"}
+    )
+    reader = SSEChunks(response)
+    assert [chunk async for chunk in reader] == [{"n": 1}]
+    await asyncio.wait_for(reader.finish(), DRAIN_SECONDS / 2)
+    assert response.is_closed
+
+
+async def test_an_event_without_data_is_not_dispatched() -> None:
+    """The standard's rule; the SDK's decoder would parse the empty data as JSON and fail."""
+    assert await _chunks([b"event: ping\n\n: comment \xff\n\nid: 3\n\ndata: 1\n\n"]) == [1]
+
+
+async def test_a_read_timeout_is_the_sdks_timeout_error() -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"n": 1}\n\n'
+        raise httpx2.ReadTimeout("no bytes in time")
+
+    reader = SSEChunks(httpx2.Response(200, content=body(), request=_REQUEST))
+    assert await anext(reader) == {"n": 1}
+    with pytest.raises(openai.APITimeoutError):
+        await anext(reader)
+
+
+async def test_a_finished_answer_whose_server_keeps_the_stream_open_is_not_an_error() -> None:
+    """Over the real SDK: the drain after [DONE] is outside the chunk and request deadlines."""
+    whole = sse_reply(text_chunks("all done"))
+    assert whole.events is not None
+    # Every frame, [DONE] included, then silence: the body never ends.
+    stalled = dataclasses.replace(whole, stall_after=len(whole.events), _encoded=b"")
+    async with OpenAIServer() as server:
+        server.script(stalled)
+        llm = OpenAIClient(
+            "m", base_url=server.base_url, api_key="k", chunk_timeout=0.05, max_retries=0
+        )
+        try:
+            events = await collect(llm.stream(HELLO))
+        finally:
+            await llm.aclose()
+    assert texts(events) == "all done"
+    assert isinstance(events[-1], Completion)
 
 
 async def test_a_lost_connection_is_the_sdks_connection_error() -> None:

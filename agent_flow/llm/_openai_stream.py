@@ -215,6 +215,7 @@ async def read_stream(
                                 break
                     for event in assembler.feed(chunk):
                         yield event
+                await chunks.finish()  # after [DONE], outside every deadline of the answer
             except openai.APIConnectionError:
                 if not assembler.finished:
                     raise
