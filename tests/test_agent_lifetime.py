@@ -29,18 +29,8 @@ from agent_flow.config import AgentConfig, ContextConfig
 from agent_flow.llm import OpenAIClient
 from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.tools import tool
+from tests.helpers import add
 from tests.openai_server import OpenAIServer, completion_body, json_reply
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
 
 
 @tool

@@ -10,7 +10,7 @@ dict to the path, as the SDK's own methods do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
 from openai import AsyncOpenAI, AsyncStream
@@ -70,38 +70,28 @@ class ChatPost:
 
     async def whole(self, messages: Sequence[ChatMessage], fields: JsonObject) -> object:
         """Post a request for a whole answer; return the parsed JSON."""
-        if self._encode_bytes:
-            return await self._sdk.post(
-                self.url(),
-                cast_to=object,
-                content=encode_body(messages, fields),
-                options=_options(),
-            )
-        return await self._sdk.post(
-            PATH,
-            cast_to=object,
-            body={"messages": messages_to_wire(messages), **fields},
-            options=_options(),
-        )
+        return await self._post(messages, fields, stream=False)
 
     async def stream(
         self, messages: Sequence[ChatMessage], fields: JsonObject
     ) -> AsyncStream[object]:
         """Post a request for a streamed answer; return the SDK's stream of chunk dicts."""
+        return cast(AsyncStream[object], await self._post(messages, fields, stream=True))
+
+    async def _post(
+        self, messages: Sequence[ChatMessage], fields: JsonObject, *, stream: bool
+    ) -> object:
+        post: Any = self._sdk.post  # one call for both answers (its overloads split on stream)
+        body: dict[str, object]
         if self._encode_bytes:
-            return await self._sdk.post(
-                self.url(),
-                cast_to=object,
-                content=encode_body(messages, fields),
-                options=_options(),
-                stream=True,
-                stream_cls=AsyncStream[object],
-            )
-        return await self._sdk.post(
-            PATH,
+            url, body = self.url(), {"content": encode_body(messages, fields)}
+        else:
+            url, body = PATH, {"body": {"messages": messages_to_wire(messages), **fields}}
+        return await post(
+            url,
             cast_to=object,
-            body={"messages": messages_to_wire(messages), **fields},
             options=_options(),
-            stream=True,
-            stream_cls=AsyncStream[object],
+            stream=stream,
+            stream_cls=AsyncStream[object] if stream else None,
+            **body,
         )
