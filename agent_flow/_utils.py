@@ -11,6 +11,7 @@ from typing import ParamSpec, TypeGuard, TypeVar
 __all__ = ["compact_json", "conforms", "loads_json", "readable", "weak_method"]
 
 T = TypeVar("T")
+G = TypeVar("G")
 P = ParamSpec("P")
 
 # (type, protocol) pairs known to conform; bounded, for programs that make classes at runtime.
@@ -74,7 +75,7 @@ def readable(fd: int) -> bool:
     return bool(poll.poll(0))
 
 
-def weak_method(method: Callable[P, T], gone: T) -> Callable[P, T]:
+def weak_method(method: Callable[P, T], gone: G) -> Callable[P, T | G]:
     """Bound `method`, called through a weak reference to its object; `gone` once it is freed.
 
     For a part that calls back into the object that owns it (an agent's tool hooks, its MCP
@@ -84,7 +85,7 @@ def weak_method(method: Callable[P, T], gone: T) -> Callable[P, T]:
     """
     ref = weakref.WeakMethod(method)
 
-    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+    def call(*args: P.args, **kwargs: P.kwargs) -> T | G:
         bound = ref()
         return gone if bound is None else bound(*args, **kwargs)
 

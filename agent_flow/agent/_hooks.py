@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Protocol
 
+from agent_flow._utils import weak_method
 from agent_flow.events import (
     AgentEvent,
     ApprovalRequired,
@@ -32,12 +32,12 @@ class _EventHooks(ToolHooks):
     """
 
     def __init__(self, emit: _Emit) -> None:
-        self._emit_ref = weakref.WeakMethod(emit)
+        self._publish = weak_method(emit, None)
 
     async def _emit(self, kind: Callable[..., AgentEvent], /, **fields: object) -> None:
-        emit = self._emit_ref()
-        if emit is not None:
-            await emit(kind, **fields)
+        publishing = self._publish(kind, **fields)
+        if publishing is not None:  # None: the agent is gone, with its run
+            await publishing
 
     async def call_started(self, call: ToolCall) -> None:
         await self._emit(ToolCallStarted, call_id=call.id, name=call.name, arguments=call.arguments)

@@ -31,6 +31,7 @@ from agent_flow.agent._hooks import _EventHooks
 from agent_flow.agent._loop import _Run
 from agent_flow.agent._mcp import AgentMCP
 from agent_flow.agent._offer import _ToolOffer
+from agent_flow.agent._subscriptions import RunSubscriptions
 from agent_flow.agent._task import resumed_state, set_task
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
@@ -126,9 +127,7 @@ class AgentExecutor:
         self.output_type = output_type
         self.stream = stream if stream is not None else _config_streams(self.config)
         self.events = bus if bus is not None else EventBus()
-        # Who made the bus closes it: the agent closes only one it made itself.
-        self._owns_bus = bus is None
-        self._subscriptions: list[weakref.ref[Subscription]] = []
+        self._subscriptions = RunSubscriptions(self.events, owns_bus=bus is None)
         counter, self._counter_note = _make_counter(self.config)
         if history is not None:
             # Every count must come from one counter, or the budget invariant breaks.
@@ -173,7 +172,7 @@ class AgentExecutor:
 
             recorder = SessionRecorder(store, session_id)
             # A run that loses its claim on the session stops (its writes would be refused).
-            recorder.on_lease_lost = weak_method(self.cancel, None)
+            recorder.cancels(self.cancel)
             self.recorder = recorder
         self.skill: Skill | None = None
         self._offer = _ToolOffer()
@@ -449,12 +448,9 @@ class AgentExecutor:
         The subscription ends when that run ends (events already queued can still be read),
         also on a shared bus: other agents' events stay out, its delegated children's come in.
         """
-        subscription = self.events.subscribe(
-            maxsize=maxsize, policy=policy, kinds=kinds, where=self._is_mine
+        return self._subscriptions.add(
+            self.events.subscribe(maxsize=maxsize, policy=policy, kinds=kinds, where=self._is_mine)
         )
-        self._subscriptions = [ref for ref in self._subscriptions if ref() is not None]
-        self._subscriptions.append(weakref.ref(subscription))
-        return subscription
 
     def _is_mine(self, event: AgentEvent) -> bool:
         run = self._run
@@ -589,14 +585,8 @@ class AgentExecutor:
                 self._run = None
 
     def _run_ended(self) -> None:
-        """End the subscriptions of the run that ended: the whole bus only if it is ours."""
-        if self._owns_bus:
-            self.events.close()
-        for ref in self._subscriptions:
-            subscription = ref()
-            if subscription is not None:
-                subscription.end()
-        self._subscriptions = []
+        """End the subscriptions of the run that ended (see `RunSubscriptions`)."""
+        self._subscriptions.end()
 
     async def _emit(self, kind: Callable[..., AgentEvent], /, **fields: object) -> None:
         """Publish an event of the current run; without a run there is nothing to report."""

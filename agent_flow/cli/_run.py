@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from agent_flow import errors
-from agent_flow._utils import weak_method
 from agent_flow.agent import AgentExecutor, ExecutionOutcome, StopReason
 from agent_flow.cli._build import (
     _agent_config,
@@ -178,7 +177,7 @@ async def _open_session(
         agent.approval = approver
         if agent.recorder is None:
             agent.recorder = recorder = SessionRecorder(store)
-            recorder.on_lease_lost = weak_method(agent.cancel, None)
+            recorder.cancels(agent.cancel)
         if tools.workspace is not None and not agent.environment.system.working_directory:
             agent.environment.update_section("system", working_directory=str(tools.workspace.root))
     else:
@@ -339,7 +338,7 @@ async def _forget_if_empty(session: _Session, *, fresh: bool) -> bool:
         return False  # a store that cannot say or delete keeps what it has
     # A later message in a chat starts a new session rather than writing to the deleted one.
     recorder = SessionRecorder(session.store)
-    recorder.on_lease_lost = weak_method(agent.cancel, None)
+    recorder.cancels(agent.cancel)
     agent.recorder = recorder
     return True
 

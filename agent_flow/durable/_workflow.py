@@ -47,7 +47,6 @@ from agent_flow._defaults import (
     DURABLE_STORE_OUTAGE_SECONDS,
 )
 from agent_flow._types import JsonObject
-from agent_flow._utils import weak_method
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.config import AgentConfig
 from agent_flow.durable._steps import DurableReplayError, WorkflowStatus, _StoreSteps
@@ -370,7 +369,7 @@ async def _execute_claimed(
             runtime.on_agent(agent)
         # The recorder that holds the claim records the run (and stops it if it loses it).
         recorder = claimed
-        recorder.on_lease_lost = weak_method(agent.cancel, None)
+        recorder.cancels(agent.cancel)
         if not recorded:
             recorder.checkpoint(first)  # saved with the run's first step
         saved = await _saved_through(store, session_id, run_id)

@@ -40,8 +40,11 @@ CALLS_QUERY = (
 
 
 def _assignments(placeholder: str) -> str:
-    """``model_calls = ?, ...`` for an UPDATE of the usage columns (each with `placeholder`)."""
-    return ", ".join(f"{name} = {placeholder}" for name in USAGE_FIELDS)
+    """``model_calls = ?, ...`` for an UPDATE of the usage columns (each with `placeholder`).
+
+    ``{name}`` in `placeholder` is the column's name (named parameters: ``%(s_{name})s``).
+    """
+    return ", ".join(f"{name} = {placeholder.format(name=name)}" for name in USAGE_FIELDS)
 
 
 def _backfill(rows: Iterable[Sequence[str]]) -> list[tuple[object, ...]]:

@@ -74,7 +74,7 @@ from agent_flow.sessions._pg_rows import (
     _lease_state,
 )
 from agent_flow.sessions._pg_schema import SCHEMA_VERSION, _Conn, migrate
-from agent_flow.sessions._usage import USAGE_FIELDS, _Totals
+from agent_flow.sessions._usage import USAGE_FIELDS, _assignments, _Totals
 from agent_flow.sessions.models import Checkpoint, Lease, SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
@@ -85,8 +85,8 @@ _STEP_UPDATE = (
     "UPDATE sessions SET status = %(s_status)s, updated_at = %(s_updated_at)s, "
     "steps = %(s_steps)s, entry_count = %(s_entry_count)s, event_count = %(s_event_count)s, "
     "last_event_id = %(s_last_event_id)s, environment_version = %(s_environment_version)s, "
-    + "".join(f"{name} = %(s_{name})s, " for name in USAGE_FIELDS)
-    + "environment = COALESCE(%(s_environment)s, environment), revision = %(s_revision)s "
+    f"{_assignments('%(s_{name})s')}, "
+    "environment = COALESCE(%(s_environment)s, environment), revision = %(s_revision)s "
     "WHERE id = %(sid)s"
 )
 

@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from agent_flow._defaults import SESSION_LEASE_SECONDS
 from agent_flow._eager import start_eagerly
+from agent_flow._utils import weak_method
 from agent_flow.agent.outcome import StopReason
 from agent_flow.environment import Environment
 from agent_flow.errors import LeaseLostError, SessionBusyError, StoreError, UserError
@@ -170,10 +171,19 @@ class SessionRecorder:
         # The fences of this recorder's runs whose events may still wait for a save.
         self._fences: dict[str, int] = {}
         self._renewing: asyncio.Task[None] | None = None
-        #: Called when the run's claim is lost (the loop cancels the run).
+        #: Called when the run's claim is lost (the loop cancels the run; see `cancels`).
         self.on_lease_lost: Callable[[], None] | None = None
         # The claim it could not renew in time: writes under it are refused from then on.
         self._lost_lease: Lease | None = None
+
+    def cancels(self, run: Callable[[], None]) -> None:
+        """Call `run` (a bound method: an agent's ``cancel``) when the run's claim is lost.
+
+        It is held weakly: the agent owns this recorder, and a strong bound method back would
+        make the agent a reference cycle, freed only by a full collection of the cycle
+        collector, with everything its runs built. A freed agent has no run to cancel.
+        """
+        self.on_lease_lost = weak_method(run, None)
 
     def __repr__(self) -> str:
         return (

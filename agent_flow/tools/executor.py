@@ -56,6 +56,7 @@ from agent_flow._checkpoints import STEP_RUNNER, CallSteps, checkpointed, curren
 from agent_flow._defaults import DEFAULT_MAX_TOOL_OUTPUT_TOKENS, DEFAULT_TOOL_TIMEOUT
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
+from agent_flow._utils import conforms
 from agent_flow.environment import EnvironmentChange
 from agent_flow.errors import ToolError, UserError
 from agent_flow.messages import ChatMessage, ToolCall
@@ -271,12 +272,11 @@ class ToolExecutor(ToolRegistry):
 
         runner = current_step_runner()
         # A durable run's calls run side by side, each with its own reserved step positions.
-        # (`runner is not None` first: a runtime protocol check costs microseconds per turn.)
-        calls_steps = (
-            runner.for_calls(len(calls))
-            if runner is not None and isinstance(runner, CallSteps)
-            else None
-        )
+        # (`runner is not None` first, and `conforms` remembers the answer per type: a runtime
+        # protocol check costs microseconds per turn.)
+        calls_steps = None
+        if runner is not None and conforms(runner, CallSteps):  # type: ignore[type-abstract]
+            calls_steps = runner.for_calls(len(calls))
 
         async def run(index: int, call: ToolCall) -> None:
             if calls_steps is None:
