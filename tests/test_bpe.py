@@ -157,6 +157,39 @@ def test_a_long_run_of_one_character_counts_as_tiktoken_counts_it(
     assert_same(name, char * length)
 
 
+_ASCII = st.characters(max_codepoint=127)
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+@settings(max_examples=500, deadline=None)
+@given(
+    text=st.one_of(
+        st.text(_ASCII, max_size=200),
+        st.lists(st.sampled_from([f for f in _FRAGMENTS if f.isascii()]), max_size=30).map("".join),
+    )
+)
+def test_the_ascii_patterns_split_ascii_as_tiktokens_patterns_do(name: str, text: str) -> None:
+    import re
+
+    import regex
+
+    source = tokens._RANK_FILES[name]
+    theirs = regex.findall(tiktoken_pattern(name), text)
+    assert re.findall(source.ascii_pattern, text) == theirs
+    assert_same(name, text)
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.text(max_size=30), max_size=12))
+def test_a_text_of_ascii_and_other_lines_counts_as_tiktoken_counts_it(
+    name: str, lines: list[str]
+) -> None:
+    # Cut after the line breaks followed by an ASCII letter or digit, each part split by its own
+    # pattern: the sum is the whole's count.
+    assert_same(name, "\n".join(lines))
+
+
 _CONTEXTS = ("a{}a", "{}1", " {}", "{}\n", "1{}", "{}{}a", "'{}", "{} x", "x{}  y")
 
 
