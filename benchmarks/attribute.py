@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 _FRAME = re.compile(r"\(([^:()]+):\d+\)$")
-_WARM_UP = ("_find_and_load", "load_tiktoken_bpe", "_load_encoding")
+_WARM_UP = ("_find_and_load", "load_tiktoken_bpe", "_load_encoding", "_installed_encoding")
 
 
 def package(path: str) -> str:
