@@ -410,3 +410,52 @@ async def test_a_handler_writing_the_wrong_type_into_a_typed_extension_is_report
     assert not agent.environment.has("/extensions/weather")
     messages = [event.message async for event in warnings]  # type: ignore[attr-defined]
     assert any("result handler" in m and "get_weather" in m for m in messages)
+
+
+def _noop(env: Environment, call: ToolCall, result: ToolResult) -> None:
+    return None
+
+
+@settings(max_examples=100)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("register"), st.sampled_from(["a*", "*_x", "ab", "*", "b?"])),
+            st.tuples(st.just("ask"), st.sampled_from(["a", "ab", "abc", "b_x", "bc", "z"])),
+            st.tuples(st.just("default"), st.booleans()),
+        ),
+        max_size=30,
+    )
+)
+def test_the_remembered_matches_follow_registrations_and_the_default(
+    steps: list[tuple[str, object]],
+) -> None:
+    import fnmatch
+
+    registry = HandlerRegistry()
+    registered: list[str] = []
+    for action, value in steps:
+        if action == "register":
+            assert isinstance(value, str)
+            registry.register(value, _noop)
+            registered.append(value)
+        elif action == "default":
+            registry.default = _noop if value else None
+        else:
+            assert isinstance(value, str)
+            expected = [p for p in registered if fnmatch.fnmatchcase(value, p)]
+            if not expected and registry.default is not None:
+                expected = ["*"]
+            got = registry.handlers_for(value)
+            assert [pattern for pattern, _ in got] == expected
+            got.clear()  # the caller's list: the registry's own is untouched
+            assert [pattern for pattern, _ in registry.handlers_for(value)] == expected
+
+
+def test_the_remembered_matches_stay_bounded() -> None:
+    from agent_flow.tools import handlers
+
+    registry = HandlerRegistry.with_defaults()
+    for n in range(handlers._MAX_MATCHED * 2 + 5):
+        assert [p for p, _ in registry.handlers_for(f"tool_{n}_search")] == ["*_search"]
+    assert 0 < len(registry._matched) <= handlers._MAX_MATCHED

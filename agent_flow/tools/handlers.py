@@ -97,6 +97,9 @@ class HandlerReport:
     errors: list[HandlerError] = field(default_factory=list)
 
 
+_MAX_MATCHED = 1024
+
+
 def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
@@ -111,6 +114,9 @@ class HandlerRegistry:
     def __init__(self, *, default: ResultHandler | None = None) -> None:
         self.default = default
         self._handlers: list[tuple[str, ResultHandler]] = []
+        #: The registered pairs each tool name matched, until the next registration; bounded
+        #: (tool names come from the model), cleared when full.
+        self._matched: dict[str, tuple[tuple[str, ResultHandler], ...]] = {}
 
     @classmethod
     def with_defaults(cls, *, max_facts: int = 200, max_chars: int = 4000) -> HandlerRegistry:
@@ -137,6 +143,7 @@ class HandlerRegistry:
     def register(self, pattern: str, handler: ResultHandler) -> None:
         """Run `handler` for results of tools whose registered name matches `pattern`."""
         self._handlers.append((pattern, handler))
+        self._matched.clear()
 
     def handler(self, pattern: str) -> Callable[[ResultHandler], ResultHandler]:
         """Register the decorated function for `pattern` and return it unchanged.
@@ -153,14 +160,19 @@ class HandlerRegistry:
 
     def handlers_for(self, tool_name: str) -> list[tuple[str, ResultHandler]]:
         """The ``(pattern, handler)`` pairs that apply to `tool_name`, in registration order."""
-        matched = [
-            (pattern, handler)
-            for pattern, handler in self._handlers
-            if pattern == tool_name or fnmatch.fnmatchcase(tool_name, pattern)
-        ]
+        matched = self._matched.get(tool_name)
+        if matched is None:
+            matched = tuple(
+                (pattern, handler)
+                for pattern, handler in self._handlers
+                if pattern == tool_name or fnmatch.fnmatchcase(tool_name, pattern)
+            )
+            if len(self._matched) >= _MAX_MATCHED:
+                self._matched.clear()
+            self._matched[tool_name] = matched
         if not matched and self.default is not None:
-            matched = [("*", self.default)]
-        return matched
+            return [("*", self.default)]
+        return list(matched)
 
     def apply(self, environment: Environment, call: ToolCall, result: ToolResult) -> HandlerReport:
         """Apply every matching handler to `result`; never raises for a handler's failure."""
