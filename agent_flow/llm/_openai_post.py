@@ -52,21 +52,30 @@ class ChatPost:
         # Pre-encoded bodies only for the plain client: subclasses (Azure deployments) read
         # fields of the body to build the URL.
         self._encode_bytes = type(sdk) is AsyncOpenAI
-        self._url: tuple[object, str] | None = None
+        #: The SDK's `base_url` object, it as text, and the completions URL on it.
+        self._urls: tuple[object, str, str] | None = None
+
+    def _known_urls(self) -> tuple[object, str, str]:
+        base = self._sdk.base_url
+        known = self._urls
+        if known is None or known[0] is not base:
+            joined = base.copy_with(raw_path=base.raw_path + PATH.lstrip("/").encode())
+            known = self._urls = (base, str(base), str(joined))
+        return known
+
+    def base_url(self) -> str:
+        """The SDK's `base_url` as text (rendering it is the costly part: remembered)."""
+        return self._known_urls()[1]
 
     def url(self) -> str:
         """The completions URL in full: the path on the SDK's `base_url`, joined as it joins it.
 
         Given a path, the SDK parses it and makes a copy of its base URL with the path
-        joined on every request (~14 us); given this URL it parses it alone. Made again when
-        the SDK's `base_url` is replaced.
+        joined on every request (~14 us); given this URL it parses it alone. Both texts are
+        made again when the SDK's `base_url` is replaced (the object, not its text, is
+        compared).
         """
-        base = self._sdk.base_url
-        known = self._url
-        if known is None or known[0] is not base:
-            joined = base.copy_with(raw_path=base.raw_path + PATH.lstrip("/").encode())
-            known = self._url = (base, str(joined))
-        return known[1]
+        return self._known_urls()[2]
 
     async def whole(self, messages: Sequence[ChatMessage], fields: JsonObject) -> object:
         """Post a request for a whole answer; return the parsed JSON."""

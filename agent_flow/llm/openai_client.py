@@ -172,8 +172,6 @@ class OpenAIClient:
         self.extra_body: JsonObject = dict(extra_body or {})
         self._api_key_env = api_key_env
         self._streaming = StreamSupport()
-        # `base_url` as text, and the SDK's URL it was made from (see `base_url`).
-        self._base_url: tuple[object, str] | None = None
         defaults = Timeouts()
         self.timeouts = Timeouts(
             connect=connect_timeout or defaults.connect,
@@ -290,13 +288,8 @@ class OpenAIClient:
     @property
     def base_url(self) -> str:
         """The API root requests go to."""
-        # Read on every call (pricing picks the provider by it); the SDK's URL object is
-        # replaced when it changes, and rendering it as text is the costly part.
-        url = self._sdk.base_url
-        known = self._base_url
-        if known is None or known[0] is not url:
-            known = self._base_url = (url, str(url))
-        return known[1]
+        # Read on every call (pricing picks the provider by it): remembered by the poster.
+        return self._post.base_url()
 
     @property
     def sdk_client(self) -> AsyncOpenAI:
