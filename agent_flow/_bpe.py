@@ -52,7 +52,7 @@ class RankTable:
     file where they do not.
     """
 
-    __slots__ = ("_blob", "_mask", "_starts", "_table", "size")
+    __slots__ = ("_blob", "_mask", "_pairs", "_starts", "_table", "size")
 
     def __init__(self, tokens: Iterable[bytes]) -> None:
         """Build the table from the tokens in rank order (rank 0 first)."""
@@ -67,13 +67,19 @@ class RankTable:
             capacity *= 2
         mask = capacity - 1
         table = array("i", [_EMPTY]) * capacity
+        # The rank of every two-byte token by its bytes (256 KB): the first pairs of a merge.
+        pairs = array("i", [_EMPTY]) * 65536
         data = bytes(blob)
         for rank in range(self.size):
-            slot = hash(data[starts[rank] : starts[rank + 1]]) & mask
+            token = data[starts[rank] : starts[rank + 1]]
+            slot = hash(token) & mask
             while table[slot] != _EMPTY:
                 slot = (slot + 1) & mask
             table[slot] = rank
+            if len(token) == 2:
+                pairs[token[0] << 8 | token[1]] = rank
         self._blob, self._starts, self._table, self._mask = data, starts, table, mask
+        self._pairs = pairs
 
     @classmethod
     def from_lines(cls, lines: Iterable[bytes]) -> RankTable:
@@ -126,6 +132,69 @@ class RankTable:
             if blob[starts[rank] : starts[rank + 1]] == token:
                 return rank
             slot = (slot + 1) & mask
+
+    def merged_length(self, data: bytes) -> int:
+        """The number of tokens byte-pair merging leaves of `data` (two bytes or more).
+
+        tiktoken's ``_byte_pair_merge`` merges the adjacent pair of parts whose joined bytes
+        have the lowest rank, the leftmost of equal ranks, until no joined pair has a rank.
+        The same order here: parts are a linked list by start offset, pairs wait in a heap of
+        ``(rank, start)``; an entry whose part has since merged or whose pair changed is
+        stale and skipped. The lookups are `rank`'s, written out (this is the hot loop of a
+        text never seen before).
+        """
+        table, starts, blob, mask, pairs = (
+            self._table,
+            self._starts,
+            self._blob,
+            self._mask,
+            self._pairs,
+        )
+        size = len(data)
+        nexts = list(range(1, size + 1))  # the start of the next part; `size` after the last
+        prevs = list(range(-1, size - 1))
+        pair_rank = [_NO_RANK] * size  # the rank of part + next part, by the part's start
+        heap: list[tuple[int, int]] = []
+        for start in range(size - 1):
+            found = pairs[data[start] << 8 | data[start + 1]]
+            if found != _EMPTY:
+                pair_rank[start] = found
+                heap.append((found, start))
+        heapq.heapify(heap)
+        parts = size
+        pop, push = heapq.heappop, heapq.heappush
+        while heap:
+            found, start = pop(heap)
+            if pair_rank[start] != found:
+                continue  # stale: this part merged into its left, or its pair changed
+            gone = nexts[start]  # the part merged into this one
+            after = nexts[start] = nexts[gone]
+            pair_rank[gone] = _NO_RANK
+            parts -= 1
+            # The new pairs: this part with the next one, the previous part with this one.
+            for left, right in (
+                (start, nexts[after] if after < size else -1),
+                (prevs[start], after),
+            ):
+                if left < 0 or right < 0:
+                    if left >= 0:
+                        pair_rank[left] = _NO_RANK
+                    continue
+                joined = data[left:right]
+                slot = hash(joined) & mask
+                while True:
+                    rank = table[slot]
+                    if rank == _EMPTY or blob[starts[rank] : starts[rank + 1]] == joined:
+                        break
+                    slot = (slot + 1) & mask
+                if rank == _EMPTY:
+                    pair_rank[left] = _NO_RANK
+                else:
+                    pair_rank[left] = rank
+                    push(heap, (rank, left))
+            if after < size:
+                prevs[after] = start
+        return parts
 
     def token(self, rank: int) -> bytes:
         """The bytes of the token of `rank`."""
@@ -208,7 +277,7 @@ class BytePairCounter:
         data = piece.encode()
         if len(data) == 1 or self.ranks.rank(data) is not None:
             return 1
-        return merged_length(self.ranks.rank, data)
+        return self.ranks.merged_length(data)
 
 
 def _rebuilt(ranks: RankTable, pattern: str, ascii_pattern: str | None) -> BytePairCounter:
@@ -218,50 +287,3 @@ def _rebuilt(ranks: RankTable, pattern: str, ascii_pattern: str | None) -> ByteP
 # Cuts a text after each line break followed by an ASCII letter or digit: no piece of the
 # encodings given an `ascii_pattern` crosses such a place.
 _at_lines_starting_alphanumeric: Final = re.compile(r"(?<=\n)(?=[A-Za-z0-9])").split
-
-
-def merged_length(rank: Callable[[bytes], int | None], data: bytes) -> int:
-    """The number of tokens byte-pair merging leaves of `data` (two bytes or more).
-
-    tiktoken's ``_byte_pair_merge`` merges the adjacent pair of parts whose joined bytes have
-    the lowest rank, the leftmost of equal ranks, until no joined pair has a rank. The same
-    order here: parts are a linked list by start offset, pairs wait in a heap of
-    ``(rank, start)``; an entry whose part has since merged or whose pair changed is stale
-    and skipped.
-    """
-    size = len(data)
-    nexts = list(range(1, size + 1))  # the start of the next part; `size` after the last
-    prevs = list(range(-1, size - 1))
-    pair_rank = [_NO_RANK] * size  # the rank of part + next part, by the part's start
-    heap: list[tuple[int, int]] = []
-    for start in range(size - 1):
-        found = rank(data[start : start + 2])
-        if found is not None:
-            pair_rank[start] = found
-            heap.append((found, start))
-    heapq.heapify(heap)
-    parts = size
-    pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        found, start = pop(heap)
-        if pair_rank[start] != found:
-            continue  # stale: this part merged into its left, or its pair changed
-        gone = nexts[start]  # the part merged into this one
-        after = nexts[start] = nexts[gone]
-        pair_rank[gone] = _NO_RANK
-        parts -= 1
-        if after < size:
-            prevs[after] = start
-            joined = rank(data[start : nexts[after]])
-            pair_rank[start] = _NO_RANK if joined is None else joined
-            if joined is not None:
-                push(heap, (joined, start))
-        else:
-            pair_rank[start] = _NO_RANK
-        before = prevs[start]
-        if before >= 0:
-            joined = rank(data[before:after])
-            pair_rank[before] = _NO_RANK if joined is None else joined
-            if joined is not None:
-                push(heap, (joined, before))
-    return parts

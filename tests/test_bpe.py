@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_flow import tokens
-from agent_flow._bpe import BytePairCounter, RankTable, merged_length
+from agent_flow._bpe import BytePairCounter, RankTable
 from agent_flow.tokens import TiktokenCounter
 
 ENCODINGS = ("cl100k_base", "o200k_base")
@@ -251,7 +251,7 @@ def _tiktoken_merge(ranks: RankTable, piece: bytes) -> int:
 )
 def test_the_heap_merge_merges_in_tiktokens_order(name: str, data: bytes) -> None:
     ranks = ours(name)._encoding.ranks
-    assert merged_length(ranks.rank, data) == _tiktoken_merge(ranks, data)
+    assert ranks.merged_length(data) == _tiktoken_merge(ranks, data)
 
 
 def test_a_rank_table_finds_every_token_and_nothing_else() -> None:
