@@ -2,20 +2,23 @@
 
 `TiktokenCounter` counts with the encodings tiktoken publishes (``cl100k_base``,
 ``o200k_base``); tiktoken's own Rust encoder keeps three copies of every token (a map each
-way and a sorted list), about 22 MB per process for ``cl100k_base`` and twice that for
+way and a sorted list), 16-22 MB per process for ``cl100k_base`` and 30-43 MB for
 ``o200k_base``. Counting needs one: `RankTable` keeps the tokens once, concatenated in rank
-order in one `bytes`, with an open-addressing hash table of ranks in an `array` (2.2 MB for
-``cl100k_base``, 4.5 MB for ``o200k_base``), built while the rank file is read line by line,
-so no dictionary of 100,000 Python objects is ever made.
+order in one `bytes`, with an open-addressing hash table of ranks in an `array` and the ranks
+of the two-byte tokens in another (2.2 MB for ``cl100k_base``, 4.3 MB for ``o200k_base``),
+built while the rank file is read line by line, so no dictionary of 100,000 Python objects is
+ever made.
 
 `BytePairCounter.count` gives exactly ``len(encoding.encode_ordinary(text))``: the text is
 split with the encoding's own pattern (the ``regex`` package, which tiktoken itself depends
-on), each piece in the vocabulary is one token, and any other piece is merged the way
-tiktoken merges it, always the lowest-ranked adjacent pair first and the leftmost of equal
-ranks. Where tiktoken rescans the piece after every merge (quadratic), the merge here keeps
-its pairs in a heap, so a long piece (a run of 100,000 letters in a hostile tool result)
-costs O(n log n). Pieces are remembered (a bounded dictionary): most of a text is pieces seen
-before, each then one lookup.
+on; ASCII text with the same pattern reduced to ASCII, for the faster ``re``), each piece in
+the vocabulary is one token, and any other piece is merged the way tiktoken merges it, always
+the lowest-ranked adjacent pair first and the leftmost of equal ranks. Where tiktoken
+rescans the piece after every merge (quadratic), the merge here keeps its pairs in a heap, so
+a long piece (a run of 100,000 letters in a hostile tool result) costs O(n log n). Pieces are
+remembered (a bounded dictionary): most of a text is pieces seen before, each then one
+lookup. On text never seen before this is slower than tiktoken's Rust; on text made of pieces
+seen before it is about as fast (``benchmarks/bench_counting.py``).
 
 Exactness is tested against tiktoken (hypothesis over arbitrary Unicode, long runs and every
 code point in several contexts) in ``tests/test_bpe.py``.
@@ -203,7 +206,8 @@ class RankTable:
     @property
     def nbytes(self) -> int:
         """The memory its arrays hold, in bytes."""
-        return len(self._blob) + self._starts.itemsize * len(self._starts) + len(self._table) * 4
+        arrays = (self._starts, self._table, self._pairs)
+        return len(self._blob) + sum(a.itemsize * len(a) for a in arrays)
 
 
 class _Pieces(dict[str, int]):
