@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import base64
-import gzip
+import gc
 import json
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,39 +67,27 @@ def rss_anon_kb() -> int:
 def child_memory(kind: str, encoding: str) -> None:
     import tiktoken  # noqa: F401  (both sides import it; only what is built differs)
 
+    import tests.tiktoken_reference  # noqa: F401  (both sides: unittest.mock comes with it)
     from agent_flow import tokens
 
     before = rss_anon_kb()
     started = time.perf_counter()
     if kind == "tiktoken":
-        tiktoken_encoder(encoding)
+        # As agent_flow used it until the eighth session: the Python dictionary of ranks,
+        # which tiktoken keeps only to pickle the encoder, let go once the encoder is built.
+        tiktoken_encoder(encoding)._mergeable_ranks = {}
+        gc.collect()
     else:
         tokens.TiktokenCounter(MODEL[encoding])
     seconds = time.perf_counter() - started
     print(json.dumps({"mb": (rss_anon_kb() - before) / 1024, "seconds": seconds}))
 
 
-def tiktoken_encoder(encoding: str):  # type: ignore[no-untyped-def]
-    """tiktoken's encoder, built from the rank file agent_flow reads, as agent_flow once did."""
-    import tiktoken
+def tiktoken_encoder(encoding: str) -> Any:
+    """tiktoken's encoder, built from the rank file agent_flow reads (the reference)."""
+    from tests.tiktoken_reference import tiktoken_encoding
 
-    from agent_flow import tokens
-
-    source = tokens._RANK_FILES[encoding]
-    path = tokens._rank_file_path(source)
-    assert path is not None
-    content = path.read_bytes()
-    if path.suffix == ".gz":
-        content = gzip.decompress(content)
-    ranks = {
-        base64.b64decode(token): int(rank)
-        for token, rank in (line.split() for line in content.splitlines() if line)
-    }
-    built = tiktoken.Encoding(
-        encoding, pat_str=source.pattern, mergeable_ranks=ranks, special_tokens={}
-    )
-    del ranks, content
-    return built
+    return tiktoken_encoding(encoding)
 
 
 def memory(encoding: str) -> dict[str, dict[str, float]]:

@@ -120,3 +120,12 @@ async def http_mcp_server(script: str, log_path: Path) -> AsyncIterator[str]:
             if process.returncode is None:
                 process.kill()
             await process.wait()
+
+
+def run_python(code: str) -> None:
+    """Run `code` in a fresh interpreter (this one's); fail with its stderr if it fails."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -11,54 +11,20 @@ quadratic ``_byte_pair_merge`` on arbitrary bytes.
 
 from __future__ import annotations
 
-import base64
-import functools
-import gzip
 import pickle
-import subprocess
-import sys
-from typing import Any
-from unittest import mock
 
 import pytest
-import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_flow import tokens
 from agent_flow._bpe import BytePairCounter, RankTable
 from agent_flow.tokens import TiktokenCounter
+from tests.helpers import run_python
+from tests.tiktoken_reference import tiktoken_encoding, tiktoken_pattern
 
 ENCODINGS = ("cl100k_base", "o200k_base")
 MODEL = {"cl100k_base": "gpt-4", "o200k_base": "gpt-4o"}
-
-
-@functools.cache
-def tiktoken_pattern(name: str) -> str:
-    """The split pattern of tiktoken's own constructor for `name` (not agent_flow's copy)."""
-    import tiktoken_ext.openai_public as public
-
-    # The constructors download their rank files; they get an empty one.
-    with mock.patch.object(public, "load_tiktoken_bpe", return_value={}):
-        pattern: str = getattr(public, name)()["pat_str"]
-    return pattern
-
-
-@functools.cache
-def tiktoken_encoding(name: str) -> Any:
-    """tiktoken's own encoder for `name`, built from the rank file agent_flow reads."""
-    source = tokens._RANK_FILES[name]
-    path = tokens._rank_file_path(source)
-    assert path is not None, f"the rank file of {name} is not installed"
-    content = path.read_bytes()
-    if path.suffix == ".gz":
-        content = gzip.decompress(content)
-    ranks = {
-        base64.b64decode(token): int(rank)
-        for token, rank in (line.split() for line in content.splitlines() if line)
-    }
-    pattern = tiktoken_pattern(name)
-    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
 
 
 def ours(name: str) -> TiktokenCounter:
@@ -298,5 +264,4 @@ def test_building_a_counter_never_makes_tiktokens_encoder_or_its_dictionary() ->
         "assert not made, 'a tiktoken encoder was built'\n"
         "assert peak < 8 * 2**20, f'{peak / 2**20:.1f} MB at the peak'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    run_python(code)

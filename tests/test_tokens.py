@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from agent_flow import tokens
 from agent_flow.messages import ChatMessage
 from agent_flow.tokens import TiktokenCounter, TokenizerFallbackWarning
+from tests.helpers import run_python
 
 O200K_MODELS = (
     "gpt-4o",
@@ -166,17 +167,13 @@ def test_without_bpe_openai_gpt_4o_falls_back_with_the_warning(
 
 
 def test_loading_o200k_never_imports_the_rust_extension() -> None:
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from agent_flow.tokens import TiktokenCounter\n"
         "assert TiktokenCounter('gpt-4o').count('hello world') == 2\n"
         "assert 'bpe_openai' not in sys.modules, 'bpe_openai was imported'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    run_python(code)
 
 
 @settings(max_examples=50)
