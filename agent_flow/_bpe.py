@@ -2,7 +2,7 @@
 
 `TiktokenCounter` counts with the encodings tiktoken publishes (``cl100k_base``,
 ``o200k_base``); tiktoken's own Rust encoder keeps three copies of every token (a map each
-way and a sorted list), 16-22 MB per process for ``cl100k_base`` and 30-43 MB for
+way and a sorted list), 22-24 MB per process for ``cl100k_base`` and 43-47 MB for
 ``o200k_base``. Counting needs one: `RankTable` keeps the tokens once, concatenated in rank
 order in one `bytes`, with an open-addressing hash table of ranks in an `array` and the ranks
 of the two-byte tokens in another (2.2 MB for ``cl100k_base``, 4.3 MB for ``o200k_base``),
