@@ -60,9 +60,14 @@ CLEAR_OUTCOMES = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    """llama-cpp-python's server with SmolLM2-135M, shared by the tier, stopped after it."""
+    """llama-cpp-python's server with SmolLM2-135M, shared by the tier, stopped after it.
+
+    Module-scoped: stopped when this module's tests end. Session-scoped, it outlived them, and
+    a generation a test's client had stopped waiting for went on in it, on one of CI's two
+    cores, for the rest of the suite (seen: over ten minutes of CPU).
+    """
     with start_llama_server(tmp_path_factory.mktemp("llama")) as server:
         yield server
 
