@@ -84,6 +84,11 @@ class RankTable:
         self._blob, self._starts, self._table, self._mask = data, starts, table, mask
         self._pairs = pairs
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # The tokens only: the table is laid out by `hash`, whose seed is the process's own,
+        # so another process (a pickle's reader) lays it out again.
+        return (_rank_table, (self._blob, self._starts))
+
     @classmethod
     def from_lines(cls, lines: Iterable[bytes]) -> RankTable:
         """Read tiktoken's rank-file format: one ``<base64 token> <rank>`` per line.
@@ -282,6 +287,10 @@ class BytePairCounter:
         if len(data) == 1 or self.ranks.rank(data) is not None:
             return 1
         return self.ranks.merged_length(data)
+
+
+def _rank_table(blob: bytes, starts: array[int]) -> RankTable:
+    return RankTable(blob[starts[rank] : starts[rank + 1]] for rank in range(len(starts) - 1))
 
 
 def _rebuilt(ranks: RankTable, pattern: str, ascii_pattern: str | None) -> BytePairCounter:

@@ -122,10 +122,19 @@ async def http_mcp_server(script: str, log_path: Path) -> AsyncIterator[str]:
             await process.wait()
 
 
-def run_python(code: str) -> None:
-    """Run `code` in a fresh interpreter (this one's); fail with its stderr if it fails."""
+def run_python(code: str, *, env: dict[str, str] | None = None) -> None:
+    """Run `code` in a fresh interpreter (this one's); fail with its stderr if it fails.
+
+    `env` is added to this process's environment.
+    """
+    import os
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env} if env else None,
+    )
     assert result.returncode == 0, result.stderr

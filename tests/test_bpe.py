@@ -12,6 +12,7 @@ quadratic ``_byte_pair_merge`` on arbitrary bytes.
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -249,6 +250,23 @@ def test_a_counter_pickles_with_its_table() -> None:
         == counter.count(text)
         == len(tiktoken_encoding("cl100k_base").encode_ordinary(text))
     )
+
+
+def test_a_counter_pickled_counts_the_same_in_a_process_of_another_hash_seed(
+    tmp_path: Path,
+) -> None:
+    # The rank table is laid out by `hash`, seeded per process: a copy must not carry it.
+    counter = ours("cl100k_base")._encoding
+    text = "hello world, a test of pickling counters: 12345 ünïcödé"
+    pickled = tmp_path / "counter.pickle"
+    pickled.write_bytes(pickle.dumps(counter))
+    code = (
+        "import pickle, pathlib\n"
+        f"counter = pickle.loads(pathlib.Path({str(pickled)!r}).read_bytes())\n"
+        f"assert counter.count({text!r}) == {counter.count(text)}, counter.count({text!r})\n"
+    )
+    for seed in ("0", "123"):
+        run_python(code, env={"PYTHONHASHSEED": seed})
 
 
 def test_building_a_counter_never_makes_tiktokens_encoder_or_its_dictionary() -> None:
