@@ -62,8 +62,13 @@ def client_for(base: str, n: int) -> Any:
 
 
 async def read_streams(base: str) -> None:
-    """The SSE clients' process: open every session's stream, say so, read them all."""
-    sessions = json.loads(sys.stdin.readline())
+    """The SSE clients' process: open every session's stream, say so, then on "go" run the waves.
+
+    Its input is a list of waves, each a list of session ids. A wave's messages are sent at
+    once and its streams read to their ``run_finished``; then the next wave's.
+    """
+    waves: list[list[str]] = json.loads(sys.stdin.readline())
+    sessions = [sid for wave in waves for sid in wave]
     reader = Reader()
     async with client_for(base, len(sessions)) as client, contextlib.AsyncExitStack() as streams:
         responses = await asyncio.gather(
@@ -73,7 +78,18 @@ async def read_streams(base: str) -> None:
             )
         )
         print("open", flush=True)
-        await asyncio.gather(*(reader.read(response) for response in responses))
+        await asyncio.to_thread(sys.stdin.readline)
+        streams_of = dict(zip(sessions, responses, strict=True))
+        for wave in waves:
+            # Reading from before the first message: the clients' own wait is not the server's.
+            reads = [asyncio.create_task(reader.read(streams_of[sid])) for sid in wave]
+            await asyncio.gather(
+                *(
+                    client.post(f"/sessions/{sid}/messages", json={"message": "Add."})
+                    for sid in wave
+                )
+            )
+            await asyncio.gather(*reads)
     p99s = {kind: sorted(v)[int(len(v) * 0.99)] for kind, v in reader.by_kind.items()}
     slowest = sorted(p99s, key=p99s.__getitem__, reverse=True)[:3]
     print(

@@ -58,6 +58,50 @@ def _short(path: str, roots: list[str]) -> str:
     return path
 
 
+class Sampler:
+    """Samples the main thread's stack every `_INTERVAL` of the process's CPU time.
+
+    Use as a context manager around the work to sample, then `write` the collapsed stacks
+    (py-spy's raw format: one stack a line, frames joined by ``;``, then its count).
+    """
+
+    def __init__(self) -> None:
+        self.stacks: Counter[str] = Counter()
+        self.cpu = 0.0
+        self._roots = sorted({p.rstrip("/") + "/" for p in sys.path if p}, key=len, reverse=True)
+        self._start = 0.0
+
+    def _sample(self, signum: int, frame: FrameType | None) -> None:
+        frames = []
+        while frame is not None:
+            code = frame.f_code
+            frames.append(
+                f"{code.co_name} ({_short(code.co_filename, self._roots)}:{frame.f_lineno})"
+            )
+            frame = frame.f_back
+        self.stacks[";".join(reversed(frames))] += 1
+
+    def __enter__(self) -> Sampler:
+        signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, _INTERVAL, _INTERVAL)
+        self._start = time.process_time()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        self.cpu += time.process_time() - self._start
+
+    @property
+    def rate(self) -> float:
+        """Samples per CPU second (the kernel's timer ticks coarser than asked)."""
+        return sum(self.stacks.values()) / self.cpu if self.cpu else 0.0
+
+    def write(self, out: str) -> None:
+        with open(out, "w") as lines:
+            for stack, count in self.stacks.items():
+                lines.write(f"{stack} {count}\n")
+
+
 def record(
     out: str, *, stream: bool, concurrent: bool, runs: int, k: int, loop: str = "agent_flow"
 ) -> tuple[int, float]:
@@ -66,31 +110,11 @@ def record(
     sys.path.insert(0, str(here))
     import bench_loop
 
-    roots = sorted({p.rstrip("/") + "/" for p in sys.path if p}, key=len, reverse=True)
-    stacks: Counter[str] = Counter()
-
-    def sample(signum: int, frame: FrameType | None) -> None:
-        frames = []
-        while frame is not None:
-            code = frame.f_code
-            frames.append(f"{code.co_name} ({_short(code.co_filename, roots)}:{frame.f_lineno})")
-            frame = frame.f_back
-        stacks[";".join(reversed(frames))] += 1
-
-    signal.signal(signal.SIGPROF, sample)
-    signal.setitimer(signal.ITIMER_PROF, _INTERVAL, _INTERVAL)
-    cpu = time.process_time()
-    try:
+    with Sampler() as sampler:
         result = asyncio.run(bench_loop.measure(loop, stream, k, runs, concurrent))
-    finally:
-        signal.setitimer(signal.ITIMER_PROF, 0, 0)
-    cpu = time.process_time() - cpu
-    with open(out, "w") as lines:
-        for stack, count in stacks.items():
-            lines.write(f"{stack} {count}\n")
+    sampler.write(out)
     turns = int(result["turns"])
-    # The kernel's timer ticks coarser than asked: the real rate is samples per CPU second.
-    rate = sum(stacks.values()) / cpu
+    rate = sampler.rate
     print(f"{turns} turns, {result['ms_per_turn']:.3f} CPU ms per turn; {rate:.0f} samples/s")
     return turns, rate
 

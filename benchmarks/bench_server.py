@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _bench_diagnosis import Diagnosis
 from _bench_sse_reader import Reader, client_for, read_streams
+from attribute import Sampler
 
 from tests.openai_server import OpenAIServer, Reply, sse_reply, text_chunks, tool_call_chunks
 
@@ -71,7 +72,9 @@ def make_handler() -> Any:
 
     def handler(request: Any) -> Reply:
         messages = json.loads(request.raw_body)["messages"]
-        done = sum(1 for m in messages if m["role"] == "tool")
+        # The steps of this run: the tool results since the session's last message.
+        last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        done = sum(1 for m in messages[last:] if m["role"] == "tool")
         return calls[done] if done < K else final
 
     return handler
@@ -194,7 +197,9 @@ def _model_clients(model_url: str, *, per_session: bool) -> Any:
     return client
 
 
-async def in_process(n: int, model_url: str, *, per_session: bool) -> dict[str, Any]:
+async def in_process(
+    n: int, model_url: str, *, waves: int, per_session: bool, sample: str | None = None
+) -> dict[str, Any]:
     from agent_flow import AgentExecutor
     from agent_flow.sessions import InMemorySessionStore
 
@@ -226,13 +231,17 @@ async def in_process(n: int, model_url: str, *, per_session: bool) -> dict[str, 
     rss0 = _rss_mb(os.getpid())
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(n)))
+    with Sampler() if sample else contextlib.nullcontext() as sampler:
+        for _ in range(waves):
+            await asyncio.gather(*(one() for _ in range(n)))
     elapsed = time.perf_counter() - start
+    if sampler is not None and sample:
+        sampler.write(sample)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     kernel = usage.ru_stime - usage0.ru_stime
     cpu = usage.ru_utime - usage0.ru_utime + kernel
     rss = _rss_mb(os.getpid()) - rss0
-    return _summary(n, elapsed, cpu, rss, latencies, complete, kernel)
+    return _summary(n, waves, elapsed, cpu, rss, latencies, complete, kernel)
 
 
 # -- over HTTP -------------------------------------------------------------------------
@@ -245,6 +254,7 @@ async def serve(
     profile: str | None,
     *,
     per_session: bool,
+    sample: str | None = None,
 ) -> None:
     import uvicorn
 
@@ -270,9 +280,13 @@ async def serve(
     profiler = cProfile.Profile(time.process_time) if profile else None
     if profiler is not None:
         profiler.enable()
+    sampler = Sampler().__enter__() if sample else None
     try:
         await server.serve(sockets=[sock])
     finally:
+        if sampler is not None and sample:
+            sampler.__exit__()
+            sampler.write(sample)
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)
@@ -280,14 +294,17 @@ async def serve(
             Path(diagnose).write_text(json.dumps(diagnosis.report()))  # noqa: ASYNC240
 
 
-async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
-    """Create the sessions, have the clients' process open their streams, send the messages."""
+async def drive(base: str, pid: int, n: int, waves: int) -> dict[str, Any]:
+    """Create the sessions, have the clients' process open their streams and run the waves."""
     async with client_for(base, n) as client:
         warm = (await client.post("/sessions", json={})).json()["id"]
         async with client.stream("GET", f"/sessions/{warm}/events") as response:
             await client.post(f"/sessions/{warm}/messages", json={"message": "Add."})
             await Reader().read(response)
-        sessions = [(await client.post("/sessions", json={})).json()["id"] for _ in range(n)]
+        sessions = [
+            [(await client.post("/sessions", json={})).json()["id"] for _ in range(n)]
+            for _ in range(waves)
+        ]
         clients = await asyncio.create_subprocess_exec(
             sys.executable,
             __file__,
@@ -304,25 +321,27 @@ async def drive(base: str, pid: int, n: int) -> dict[str, Any]:
         assert (await clients.stdout.readline()).strip() == b"open"
         rss0, (user0, sys0) = _rss_mb(pid), _cpu_seconds(pid)
         start = time.perf_counter()
-        # All at once, as the baseline starts its runs.
-        await asyncio.gather(
-            *(
-                client.post(f"/sessions/{sid}/messages", json={"message": "Add."})
-                for sid in sessions
-            )
-        )
+        clients.stdin.write(b"go\n")  # it sends each wave's messages at once, as the baseline
+        await clients.stdin.drain()
         read = json.loads(await clients.stdout.readline())
         elapsed = time.perf_counter() - start
         user, system = _cpu_seconds(pid)
         cpu, kernel, rss = user - user0 + system - sys0, system - sys0, _rss_mb(pid) - rss0
         await clients.wait()
-    result = _summary(n, elapsed, cpu, rss, read["latencies"], read["complete"], kernel)
+    result = _summary(n, waves, elapsed, cpu, rss, read["latencies"], read["complete"], kernel)
     result["slowest_kinds"] = read["slowest_kinds"]
     return result
 
 
 def over_http(
-    n: int, model_url: str, *, profile: str | None, diagnose: bool, per_session: bool
+    n: int,
+    model_url: str,
+    *,
+    waves: int,
+    profile: str | None,
+    diagnose: bool,
+    per_session: bool,
+    sample: str | None = None,
 ) -> dict[str, Any]:
     args = ["--serve", "--model-url", model_url]
     if per_session:
@@ -333,9 +352,12 @@ def over_http(
     if profile:
         Path(profile).mkdir(parents=True, exist_ok=True)
         args += ["--profile-file", f"{profile}/server_{n}.prof"]
+    if sample:
+        Path(sample).mkdir(parents=True, exist_ok=True)
+        args += ["--sample-file", f"{sample}/http_{n}.txt"]
     server, port = _spawn(*args)
     try:
-        result = asyncio.run(drive(f"http://127.0.0.1:{port}", server.pid, n))
+        result = asyncio.run(drive(f"http://127.0.0.1:{port}", server.pid, n, waves))
     finally:
         _stop(server)
     if diagnose and report.exists():
@@ -346,6 +368,7 @@ def over_http(
 
 def _summary(
     n: int,
+    waves: int,
     elapsed: float,
     cpu: float,
     rss: float,
@@ -355,12 +378,12 @@ def _summary(
 ) -> dict[str, Any]:
     ordered = sorted(latencies)
     return {
-        "runs_per_s": n / elapsed,
-        "cpu_ms_per_turn": cpu * 1000 / (n * TURNS),
-        "sys_ms_per_turn": kernel * 1000 / (n * TURNS),
+        "runs_per_s": n * waves / elapsed,
+        "cpu_ms_per_turn": cpu * 1000 / (n * waves * TURNS),
+        "sys_ms_per_turn": kernel * 1000 / (n * waves * TURNS),
         "p50_ms": statistics.median(ordered),
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-        "rss_kb_per_session": rss * 1024 / n,
+        "rss_kb_per_session": rss * 1024 / n,  # the sessions of one wave
         "events": len(latencies),
         "complete": complete,
     }
@@ -382,7 +405,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sessions", default="10,100,500", help="concurrent sessions")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each mode (ABAB)")
+    parser.add_argument(
+        "--waves",
+        type=int,
+        help="waves of N new sessions, one after another (default: enough for 500 turns)",
+    )
     parser.add_argument("--profile", metavar="DIR", help="run the server under cProfile")
+    parser.add_argument(
+        "--sample",
+        metavar="DIR",
+        help="sample both modes' agent processes (DIR/in_process_N.txt, DIR/http_N.txt; "
+        "the server's whole life, warm-up included); read with attribute.py",
+    )
     parser.add_argument("--diagnose", action="store_true", help="server loop lag and queue")
     parser.add_argument(
         "--client-per-session",
@@ -396,6 +430,7 @@ def main() -> None:
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--diagnose-file", help=argparse.SUPPRESS)
     parser.add_argument("--profile-file", help=argparse.SUPPRESS)
+    parser.add_argument("--sample-file", help=argparse.SUPPRESS)
     parser.add_argument("--read-streams", metavar="BASE_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model:
@@ -411,6 +446,7 @@ def main() -> None:
                     args.diagnose_file,
                     args.profile_file,
                     per_session=args.client_per_session,
+                    sample=args.sample_file,
                 )
             )
         return
@@ -418,9 +454,17 @@ def main() -> None:
         asyncio.run(read_streams(args.read_streams))
         return
     if args.in_process:
-        result = in_process(args.in_process, args.model_url, per_session=args.client_per_session)
+        result = in_process(
+            args.in_process,
+            args.model_url,
+            waves=args.waves,
+            per_session=args.client_per_session,
+            sample=args.sample_file,
+        )
         print(json.dumps(asyncio.run(result)))
         return
+    if args.sample:
+        Path(args.sample).mkdir(parents=True, exist_ok=True)
     model, model_port = _spawn("--model")
     model_url = f"http://127.0.0.1:{model_port}/v1"
     print(f"{K}-step tool loops, N sessions at once; http = agent-flow serve + SSE clients;")
@@ -431,6 +475,8 @@ def main() -> None:
     )
     try:
         for n in (int(value) for value in args.sessions.split(",")):
+            # A cell of a few runs is measured in ticks of /proc's 10 ms: too coarse.
+            waves = args.waves or max(1, -(-500 // (n * TURNS)))
             rows: dict[str, list[dict[str, Any]]] = {"in-process": [], "http": []}
             for _ in range(args.repeat):
                 out = subprocess.run(
@@ -441,7 +487,14 @@ def main() -> None:
                         str(n),
                         "--model-url",
                         model_url,
+                        "--waves",
+                        str(waves),
                         *(["--client-per-session"] if args.client_per_session else []),
+                        *(
+                            ["--sample-file", f"{args.sample}/in_process_{n}.txt"]
+                            if args.sample
+                            else []
+                        ),
                     ],
                     check=True,
                     capture_output=True,
@@ -452,9 +505,11 @@ def main() -> None:
                     over_http(
                         n,
                         model_url,
+                        waves=waves,
                         profile=args.profile,
                         diagnose=args.diagnose,
                         per_session=args.client_per_session,
+                        sample=args.sample,
                     )
                 )
             medians = {mode: _median_row(runs) for mode, runs in rows.items()}
