@@ -5,6 +5,14 @@ it reads the lease, so two claims, or a claim and a fenced write, never interlea
 processes make them. The clock is the database's (``clock_timestamp()``, read under the lock),
 so machines with skewed clocks agree on when a lease expires. `_end_dead_run` runs inside the
 caller's transaction (a claim's, or an un-leased step's).
+
+The usual case of each is first tried as one ``UPDATE`` in its own transaction (one round
+trip, where the careful way takes five): claiming a session no run holds, renewing or
+releasing the lease the session holds. Its ``WHERE`` is that case's condition, evaluated on
+the row as locked (a row another transaction changed meanwhile is read again), and its result
+is what `_lease`'s rules give for that case. Where it changes nothing, the careful way runs
+and answers (a live lease, a dead run to end, a lost lease, no such session). ``quick=False``
+goes the careful way at once (the tests compare the two).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from agent_flow.sessions._lease import (
     _released,
     _renewed,
 )
-from agent_flow.sessions._pg_rows import _info_from_row, _insert_rows, _lease_state
+from agent_flow.sessions._pg_rows import _info_from_row, _insert_rows, _lease_state, _utc
 from agent_flow.sessions._pg_schema import _Conn
 from agent_flow.sessions.models import Lease, SessionInfo
 
@@ -81,9 +89,46 @@ async def _end_dead_run(
     return after
 
 
+#: A claim of a session no run holds (`_lease._claimed` with no run: not live, no dead run).
+_CLAIM_FREE = (
+    "UPDATE sessions SET lease_run = %s, lease_holder = %s, lease_fence = lease_fence + 1, "
+    "lease_expires = clock_timestamp() + make_interval(secs => %s::float8) "
+    "WHERE id = %s AND lease_run IS NULL RETURNING lease_fence, lease_expires"
+)
+#: Renewing the lease the session holds (`_lease._renewed`: held, expired or not).
+_RENEW_HELD = (
+    "UPDATE sessions SET lease_expires = clock_timestamp() + make_interval(secs => %s::float8) "
+    "WHERE id = %s AND lease_run = %s AND lease_fence = %s RETURNING lease_expires"
+)
+#: Releasing the lease the session holds (`_lease._released`: the fence stays).
+_RELEASE_HELD = (
+    "UPDATE sessions SET lease_run = NULL, lease_holder = NULL, lease_expires = NULL "
+    "WHERE id = %s AND lease_run = %s AND lease_fence = %s"
+)
+
+
 async def _claim(
-    conn: _Conn, session_id: str, run_id: str, holder: str, ttl: float, channel: str
+    conn: _Conn,
+    session_id: str,
+    run_id: str,
+    holder: str,
+    ttl: float,
+    channel: str,
+    *,
+    quick: bool = True,
 ) -> Lease:
+    row = None
+    if quick:
+        cur = await conn.execute(_CLAIM_FREE, (run_id, holder, ttl, session_id))
+        row = await cur.fetchone()
+    if row is not None:
+        return Lease(
+            session_id=session_id,
+            run_id=run_id,
+            holder=holder,
+            fence=row["lease_fence"],
+            expires_at=_utc(row["lease_expires"]),
+        )
     async with conn.transaction():
         row, now = await _locked(conn, session_id, f"{_INFO_COLUMNS}, lease_holder, lease_expires")
         state = _lease_state(row)
@@ -97,7 +142,14 @@ async def _claim(
     return lease
 
 
-async def _renew(conn: _Conn, lease: Lease, ttl: float) -> Lease:
+async def _renew(conn: _Conn, lease: Lease, ttl: float, *, quick: bool = True) -> Lease:
+    row = None
+    if quick:
+        cur = await conn.execute(_RENEW_HELD, (ttl, lease.session_id, lease.run_id, lease.fence))
+        row = await cur.fetchone()
+    if row is not None:
+        expires = _utc(row["lease_expires"])
+        return lease.model_copy(update={"expires_at": expires, "interrupted_run": None})
     async with conn.transaction():
         row, now = await _locked(conn, lease.session_id, _LEASE_COLUMNS)
         after, renewed = _renewed(lease.session_id, _lease_state(row), now, lease, ttl)
@@ -105,7 +157,11 @@ async def _renew(conn: _Conn, lease: Lease, ttl: float) -> Lease:
     return renewed
 
 
-async def _release(conn: _Conn, lease: Lease) -> None:
+async def _release(conn: _Conn, lease: Lease, *, quick: bool = True) -> None:
+    if quick:
+        cur = await conn.execute(_RELEASE_HELD, (lease.session_id, lease.run_id, lease.fence))
+        if cur.rowcount == 1:
+            return
     async with conn.transaction():
         row, _ = await _locked(conn, lease.session_id, _LEASE_COLUMNS)
         after = _released(_lease_state(row), lease)

@@ -13,41 +13,49 @@ from agent_flow._utils import compact_json
 from agent_flow.sessions._backend import _EntryRow, _EventRow, _info_of
 from agent_flow.sessions._lease import _LeaseState
 from agent_flow.sessions._pg_schema import _Conn
-from agent_flow.sessions.models import SessionInfo
+from agent_flow.sessions.models import Checkpoint, SessionInfo
 
 __all__ = [
-    "_INSERT_CHECKPOINT",
     "_info_from_row",
     "_insert_rows",
     "_lease_state",
+    "_utc",
 ]
 
 #: New rows of a session in one statement: its entries (from position ``entries_at`` on), its
-#: environment changes (``[version, data]``) and its events (from position ``events_at`` on,
-#: ``[event_id, run_id, seq, kind, data]``), each a JSON array (an empty one inserts nothing),
+#: environment changes (``[version, data]``), its events (from position ``events_at`` on,
+#: ``[event_id, run_id, seq, kind, data]``) and a durable run's checkpoints (``[run_id,
+#: position, name, result]``), each a JSON array (an empty one inserts nothing),
 #: and the notification of followers when ``notify`` (delivered at commit). The three tables
 #: are distinct, so the statement's parts never need each other's rows; every part that
-#: changes data runs, referenced or not.
+#: changes data runs, referenced or not. ``{gate}`` joins each part to the session's guarded
+#: ``UPDATE`` (`_pg_step.step_guard`): then nothing is inserted where it did not apply, and
+#: the final ``SELECT`` returns a row only where it did.
 _INSERT_ROWS = (
     "WITH new_entries AS ("
     "INSERT INTO entries (session_id, position, entry_id, kind, data) "
     "SELECT %(sid)s, %(entries_at)s + e.n - 1, e.v->>0, e.v->>1, e.v->>2 "
-    "FROM json_array_elements(%(entries)s::json) WITH ORDINALITY AS e(v, n)), "
+    "FROM json_array_elements(%(entries)s::json) WITH ORDINALITY AS e(v, n){gate}), "
     "new_changes AS ("
     "INSERT INTO environment_changes (session_id, version, data) "
     "SELECT %(sid)s, (e.v->>0)::integer, e.v->>1 "
-    "FROM json_array_elements(%(changes)s::json) AS e(v)), "
+    "FROM json_array_elements(%(changes)s::json) AS e(v){gate}), "
     "new_events AS ("
     "INSERT INTO events (session_id, position, event_id, run_id, seq, kind, data) "
     "SELECT %(sid)s, %(events_at)s + e.n - 1, (e.v->>0)::bigint, e.v->>1, (e.v->>2)::integer, "
     "e.v->>3, e.v->>4 "
-    "FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS e(v, n)) "
-    "SELECT pg_notify(%(channel)s, %(sid)s) WHERE %(notify)s"
-)
-_INSERT_CHECKPOINT = (
+    "FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS e(v, n){gate}), "
+    "new_checkpoints AS ("
     "INSERT INTO checkpoints (session_id, run_id, position, name, result) "
-    "VALUES (%s, %s, %s, %s, %s)"
+    "SELECT %(sid)s, c.v->>0, (c.v->>1)::integer, c.v->>2, c.v->>3 "
+    "FROM json_array_elements(%(checkpoints)s::json) AS c(v){gate}) "
 )
+_NOTIFY = "SELECT pg_notify(%(channel)s, %(sid)s) WHERE %(notify)s"
+_NOTIFY_GATED = (
+    "SELECT CASE WHEN %(notify)s THEN pg_notify(%(channel)s, %(sid)s) END FROM step_session"
+)
+_ROWS = _INSERT_ROWS.format(gate="") + _NOTIFY
+_GATED_ROWS = _INSERT_ROWS.format(gate=", step_session") + _NOTIFY_GATED
 
 
 def _utc(moment: datetime) -> datetime:
@@ -79,25 +87,34 @@ async def _insert_rows(
     events_at: int = 0,
     events: Sequence[_EventRow] = (),
     ids: Sequence[int] = (),
+    checkpoints: Sequence[Checkpoint] = (),
     notify: str | None = None,
     update: tuple[str, dict[str, object]] | None = None,
-) -> None:
+    gated: bool = False,
+) -> bool:
     """Append rows of a session and notify `notify` if given, in one statement.
 
     Entries from position `entries_at` on, environment changes, events from `events_at` on
-    with the ids `ids`: a step's rows, an import's, or a dead run's last event. The
+    with the ids `ids`, checkpoints: a step's rows, an import's, or a dead run's last event. The
     notification is delivered at commit. Against psycopg's ``executemany`` (a message per
     row, and more work per row in Python): 0.21 against 0.29 ms of the client's CPU for 11
     events, 0.29 against 1.03 for 100 (a streamed answer's deltas). `update`, an ``UPDATE``
-    of the session row and its parameters (named ``s_...``), runs in the same statement.
+    of the session row and its parameters (named ``s_...``), runs in the same statement;
+    `gated`: it is a guarded one ending in ``RETURNING``, and the rows and the notification
+    go only where it applied.
+
+    Returns:
+        Whether the rows were written (False only for a `gated` update that did not apply).
     """
-    if not (entries or changes or events or notify or update):
-        return
-    statement, extra = _INSERT_ROWS, {}
+    if not (entries or changes or events or checkpoints or notify or update):
+        return True
+    gated = gated and update is not None
+    statement = _GATED_ROWS if gated else _ROWS
+    extra: dict[str, object] = {}
     if update is not None:
-        statement = f"WITH step_session AS ({update[0]}), {_INSERT_ROWS.removeprefix('WITH ')}"
+        statement = f"WITH step_session AS ({update[0]}), {statement.removeprefix('WITH ')}"
         extra = update[1]
-    await conn.execute(
+    cur = await conn.execute(
         statement,
         {
             **extra,
@@ -112,7 +129,11 @@ async def _insert_rows(
                     for e, number in zip(events, ids, strict=True)
                 ]
             ),
+            "checkpoints": compact_json(
+                [[c.run_id, c.position, c.name, c.result] for c in checkpoints]
+            ),
             "channel": notify or "",
             "notify": notify is not None,
         },
     )
+    return not gated or cur.rowcount == 1

@@ -9,7 +9,10 @@ Concurrency. A store holds an async connection pool. A step locks its session's 
 (``SELECT ... FOR UPDATE``) and checks the revision the store last wrote: two writers of one
 session, in one process or many, never interleave inside a step, and the one that finds the
 session changed under it re-plans against what is stored (as with SQLite, the step is applied
-whole); a writer that keeps losing that race gets `SessionConflictError`. Nothing is ever half
+whole); a writer that keeps losing that race gets `SessionConflictError`. While a run holds
+the session's lease, a step whose session is as this store's last write left it is one guarded
+statement instead (`_pg_step`), and the usual claim, renewal and release one ``UPDATE`` each
+(`_pg_lease`): the same rows, ids and answers, in one round trip. Nothing is ever half
 written: every write is one transaction, and rows reference their session
 (``ON DELETE CASCADE``), so a deleted session leaves nothing behind. Who may write at all is
 the session's lease (`SessionStore.claim`; the rules are `_lease`'s, the SQL `_pg_lease`'s),
@@ -68,47 +71,15 @@ from agent_flow.sessions._lease import _LeaseState, _new_event_ids, _writable
 from agent_flow.sessions._pg_lease import _claim, _end_dead_run, _release, _renew, _set_lease
 from agent_flow.sessions._pg_notify import _Listener, channel_for
 from agent_flow.sessions._pg_rows import (
-    _INSERT_CHECKPOINT,
     _info_from_row,
     _insert_rows,
     _lease_state,
 )
 from agent_flow.sessions._pg_schema import SCHEMA_VERSION, _Conn, migrate
-from agent_flow.sessions._usage import USAGE_FIELDS, _assignments, _Totals
+from agent_flow.sessions._pg_step import STEP_UPDATE, LastWrites, step_update, write_known
 from agent_flow.sessions.models import Checkpoint, Lease, SessionInfo
 
 __all__ = ["SCHEMA_VERSION", "PostgresSessionStore"]
-
-#: The session row after a step, with named parameters (``s_...``): it runs inside the step's
-#: rows statement (`_insert_rows`), so that a step is the locking ``SELECT`` and one statement.
-_STEP_UPDATE = (
-    "UPDATE sessions SET status = %(s_status)s, updated_at = %(s_updated_at)s, "
-    "steps = %(s_steps)s, entry_count = %(s_entry_count)s, event_count = %(s_event_count)s, "
-    "last_event_id = %(s_last_event_id)s, environment_version = %(s_environment_version)s, "
-    f"{_assignments('%(s_{name})s')}, "
-    "environment = COALESCE(%(s_environment)s, environment), revision = %(s_revision)s "
-    "WHERE id = %(sid)s"
-)
-
-
-def _step_update(after: SessionInfo, write: _StepWrite) -> dict[str, object]:
-    """The parameters of `_STEP_UPDATE` for the session `after` the step `write`."""
-    env = write.environment
-    return {
-        "s_status": after.status,
-        "s_updated_at": after.updated_at,
-        "s_steps": after.steps,
-        "s_entry_count": after.entry_count,
-        "s_event_count": after.event_count,
-        "s_last_event_id": after.last_event_id,
-        "s_environment_version": after.environment_version,
-        **{
-            f"s_{name}": value
-            for name, value in zip(USAGE_FIELDS, _Totals.of(after).values(), strict=True)
-        },
-        "s_environment": env.base if env is not None else None,
-        "s_revision": write.revision,
-    }
 
 
 def redact(url: str) -> str:
@@ -136,6 +107,11 @@ class _PostgresBackend:
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._opening = asyncio.Lock()
         self.channel = channel_for(schema)
+        #: Each session as this store's last step left it: one statement for the next step.
+        self._last = LastWrites()
+        #: Whether steps and leases try one statement first (`_pg_step`, `_pg_lease`); the
+        #: tests turn it off to compare with the careful way.
+        self._one_statement = True
 
     async def _configure(self, conn: _Conn) -> None:
         await conn.execute("SET TIME ZONE 'UTC'")
@@ -186,9 +162,11 @@ class _PostgresBackend:
             return pool
 
     async def create(self, info: SessionInfo, revision: str) -> None:
-        async with (await self._ready()).connection() as conn, conn.transaction():
+        # One statement: its own transaction (the connection is in autocommit).
+        async with (await self._ready()).connection() as conn:
             if not await self._insert_session(conn, info, revision, None):
                 raise _exists(info.id)
+        self._last.wrote(revision, info)
 
     @staticmethod
     async def _insert_session(
@@ -251,8 +229,22 @@ class _PostgresBackend:
         )
 
     async def write_step(self, write: _StepWrite) -> SessionInfo:
-        with _checkpoints_free(write.session_id, write.checkpoints):
-            return await self._write_step(write)
+        try:
+            with _checkpoints_free(write.session_id, write.checkpoints):
+                after = await self._write_known(write) or await self._write_step(write)
+        except BaseException:
+            self._last.forget(write.session_id)
+            raise
+        self._last.wrote(write.revision, after)
+        return after
+
+    async def _write_known(self, write: _StepWrite) -> SessionInfo | None:
+        """Write the step in one statement if the session is as this store last wrote it."""
+        before = self._last.before(write) if self._one_statement else None
+        if before is None:
+            return None
+        async with (await self._ready()).connection() as conn:
+            return await write_known(conn, write, before, self.channel)
 
     async def _write_step(self, write: _StepWrite) -> SessionInfo:
         sid = write.session_id
@@ -296,11 +288,11 @@ class _PostgresBackend:
                     )
                 )
             after = _stepped(info, write, ids)
-            # A step that trims nothing and records no checkpoints is one statement; otherwise
-            # the writes go out in one pipeline (one round trip, not one each). A pipeline for
-            # one statement costs the client more than it saves.
+            # A step that trims nothing is one statement; otherwise the deletes go out with it
+            # in one pipeline (one round trip, not one each). A pipeline for one statement
+            # costs the client more than it saves.
             writes: contextlib.AbstractAsyncContextManager[object] = (
-                conn.pipeline() if deletes or write.checkpoints else contextlib.nullcontext()
+                conn.pipeline() if deletes else contextlib.nullcontext()
             )
             async with writes:
                 for statement, parameters in deletes:
@@ -314,19 +306,11 @@ class _PostgresBackend:
                     events_at=info.event_count,
                     events=write.events,
                     ids=ids,
+                    checkpoints=write.checkpoints,
                     # Delivered at commit only: followers elsewhere read what it committed.
                     notify=self.channel if write.events or ended is not None else None,
-                    update=(_STEP_UPDATE, _step_update(after, write)),
+                    update=(STEP_UPDATE, step_update(after, write)),
                 )
-                if write.checkpoints:
-                    async with conn.cursor() as many:
-                        await many.executemany(
-                            _INSERT_CHECKPOINT,
-                            [
-                                (sid, c.run_id, c.position, c.name, c.result)
-                                for c in write.checkpoints
-                            ],
-                        )
         return after
 
     async def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]:
@@ -344,15 +328,19 @@ class _PostgresBackend:
 
     async def claim(self, session_id: str, run_id: str, holder: str, ttl: float) -> Lease:
         async with (await self._ready()).connection() as conn:
-            return await _claim(conn, session_id, run_id, holder, ttl, self.channel)
+            lease = await _claim(
+                conn, session_id, run_id, holder, ttl, self.channel, quick=self._one_statement
+            )
+        self._last.claimed(lease)
+        return lease
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         async with (await self._ready()).connection() as conn:
-            return await _renew(conn, lease, ttl)
+            return await _renew(conn, lease, ttl, quick=self._one_statement)
 
     async def release(self, lease: Lease) -> None:
         async with (await self._ready()).connection() as conn:
-            await _release(conn, lease)
+            await _release(conn, lease, quick=self._one_statement)
 
     async def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]:
         # Position and id orders agree (ids only grow): each query walks its own index.
@@ -458,6 +446,7 @@ class _PostgresBackend:
             )
 
     async def delete(self, session_id: str) -> None:
+        self._last.forget(session_id)
         async with (await self._ready()).connection() as conn:
             cur = await conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
             if cur.rowcount == 0:
