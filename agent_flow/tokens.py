@@ -245,11 +245,8 @@ def _rank_file_path(source: _RankFile) -> Path | None:
     return None
 
 
-def _load_ranks(name: str, source: _RankFile) -> RankTable | None:
-    """The ranks of a shipped rank file, or None if it is missing or not genuine."""
-    path = _rank_file_path(source)
-    if path is None:
-        return None
+def _load_ranks(name: str, source: _RankFile, path: Path) -> RankTable | None:
+    """The ranks of `source`'s rank file at `path`, or None if it is unreadable or not genuine."""
     try:
         content = path.read_bytes()
         if path.suffix == ".gz":
@@ -300,8 +297,9 @@ def _installed_encoding(name: str) -> BytePairCounter | None:
         if name in _encodings:
             return _encodings[name]
         source = _RANK_FILES.get(name)
-        if source is not None and _rank_file_path(source) is not None:
-            ranks = _load_ranks(name, source)  # None if it is not genuine: refused
+        path = _rank_file_path(source) if source is not None else None
+        if source is not None and path is not None:
+            ranks = _load_ranks(name, source, path)  # None if it is not genuine: refused
             found = (
                 None
                 if ranks is None

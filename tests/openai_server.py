@@ -506,7 +506,7 @@ class OpenAIServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
+        self._tasks.add(task)
         self._writers.add(writer)
         self.connections += 1
         try:
@@ -541,7 +541,7 @@ class OpenAIServer:
             return
         finally:
             self._writers.discard(writer)
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
             writer.close()
 
     async def _write(self, reply: Reply, writer: asyncio.StreamWriter) -> bool:
