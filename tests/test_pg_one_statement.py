@@ -27,7 +27,8 @@ import agent_flow.sessions.postgres as postgres_module
 from agent_flow.environment import Environment
 from agent_flow.events import TextDelta
 from agent_flow.history import History, UserMessage
-from agent_flow.sessions import Checkpoint, Lease, PostgresSessionStore
+from agent_flow.sessions import Checkpoint, Lease, PostgresSessionStore, SessionInfo
+from agent_flow.sessions._pg_step import LastWrites
 from agent_flow.tokens import ApproxCounter
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 
@@ -324,3 +325,16 @@ async def test_a_claim_that_ended_a_dead_run_sends_the_next_step_the_careful_way
         ("mine-2", "text_delta"),
     ]
     assert info.event_count == 4 and info.last_event_id == events[-1][0]
+
+
+def test_the_store_remembers_the_sessions_written_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LastWrites, "_MAX", 3)
+    last = LastWrites()
+    for name in ("s1", "s2", "s3"):
+        last.wrote(f"rev-{name}", SessionInfo.model_construct(id=name))
+    last.wrote("rev-s1b", SessionInfo.model_construct(id="s1"))  # written again: kept longest
+    last.wrote("rev-s4", SessionInfo.model_construct(id="s4"))
+    assert sorted(last._sessions) == ["s1", "s3", "s4"]
+    assert last._sessions["s1"][0] == "rev-s1b"
+    last.forget("s3")
+    assert sorted(last._sessions) == ["s1", "s4"]

@@ -135,7 +135,11 @@ def _guard_parameters(revision: str, before: SessionInfo) -> dict[str, object]:
 
 
 class LastWrites:
-    """Each session as this store last wrote it: (its revision, its description), bounded."""
+    """Each session as this store last wrote it: (its revision, its description).
+
+    Kept for the `_MAX` sessions written most recently (a few hundred bytes each); a session
+    let go is written the careful way next time.
+    """
 
     _MAX = 1024
 
@@ -165,10 +169,12 @@ class LastWrites:
         return before
 
     def wrote(self, revision: str, after: SessionInfo) -> None:
-        """Remember the session as a write left it."""
-        if len(self._sessions) >= self._MAX and after.id not in self._sessions:
-            self._sessions.clear()
-        self._sessions[after.id] = (revision, after)
+        """Remember the session as a write left it (the one written longest ago goes first)."""
+        sessions = self._sessions
+        sessions.pop(after.id, None)  # to the end of the order
+        sessions[after.id] = (revision, after)
+        if len(sessions) > self._MAX:
+            del sessions[next(iter(sessions))]
 
     def claimed(self, lease: Lease) -> None:
         """The session's lease is now `lease`: what the row holds if nothing else changed.
