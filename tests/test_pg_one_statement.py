@@ -17,20 +17,24 @@ import uuid
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from psycopg import sql
 
 import agent_flow.sessions._pg_lease as pg_lease
 import agent_flow.sessions.postgres as postgres_module
 from agent_flow.environment import Environment
+from agent_flow.errors import LeaseLostError
 from agent_flow.events import TextDelta
 from agent_flow.history import History, UserMessage
 from agent_flow.sessions import Checkpoint, Lease, PostgresSessionStore, SessionInfo
 from agent_flow.sessions._pg_step import LastWrites
 from agent_flow.tokens import ApproxCounter
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
+from tests.store_helpers.usage import Drawn, drawn_calls, step_events
 
 _T = TypeVar("_T")
 
@@ -155,15 +159,15 @@ def one_statement_machine(schemas: list[str]) -> type[RuleBasedStateMachine]:
             count=st.integers(0, 3),
             leased=st.booleans(),
             checkpoint=st.sampled_from(["none", "new", "taken"]),
+            calls=st.lists(drawn_calls, min_size=3, max_size=3),
         )
-        def step(self, who: str, count: int, leased: bool, checkpoint: str) -> None:
+        def step(
+            self, who: str, count: int, leased: bool, checkpoint: str, calls: list[Drawn]
+        ) -> None:
             lease = self.worlds[True][who].lease
             run = lease.run_id if leased and lease is not None else f"free-{next(self.runs)}"
             first = self.next_seq.get(run, 0)
-            events = [
-                TextDelta(run_id=run, seq=seq, text=f"{run}:{seq}")
-                for seq in range(first, first + count)
-            ]
+            events = step_events(calls[:count], run, first)
             # A durable run's checkpoint with the step: a new position, or one already stored
             # (another execution of the run wrote it: the step is refused).
             taken = self.checkpoints.get(run, 0)
@@ -187,6 +191,8 @@ def one_statement_machine(schemas: list[str]) -> type[RuleBasedStateMachine]:
                     checkpoints=checkpoints,
                     fence=fence,
                 )
+                # What the step says the session is, is what is stored.
+                assert info == await writer.store.info(self.session_id)
                 return info.event_count
 
             if checkpoints:
@@ -338,3 +344,98 @@ def test_the_store_remembers_the_sessions_written_last(monkeypatch: pytest.Monke
     assert last._sessions["s1"][0] == "rev-s1b"
     last.forget("s3")
     assert sorted(last._sessions) == ["s1", "s4"]
+
+
+class _Writing:
+    """What one process keeps between its steps of a session: its history and environment."""
+
+    def __init__(self) -> None:
+        self.history = History(counter=COUNTER)
+        self.environment = Environment()
+
+
+async def _step(
+    store: PostgresSessionStore, session_id: str, lease: Lease, seq: int, kept: _Writing
+) -> None:
+    kept.history.add(UserMessage(content=f"{lease.run_id} {seq}"))
+    kept.environment.set("/extensions/seq", seq)
+    await store.save_step(
+        session_id,
+        history=kept.history,
+        environment=kept.environment,
+        events=[TextDelta(run_id=lease.run_id, seq=seq, text="x")],
+        fence=lease.fence,
+    )
+
+
+async def test_a_run_recovered_elsewhere_refuses_the_old_fence(schemas: list[str]) -> None:
+    """The same run claimed again by another process: same run id, a new fence."""
+    async with (
+        PostgresSessionStore(URL, schema=schemas[0]) as mine,
+        PostgresSessionStore(URL, schema=schemas[0]) as other,
+    ):
+        session = await mine.create()
+        kept = _Writing()
+        first = await mine.claim(session.id, run_id="r", holder="me", ttl=0.0)
+        await _step(mine, session.id, first, 0, kept)
+        recovered = await other.claim(session.id, run_id="r", holder="them", ttl=LIVE)
+        assert recovered.fence == first.fence + 1
+        with pytest.raises(LeaseLostError):
+            await _step(mine, session.id, first, 1, kept)
+        events = await mine.events_with_ids(session.id)
+    assert [e.seq for _, e in events] == [0]
+
+
+async def test_a_step_after_two_dead_runs_ended_elsewhere_is_written_where_it_belongs(
+    schemas: list[str],
+) -> None:
+    """The second time, the status is already ``interrupted``: only the counts tell."""
+    async with (
+        PostgresSessionStore(URL, schema=schemas[0]) as mine,
+        PostgresSessionStore(URL, schema=schemas[0]) as other,
+    ):
+        session = await mine.create()
+        kept = _Writing()
+        for n in range(2):
+            lease = await mine.claim(session.id, run_id=f"mine-{n}", holder="me", ttl=0.0)
+            await _step(mine, session.id, lease, 0, kept)
+            taken = await other.claim(session.id, run_id=f"other-{n}", holder="them", ttl=LIVE)
+            assert taken.interrupted_run == f"mine-{n}"
+            await other.release(taken)
+        last = await mine.claim(session.id, run_id="mine-2", holder="me", ttl=LIVE)
+        await _step(mine, session.id, last, 0, kept)
+        events = await mine.events_with_ids(session.id)
+        info = await mine.info(session.id)
+    assert [(e.run_id, e.kind) for _, e in events] == [
+        ("mine-0", "text_delta"),
+        ("mine-0", "run_finished"),
+        ("mine-1", "text_delta"),
+        ("mine-1", "run_finished"),
+        ("mine-2", "text_delta"),
+    ]
+    assert (info.event_count, info.last_event_id) == (5, events[-1][0])
+
+
+async def test_a_step_that_waited_for_the_row_reads_it_again(schemas: list[str]) -> None:
+    """Another transaction holds the row and changes it: the statement waits, finds the row
+    changed, writes nothing, and the careful way writes the step on the row as it is now."""
+    async with PostgresSessionStore(URL, schema=schemas[0]) as store:
+        session = await store.create()
+        kept = _Writing()
+        lease = await store.claim(session.id, run_id="r", holder="me", ttl=LIVE)
+        await _step(store, session.id, lease, 0, kept)
+        async with await psycopg.AsyncConnection.connect(URL) as rival:
+            await rival.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schemas[0])))
+            await rival.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session.id,))
+            await rival.execute(
+                "UPDATE sessions SET status = 'interrupted' WHERE id = %s", (session.id,)
+            )
+            step = asyncio.create_task(_step(store, session.id, lease, 1, kept))
+            await asyncio.sleep(0.3)
+            assert not step.done()  # waiting for the row
+            await rival.commit()
+        await step
+        info = await store.info(session.id)
+        events = await store.events_with_ids(session.id)
+    assert info.status == "interrupted"  # the careful way kept what the row said
+    assert [e.seq for _, e in events] == [0, 1] and info.steps == 2

@@ -10,9 +10,12 @@ The usual case of each is first tried as one ``UPDATE`` in its own transaction (
 trip, where the careful way takes five): claiming a session no run holds, renewing or
 releasing the lease the session holds. Its ``WHERE`` is that case's condition, evaluated on
 the row as locked (a row another transaction changed meanwhile is read again), and its result
-is what `_lease`'s rules give for that case. Where it changes nothing, the careful way runs
-and answers (a live lease, a dead run to end, a lost lease, no such session). ``quick=False``
-goes the careful way at once (the tests compare the two).
+is what `_lease`'s rules give for that case. One difference: the clock may be read before the
+statement waits for the row's lock (held by a transaction that then changed nothing), so a
+lease it sets may expire earlier than the careful way's by that wait, never later. Where it
+changes nothing, the careful way runs and answers (a live lease, a dead run to end, a lost
+lease, no such session). ``quick=False`` goes the careful way at once (the tests compare the
+two).
 """
 
 from __future__ import annotations

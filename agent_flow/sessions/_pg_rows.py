@@ -29,7 +29,7 @@ __all__ = [
 #: and the notification of followers when ``notify`` (delivered at commit). The three tables
 #: are distinct, so the statement's parts never need each other's rows; every part that
 #: changes data runs, referenced or not. ``{gate}`` joins each part to the session's guarded
-#: ``UPDATE`` (`_pg_step.step_guard`): then nothing is inserted where it did not apply, and
+#: ``UPDATE`` (`_pg_step`'s guard): then nothing is inserted where it did not apply, and
 #: the final ``SELECT`` returns a row only where it did.
 _INSERT_ROWS = (
     "WITH new_entries AS ("
