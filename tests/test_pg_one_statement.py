@@ -12,9 +12,10 @@ have written the same thing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -292,47 +293,6 @@ async def test_a_runs_steps_and_its_lease_take_one_statement_each(
     assert ids == sorted(set(ids)) and len(ids) == 10
 
 
-async def test_a_claim_that_ended_a_dead_run_sends_the_next_step_the_careful_way(
-    schemas: list[str],
-) -> None:
-    """Another process ends this store's dead run: the row's counts change, its revision not."""
-    async with (
-        PostgresSessionStore(URL, schema=schemas[0]) as mine,
-        PostgresSessionStore(URL, schema=schemas[0]) as other,
-    ):
-        history, environment = History(counter=COUNTER), Environment()
-        session = await mine.create()
-
-        async def step(lease: Lease, seq: int) -> None:
-            history.add(UserMessage(content=f"seq {seq}"))
-            await mine.save_step(
-                session.id,
-                history=history,
-                environment=environment,
-                events=[TextDelta(run_id=lease.run_id, seq=seq, text="x")],
-                fence=lease.fence,
-            )
-
-        first = await mine.claim(session.id, run_id="mine-1", holder="me", ttl=LIVE)
-        await step(first, 0)
-        await step(first, 1)
-        await mine.renew(first, ttl=0.0)  # this process dies: its lease expires unreleased
-        taken = await other.claim(session.id, run_id="other", holder="them", ttl=LIVE)
-        assert taken.interrupted_run == "mine-1"  # it stored the dead run's end
-        await other.release(taken)
-        again = await mine.claim(session.id, run_id="mine-2", holder="me", ttl=LIVE)
-        await step(again, 0)
-        events = await mine.events_with_ids(session.id)
-        info = await mine.info(session.id)
-    assert [(e.run_id, e.kind) for _, e in events] == [
-        ("mine-1", "text_delta"),
-        ("mine-1", "text_delta"),
-        ("mine-1", "run_finished"),
-        ("mine-2", "text_delta"),
-    ]
-    assert info.event_count == 4 and info.last_event_id == events[-1][0]
-
-
 def test_the_store_remembers_the_sessions_written_last(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LastWrites, "_MAX", 3)
     last = LastWrites()
@@ -368,12 +328,21 @@ async def _step(
     )
 
 
+@contextlib.asynccontextmanager
+async def _two_processes(
+    schema: str,
+) -> AsyncIterator[tuple[PostgresSessionStore, PostgresSessionStore]]:
+    """Two stores on one schema: this process's and another's."""
+    async with (
+        PostgresSessionStore(URL, schema=schema) as mine,
+        PostgresSessionStore(URL, schema=schema) as other,
+    ):
+        yield mine, other
+
+
 async def test_a_run_recovered_elsewhere_refuses_the_old_fence(schemas: list[str]) -> None:
     """The same run claimed again by another process: same run id, a new fence."""
-    async with (
-        PostgresSessionStore(URL, schema=schemas[0]) as mine,
-        PostgresSessionStore(URL, schema=schemas[0]) as other,
-    ):
+    async with _two_processes(schemas[0]) as (mine, other):
         session = await mine.create()
         kept = _Writing()
         first = await mine.claim(session.id, run_id="r", holder="me", ttl=0.0)
@@ -389,11 +358,11 @@ async def test_a_run_recovered_elsewhere_refuses_the_old_fence(schemas: list[str
 async def test_a_step_after_two_dead_runs_ended_elsewhere_is_written_where_it_belongs(
     schemas: list[str],
 ) -> None:
-    """The second time, the status is already ``interrupted``: only the counts tell."""
-    async with (
-        PostgresSessionStore(URL, schema=schemas[0]) as mine,
-        PostgresSessionStore(URL, schema=schemas[0]) as other,
-    ):
+    """Another process ends this store's dead runs: the row's counts change, its revision not.
+
+    The second time, the status is already ``interrupted``: only the counts tell.
+    """
+    async with _two_processes(schemas[0]) as (mine, other):
         session = await mine.create()
         kept = _Writing()
         for n in range(2):
