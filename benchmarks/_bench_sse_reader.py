@@ -62,27 +62,38 @@ def client_for(base: str, n: int) -> Any:
 
 
 async def read_streams(base: str) -> None:
-    """The SSE clients' process: open every session's stream, say so, then on "go" run the waves.
+    """The SSE clients' process: open streams and run waves on demand.
 
-    Its input is a list of waves, each a list of session ids. A wave's messages are sent at
-    once and its streams read to their ``run_finished``; then the next wave's.
+    Its first input line is a list of waves, each a list of session ids; it answers ``open``.
+    Then ``open I`` opens wave I's streams (answered ``opened``: a stream left idle long is
+    closed by the server), ``go I`` sends wave I's messages at once and reads its streams to
+    their ``run_finished`` (answered with their latencies and whether all were complete),
+    until ``end`` (answered with the slowest kinds of event over all waves).
     """
     waves: list[list[str]] = json.loads(sys.stdin.readline())
-    sessions = [sid for wave in waves for sid in wave]
-    reader = Reader()
-    async with client_for(base, len(sessions)) as client, contextlib.AsyncExitStack() as streams:
-        responses = await asyncio.gather(
-            *(
-                streams.enter_async_context(client.stream("GET", f"/sessions/{sid}/events"))
-                for sid in sessions
-            )
-        )
+    overall = Reader()
+    size = max(len(wave) for wave in waves)
+    async with client_for(base, size) as client:
+        opened: dict[int, tuple[contextlib.AsyncExitStack, list[Any]]] = {}
         print("open", flush=True)
-        await asyncio.to_thread(sys.stdin.readline)
-        streams_of = dict(zip(sessions, responses, strict=True))
-        for wave in waves:
+        while (line := (await asyncio.to_thread(sys.stdin.readline)).split()) != ["end"]:
+            command, index = line[0], int(line[1])
+            wave = waves[index]
+            if command == "open":
+                streams = contextlib.AsyncExitStack()
+                responses = await asyncio.gather(
+                    *(
+                        streams.enter_async_context(client.stream("GET", f"/sessions/{sid}/events"))
+                        for sid in wave
+                    )
+                )
+                opened[index] = (streams, responses)
+                print("opened", flush=True)
+                continue
+            reader = Reader()
+            streams, responses = opened.pop(index)
             # Reading from before the first message: the clients' own wait is not the server's.
-            reads = [asyncio.create_task(reader.read(streams_of[sid])) for sid in wave]
+            reads = [asyncio.create_task(reader.read(response)) for response in responses]
             await asyncio.gather(
                 *(
                     client.post(f"/sessions/{sid}/messages", json={"message": "Add."})
@@ -90,15 +101,12 @@ async def read_streams(base: str) -> None:
                 )
             )
             await asyncio.gather(*reads)
-    p99s = {kind: sorted(v)[int(len(v) * 0.99)] for kind, v in reader.by_kind.items()}
+            await streams.aclose()
+            for kind, values in reader.by_kind.items():
+                overall.by_kind.setdefault(kind, []).extend(values)
+            answer = {"latencies": reader.latencies, "complete": reader.complete}
+            print(json.dumps(answer), flush=True)
+    p99s = {kind: sorted(v)[int(len(v) * 0.99)] for kind, v in overall.by_kind.items()}
     slowest = sorted(p99s, key=p99s.__getitem__, reverse=True)[:3]
-    print(
-        json.dumps(
-            {
-                "latencies": reader.latencies,
-                "complete": reader.complete,
-                "slowest_kinds": ", ".join(f"{kind} {p99s[kind]:.0f}" for kind in slowest),
-            }
-        ),
-        flush=True,
-    )
+    summary = ", ".join(f"{kind} {p99s[kind]:.0f}" for kind in slowest)
+    print(json.dumps({"slowest_kinds": summary}), flush=True)

@@ -3,34 +3,41 @@
 Three kinds of process, as in a deployment: a local OpenAI-compatible model server
 (tests/openai_server.py, its own process; it answers instantly: the model calls ``add`` ten
 times, then answers), the process that runs the agents, and the clients. Two ways to drive N
-concurrent sessions against the same model server, each measured in a fresh child process:
+concurrent sessions against the same model server, taking turns in the same agents' process
+(one process per N; on these machines one process runs up to 40% faster or slower than the
+next with the same code, so the two modes are compared within one):
 
 - in-process (the baseline): N `AgentExecutor`s with a session store, one subscriber each,
-  in the agents' process (a subscriber there is what an SSE client is over HTTP);
-- http: the app of `agent-flow serve` on uvicorn; the clients' process (this one) creates N
-  sessions over HTTP, opens N SSE streams, sends N messages and reads every stream to its
+  in the agents' process (a subscriber there is what an SSE client is over HTTP), started by
+  a request to a route this benchmark adds to the app (``/_bench/in-process``);
+- http: the app of `agent-flow serve` on uvicorn; the clients' process creates N sessions
+  over HTTP, opens N SSE streams, sends N messages and reads every stream to its
   ``run_finished``.
 
-Both modes alternate ``--repeat`` times (ABAB: the machine's load falls on both alike); the
-table shows medians, and ``[min-max]`` of p99 over the repetitions.
+A round is, in each mode in turn (alternating which goes first), waves of N new sessions one
+after another until they make 220 turns (one wave from N = 20 on); ``--rounds`` (9). Reported
+per mode: runs/s;
+CPU per model turn of the process that runs the agents (read from /proc around each wave;
+neither the model server's nor the clients' CPU is counted), the median of the rounds; event
+delivery latency p50/p99 over all rounds (the event's timestamp to the moment the chunk that
+carries it was read by the client); and whether every stream was complete and in order (the
+run's ids, its first id plus 0..n-1: no gap, no duplicate, ending with ``run_finished``).
+The overhead is the median of each round's HTTP / in-process ratio.
 
-Reported: runs/s; CPU per model turn of the process that runs the agents (read from /proc;
-neither the model server's nor the clients' CPU is counted); event delivery latency p50/p99
-(the event's timestamp to the moment the chunk that carries it was read by the client); RSS
-growth per session; and whether every stream was complete and in order (the run's ids, its
-first id plus 0..n-1: no gap, no duplicate, ending with ``run_finished``).
-
-``--profile DIR`` runs the HTTP server under cProfile and writes ``DIR/server_N.prof``;
-``--diagnose`` adds the server's event-loop lag (how late a 5 ms timer fires: the time a
-ready callback waits behind the others) and the ready queue's length when each event is
-published.
+``--sample DIR`` records the agents' process with `attribute.py`'s sampler, each mode's waves
+apart (``DIR/in_process_N.txt``, ``DIR/http_N.txt``; read them with ``attribute.py FILE
+--turns T``); ``--profile DIR`` runs it under cProfile for its whole life and writes
+``DIR/server_N.prof``; ``--diagnose`` adds the server's event-loop lag (how late a 5 ms timer
+fires: the time a ready callback waits behind the others) and the ready queue's length when
+each event is published. Memory per session is `bench_memory.py`'s and
+`bench_process_memory.py`'s.
 
 The sessions share one model client unless ``--client-per-session`` gives each its own, as
 `agent-flow serve` does without an ``llm_factory`` (a shared client's connection pool is
 scanned on every request; measured here, one client per session costs no less CPU per turn
 and about four times the memory per session).
 
-Usage: python benchmarks/bench_server.py [--sessions 10,100,500] [--repeat 3]
+Usage: python benchmarks/bench_server.py [--sessions 10,100,500] [--rounds R]
 """
 
 from __future__ import annotations
@@ -41,13 +48,13 @@ import contextlib
 import cProfile
 import json
 import os
-import resource
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +68,7 @@ from tests.openai_server import OpenAIServer, Reply, sse_reply, text_chunks, too
 
 K = 10
 TURNS = K + 1
+MODES = ("in-process", "http")
 
 
 def make_handler() -> Any:
@@ -114,13 +122,6 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _listening_socket() -> socket.socket:
@@ -197,51 +198,45 @@ def _model_clients(model_url: str, *, per_session: bool) -> Any:
     return client
 
 
-async def in_process(
-    n: int, model_url: str, *, waves: int, per_session: bool, sample: str | None = None
-) -> dict[str, Any]:
-    from agent_flow import AgentExecutor
-    from agent_flow.sessions import InMemorySessionStore
+class InProcessWaves:
+    """The baseline, run in the serving process: waves of N runs at once, one subscriber each."""
 
-    config, tools = config_and_tools()
-    clients = _model_clients(model_url, per_session=per_session)
-    store = InMemorySessionStore()
-    latencies: list[float] = []
-    complete = True
+    def __init__(self, model_url: str, *, per_session: bool) -> None:
+        from agent_flow.sessions import InMemorySessionStore
 
-    async def one() -> None:
-        nonlocal complete
-        agent = AgentExecutor(clients(), config=config, tools=tools(None), store=store)
-        subscription = agent.subscribe()
+        self.config, self.tools = config_and_tools()
+        self.clients = _model_clients(model_url, per_session=per_session)
+        self.store = InMemorySessionStore()
 
-        async def drain() -> list[int]:
-            seqs = []
-            async for event in subscription:
-                latencies.append((time.time() - event.timestamp.timestamp()) * 1000)
-                seqs.append(event.seq)
-            return seqs
+    async def wave(self, n: int) -> dict[str, Any]:
+        """Run `n` runs at once; their events' latencies and whether each was complete."""
+        from agent_flow import AgentExecutor
 
-        reader = asyncio.create_task(drain())
-        outcome = await agent.run("Add the numbers.")
-        seqs = await reader
-        complete = complete and outcome.iterations == TURNS and seqs == list(range(len(seqs)))
+        latencies: list[float] = []
+        complete = True
 
-    await one()  # warm-up
-    latencies.clear()
-    rss0 = _rss_mb(os.getpid())
-    usage0 = resource.getrusage(resource.RUSAGE_SELF)
-    start = time.perf_counter()
-    with Sampler() if sample else contextlib.nullcontext() as sampler:
-        for _ in range(waves):
-            await asyncio.gather(*(one() for _ in range(n)))
-    elapsed = time.perf_counter() - start
-    if sampler is not None and sample:
-        sampler.write(sample)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    kernel = usage.ru_stime - usage0.ru_stime
-    cpu = usage.ru_utime - usage0.ru_utime + kernel
-    rss = _rss_mb(os.getpid()) - rss0
-    return _summary(n, waves, elapsed, cpu, rss, latencies, complete, kernel)
+        async def one() -> None:
+            nonlocal complete
+            agent = AgentExecutor(
+                self.clients(), config=self.config, tools=self.tools(None), store=self.store
+            )
+            subscription = agent.subscribe()
+
+            async def drain() -> list[int]:
+                seqs = []
+                async for event in subscription:
+                    latencies.append((time.time() - event.timestamp.timestamp()) * 1000)
+                    seqs.append(event.seq)
+                return seqs
+
+            reader = asyncio.create_task(drain())
+            outcome = await agent.run("Add the numbers.")
+            seqs = await reader
+            in_order = seqs == list(range(len(seqs)))
+            complete = complete and outcome.iterations == TURNS and in_order
+
+        await asyncio.gather(*(one() for _ in range(n)))
+        return {"latencies": latencies, "complete": complete}
 
 
 # -- over HTTP -------------------------------------------------------------------------
@@ -268,6 +263,20 @@ async def serve(
         llm_factory=_model_clients(model_url, per_session=per_session),
         tools_factory=tools,
     )
+    waves = InProcessWaves(model_url, per_session=per_session)
+    samples: dict[str, Counter[str]] = {mode: Counter() for mode in MODES}
+    sampler = Sampler() if sample else None
+
+    async def in_process(n: int) -> dict[str, Any]:
+        return await waves.wave(n)
+
+    async def mode(name: str) -> None:
+        """Sample what follows as `name`'s (both modes run in this process)."""
+        if sampler is not None:
+            sampler.stacks = samples[name]
+
+    app.add_api_route("/_bench/in-process", in_process, methods=["POST"])
+    app.add_api_route("/_bench/mode", mode, methods=["POST"])
     diagnosis = Diagnosis() if diagnose else None
     if diagnosis is not None:
         diagnosis.install()
@@ -280,13 +289,16 @@ async def serve(
     profiler = cProfile.Profile(time.process_time) if profile else None
     if profiler is not None:
         profiler.enable()
-    sampler = Sampler().__enter__() if sample else None
+    if sampler is not None:
+        sampler.__enter__()
     try:
         await server.serve(sockets=[sock])
     finally:
         if sampler is not None and sample:
             sampler.__exit__()
-            sampler.write(sample)
+            for name, stacks in samples.items():
+                sampler.stacks = stacks
+                sampler.write(sample.format(mode=name.replace("-", "_")))
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)
@@ -294,16 +306,24 @@ async def serve(
             Path(diagnose).write_text(json.dumps(diagnosis.report()))  # noqa: ASYNC240
 
 
-async def drive(base: str, pid: int, n: int, waves: int) -> dict[str, Any]:
-    """Create the sessions, have the clients' process open their streams and run the waves."""
+async def drive(base: str, pid: int, n: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Create the sessions, have the clients' process open their streams, run the rounds.
+
+    Each round is a wave of N runs in each mode, in alternating order; each wave's CPU is the
+    agents' process's, read from /proc around it.
+    """
+    records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     async with client_for(base, n) as client:
         warm = (await client.post("/sessions", json={})).json()["id"]
         async with client.stream("GET", f"/sessions/{warm}/events") as response:
             await client.post(f"/sessions/{warm}/messages", json={"message": "Add."})
             await Reader().read(response)
+        (await client.post("/_bench/in-process", params={"n": 1}, json={})).raise_for_status()
+        # A round's waves in one mode make at least 220 turns: /proc counts in 10 ms ticks.
+        per_round = max(1, -(-220 // (n * TURNS)))
         sessions = [
             [(await client.post("/sessions", json={})).json()["id"] for _ in range(n)]
-            for _ in range(waves)
+            for _ in range(rounds * per_round)
         ]
         clients = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -319,30 +339,63 @@ async def drive(base: str, pid: int, n: int, waves: int) -> dict[str, Any]:
         clients.stdin.write(json.dumps(sessions).encode() + b"\n")
         await clients.stdin.drain()
         assert (await clients.stdout.readline()).strip() == b"open"
-        rss0, (user0, sys0) = _rss_mb(pid), _cpu_seconds(pid)
-        start = time.perf_counter()
-        clients.stdin.write(b"go\n")  # it sends each wave's messages at once, as the baseline
+
+        async def wave(mode: str, index: int) -> dict[str, Any]:
+            assert clients.stdin is not None
+            assert clients.stdout is not None
+            if mode == "in-process":
+                answer = await client.post("/_bench/in-process", params={"n": n}, json={})
+                answer.raise_for_status()
+                return dict(answer.json())
+            # The clients send the wave's messages at once, as the baseline starts its runs.
+            clients.stdin.write(f"go {index}\n".encode())
+            await clients.stdin.drain()
+            return dict(json.loads(await clients.stdout.readline()))
+
+        for index in range(rounds):
+            for mode in MODES if index % 2 == 0 else MODES[::-1]:
+                first = index * per_round
+                if mode == "http":  # the clients' streams, open before the clock starts
+                    for w in range(per_round):
+                        clients.stdin.write(f"open {first + w}\n".encode())
+                        await clients.stdin.drain()
+                        assert (await clients.stdout.readline()).strip() == b"opened"
+                (
+                    await client.post("/_bench/mode", params={"name": mode}, json={})
+                ).raise_for_status()
+                (user0, sys0), start = _cpu_seconds(pid), time.perf_counter()
+                reads = [await wave(mode, first + w) for w in range(per_round)]
+                elapsed = time.perf_counter() - start
+                user, system = _cpu_seconds(pid)
+                records[mode].append(
+                    {
+                        "latencies": [value for read in reads for value in read["latencies"]],
+                        "complete": all(read["complete"] for read in reads),
+                        "runs": n * per_round,
+                        "cpu": user - user0 + system - sys0,
+                        "kernel": system - sys0,
+                        "elapsed": elapsed,
+                    }
+                )
+        clients.stdin.write(b"end\n")
         await clients.stdin.drain()
-        read = json.loads(await clients.stdout.readline())
-        elapsed = time.perf_counter() - start
-        user, system = _cpu_seconds(pid)
-        cpu, kernel, rss = user - user0 + system - sys0, system - sys0, _rss_mb(pid) - rss0
+        slowest = json.loads(await clients.stdout.readline())["slowest_kinds"]
         await clients.wait()
-    result = _summary(n, waves, elapsed, cpu, rss, read["latencies"], read["complete"], kernel)
-    result["slowest_kinds"] = read["slowest_kinds"]
-    return result
+    records["http"][0]["slowest_kinds"] = slowest
+    return records
 
 
-def over_http(
+def cell(
     n: int,
     model_url: str,
     *,
-    waves: int,
+    rounds: int,
     profile: str | None,
     diagnose: bool,
     per_session: bool,
     sample: str | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Both modes' rounds at N in one agents' process: each mode's summary, and the overhead."""
     args = ["--serve", "--model-url", model_url]
     if per_session:
         args.append("--client-per-session")
@@ -354,68 +407,55 @@ def over_http(
         args += ["--profile-file", f"{profile}/server_{n}.prof"]
     if sample:
         Path(sample).mkdir(parents=True, exist_ok=True)
-        args += ["--sample-file", f"{sample}/http_{n}.txt"]
+        args += ["--sample-file", f"{sample}/{{mode}}_{n}.txt"]
     server, port = _spawn(*args)
     try:
-        result = asyncio.run(drive(f"http://127.0.0.1:{port}", server.pid, n, waves))
+        records = asyncio.run(drive(f"http://127.0.0.1:{port}", server.pid, n, rounds))
     finally:
         _stop(server)
+    summaries = {mode: _summary(runs) for mode, runs in records.items()}
+    paired = zip(records["in-process"], records["http"], strict=True)
+    overhead = {
+        "ratio": statistics.median(http["cpu"] / base["cpu"] - 1 for base, http in paired),
+        "slowest_kinds": records["http"][0]["slowest_kinds"],
+    }
     if diagnose and report.exists():
-        result.update(json.loads(report.read_text()))
+        overhead.update(json.loads(report.read_text()))
         report.unlink()
-    return result
+    return summaries, overhead
 
 
-def _summary(
-    n: int,
-    waves: int,
-    elapsed: float,
-    cpu: float,
-    rss: float,
-    latencies: list[float],
-    complete: bool,
-    kernel: float,
-) -> dict[str, Any]:
-    ordered = sorted(latencies)
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's rounds: runs/s, the median CPU per turn, latencies over all rounds."""
+    ordered = sorted(latency for r in rounds for latency in r["latencies"])
     return {
-        "runs_per_s": n * waves / elapsed,
-        "cpu_ms_per_turn": cpu * 1000 / (n * waves * TURNS),
-        "sys_ms_per_turn": kernel * 1000 / (n * waves * TURNS),
+        "runs_per_s": sum(r["runs"] for r in rounds) / sum(r["elapsed"] for r in rounds),
+        "cpu_ms_per_turn": statistics.median(r["cpu"] * 1e3 / (r["runs"] * TURNS) for r in rounds),
+        "sys_ms_per_turn": statistics.median(
+            r["kernel"] * 1e3 / (r["runs"] * TURNS) for r in rounds
+        ),
         "p50_ms": statistics.median(ordered),
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-        "rss_kb_per_session": rss * 1024 / n,  # the sessions of one wave
-        "events": len(latencies),
-        "complete": complete,
+        "events": len(ordered),
+        "complete": all(r["complete"] for r in rounds),
     }
-
-
-def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    numeric = [
-        key
-        for key, value in rows[0].items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    ]
-    row: dict[str, Any] = {key: statistics.median(r[key] for r in rows) for key in numeric}
-    row["complete"] = all(r["complete"] for r in rows)
-    row["p99_spread"] = (min(r["p99_ms"] for r in rows), max(r["p99_ms"] for r in rows))
-    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sessions", default="10,100,500", help="concurrent sessions")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each mode (ABAB)")
     parser.add_argument(
-        "--waves",
+        "--rounds",
         type=int,
-        help="waves of N new sessions, one after another (default: enough for 500 turns)",
+        default=9,
+        help="rounds (in each, waves of N new sessions in each mode, 220 turns at least)",
     )
     parser.add_argument("--profile", metavar="DIR", help="run the server under cProfile")
     parser.add_argument(
         "--sample",
         metavar="DIR",
-        help="sample both modes' agent processes (DIR/in_process_N.txt, DIR/http_N.txt; "
-        "the server's whole life, warm-up included); read with attribute.py",
+        help="sample the agents' process, each mode apart (DIR/in_process_N.txt, "
+        "DIR/http_N.txt); read with attribute.py",
     )
     parser.add_argument("--diagnose", action="store_true", help="server loop lag and queue")
     parser.add_argument(
@@ -425,7 +465,6 @@ def main() -> None:
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--in-process", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model-url", help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--diagnose-file", help=argparse.SUPPRESS)
@@ -453,100 +492,56 @@ def main() -> None:
     if args.read_streams:
         asyncio.run(read_streams(args.read_streams))
         return
-    if args.in_process:
-        result = in_process(
-            args.in_process,
-            args.model_url,
-            waves=args.waves,
-            per_session=args.client_per_session,
-            sample=args.sample_file,
-        )
-        print(json.dumps(asyncio.run(result)))
-        return
-    if args.sample:
-        Path(args.sample).mkdir(parents=True, exist_ok=True)
     model, model_port = _spawn("--model")
     model_url = f"http://127.0.0.1:{model_port}/v1"
     print(f"{K}-step tool loops, N sessions at once; http = agent-flow serve + SSE clients;")
-    print("model server, agents and clients each in their own process")
+    print("model server, agents and clients each in their own process; the two modes take")
+    print("turns in one agents' process per N, round by round")
     head = f"{'N':>4} {'mode':>10} | {'runs/s':>7} | {'CPU ms/turn':>11} | {'p50 ms':>7} |"
-    print(
-        head + f" {'p99 ms':>7} {'[min-max]':>15} | {'RSS KB/sess':>11} | {'events':>7} | complete"
-    )
+    print(head + f" {'p99 ms':>7} | {'events':>7} | complete")
     try:
         for n in (int(value) for value in args.sessions.split(",")):
-            # A cell of a few runs is measured in ticks of /proc's 10 ms: too coarse.
-            waves = args.waves or max(1, -(-500 // (n * TURNS)))
-            rows: dict[str, list[dict[str, Any]]] = {"in-process": [], "http": []}
-            for _ in range(args.repeat):
-                out = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--in-process",
-                        str(n),
-                        "--model-url",
-                        model_url,
-                        "--waves",
-                        str(waves),
-                        *(["--client-per-session"] if args.client_per_session else []),
-                        *(
-                            ["--sample-file", f"{args.sample}/in_process_{n}.txt"]
-                            if args.sample
-                            else []
-                        ),
-                    ],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                rows["in-process"].append(json.loads(out.strip().splitlines()[-1]))
-                rows["http"].append(
-                    over_http(
-                        n,
-                        model_url,
-                        waves=waves,
-                        profile=args.profile,
-                        diagnose=args.diagnose,
-                        per_session=args.client_per_session,
-                        sample=args.sample,
-                    )
-                )
-            medians = {mode: _median_row(runs) for mode, runs in rows.items()}
-            for mode, row in medians.items():
-                low, high = row["p99_spread"]
-                spread = f"[{low:.0f}-{high:.0f}]"
+            rounds = args.rounds
+            summaries, overhead = cell(
+                n,
+                model_url,
+                rounds=rounds,
+                profile=args.profile,
+                diagnose=args.diagnose,
+                per_session=args.client_per_session,
+                sample=args.sample,
+            )
+            for mode, row in summaries.items():
                 print(
                     f"{n:>4} {mode:>10} | {row['runs_per_s']:>7.1f} |"
                     f" {row['cpu_ms_per_turn']:>11.2f} |"
-                    f" {row['p50_ms']:>7.1f} | {row['p99_ms']:>7.1f} {spread:>15} |"
-                    f" {row['rss_kb_per_session']:>11.0f}"
-                    f" | {row['events']:>7.0f} | {row['complete']}"
+                    f" {row['p50_ms']:>7.1f} | {row['p99_ms']:>7.1f} |"
+                    f" {row['events']:>7.0f} | {row['complete']}"
                 )
-            http, baseline = medians["http"], medians["in-process"]
-            overhead = http["cpu_ms_per_turn"] / baseline["cpu_ms_per_turn"] - 1
+            http, baseline = summaries["http"], summaries["in-process"]
             print(
-                f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead:+.0%}"
-                f" (in the kernel: {baseline['sys_ms_per_turn']:.2f} ms in-process,"
-                f" {http['sys_ms_per_turn']:.2f} ms http)"
+                f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead['ratio']:+.0%}"
+                f" (median of {rounds} paired rounds; in the kernel:"
+                f" {baseline['sys_ms_per_turn']:.2f} ms in-process,"
+                f" {http['sys_ms_per_turn']:.2f} ms http)",
+                flush=True,
             )
             if args.diagnose:
                 keys = [
                     key
-                    for key in http
+                    for key in overhead
                     if key.startswith(("lag_", "ready_", "created_", "batched_"))
+                    and key != "created_to_publish_slowest"
                 ]
-                last = rows["http"][-1]
-                print(f"{'':>4} {'':>10}   p99 by kind (ms), last run: {last['slowest_kinds']}")
+                print(f"{'':>4} {'':>10}   p99 by kind (ms), http: {overhead['slowest_kinds']}")
                 print(
-                    f"{'':>4} {'':>10}   created to published, p99 by kind (ms), last run: "
-                    + last["created_to_publish_slowest"]
+                    f"{'':>4} {'':>10}   created to published, p99 by kind (ms): "
+                    + overhead["created_to_publish_slowest"]
                 )
                 print(
-                    f"{'':>4} {'':>10}   server loop: "
-                    + ", ".join(f"{key} {http[key]:.1f}" for key in keys)
+                    f"{'':>4} {'':>10}   server loop, both modes: "
+                    + ", ".join(f"{key} {overhead[key]:.1f}" for key in keys)
                 )
-            sys.stdout.flush()
     finally:
         _stop(model)
 
