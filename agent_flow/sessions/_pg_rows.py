@@ -26,7 +26,7 @@ __all__ = [
 #: environment changes (``[version, data]``), its events (from position ``events_at`` on,
 #: ``[event_id, run_id, seq, kind, data]``) and a durable run's checkpoints (``[run_id,
 #: position, name, result]``), each a JSON array (an empty one inserts nothing),
-#: and the notification of followers when ``notify`` (delivered at commit). The three tables
+#: and the notification of followers when ``notify`` (delivered at commit). The four tables
 #: are distinct, so the statement's parts never need each other's rows; every part that
 #: changes data runs, referenced or not. ``{gate}`` joins each part to the session's guarded
 #: ``UPDATE`` (`_pg_step`'s guard): then nothing is inserted where it did not apply, and

@@ -74,10 +74,7 @@ def step_update(after: SessionInfo, write: _StepWrite) -> dict[str, object]:
         "s_event_count": after.event_count,
         "s_last_event_id": after.last_event_id,
         "s_environment_version": after.environment_version,
-        **{
-            f"s_{name}": value
-            for name, value in zip(USAGE_FIELDS, _Totals.of(after).values(), strict=True)
-        },
+        **{f"s_{name}": value for name, value in _Totals.of(after).fields().items()},
         "s_environment": env.base if env is not None else None,
         "s_revision": write.revision,
     }
@@ -127,10 +124,7 @@ def _guard_parameters(revision: str, before: SessionInfo) -> dict[str, object]:
         "g_event_count": before.event_count,
         "g_last_event_id": before.last_event_id,
         "g_environment_version": before.environment_version,
-        **{
-            f"g_{name}": value
-            for name, value in zip(USAGE_FIELDS, _Totals.of(before).values(), strict=True)
-        },
+        **{f"g_{name}": value for name, value in _Totals.of(before).fields().items()},
     }
 
 

@@ -231,7 +231,9 @@ class _PostgresBackend:
     async def write_step(self, write: _StepWrite) -> SessionInfo:
         try:
             with _checkpoints_free(write.session_id, write.checkpoints):
-                after = await self._write_known(write) or await self._write_step(write)
+                after = await self._write_known(write)
+                if after is None:  # not as this store last wrote it: the careful way
+                    after = await self._write_step(write)
         except BaseException:
             self._last.forget(write.session_id)
             raise
