@@ -87,7 +87,11 @@ class TokenizerFallbackWarning(UserWarning):
 
 @runtime_checkable
 class TokenCounter(Protocol):
-    """Counts tokens the way the model's provider does."""
+    """Counts tokens the way the model's provider does.
+
+    Called from more than one thread (a large tool result is counted on the tool threads):
+    an implementation must be thread-safe.
+    """
 
     @property
     def name(self) -> str:

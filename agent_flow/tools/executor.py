@@ -53,7 +53,11 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from agent_flow._checkpoints import STEP_RUNNER, CallSteps, checkpointed, current_step_runner
-from agent_flow._defaults import DEFAULT_MAX_TOOL_OUTPUT_TOKENS, DEFAULT_TOOL_TIMEOUT
+from agent_flow._defaults import (
+    DEFAULT_MAX_TOOL_OUTPUT_TOKENS,
+    DEFAULT_TOOL_TIMEOUT,
+    LARGE_TOOL_RESULT_CHARS,
+)
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
 from agent_flow._utils import conforms
@@ -70,6 +74,7 @@ from agent_flow.tools._registry import (
     provider_tool_name,
 )
 from agent_flow.tools._secrets import SecretRedactor
+from agent_flow.tools._threads import tool_threads
 from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, cut_marker
 from agent_flow.tools._validation import _schema_problems
 from agent_flow.tools.base import Tool, ToolArgumentsError, ToolContext, to_tool_result
@@ -172,7 +177,9 @@ class ToolExecutor(ToolRegistry):
             limit).
         max_output_tokens: Default token limit of a result's content (``None``: no limit).
         counter: Counts tokens for truncation; defaults to the counter of the first agent
-            that uses this executor (`count_with`), else `default_counter()`.
+            that uses this executor (`count_with`), else `default_counter()`. A result over
+            `LARGE_TOOL_RESULT_CHARS` characters is counted on the tool threads, so a
+            counter of your own must be thread-safe (agent_flow's are).
         max_concurrency: The most calls running at once (``None``: all of a turn).
         approval_timeout: Seconds to wait for an approval answer (``None``: no limit).
         secrets: Redacts known secret values from every result (and progress message);
@@ -370,6 +377,21 @@ class ToolExecutor(ToolRegistry):
             update={"content": content, "truncated": True, "original_tokens": original}
         )
 
+    async def _settle(self, result: ToolResult) -> tuple[ToolResult, ToolResult]:
+        """`result` redacted, and as the model sees it; a large one off the event loop.
+
+        Redacting and counting a large result takes as long as its text is (most of a second
+        for a megabyte never seen before): on the tool threads the loop goes on meanwhile,
+        taking the GIL back between their steps (`LARGE_TOOL_RESULT_CHARS`).
+        """
+        if len(result.content) <= LARGE_TOOL_RESULT_CHARS:
+            return self._redacted_and_cut(result)
+        return await tool_threads().run(self._redacted_and_cut, result)
+
+    def _redacted_and_cut(self, result: ToolResult) -> tuple[ToolResult, ToolResult]:
+        redacted = self.secrets.redact_result(result)
+        return redacted, self._truncate(redacted)
+
     async def _run_call(self, call: ToolCall, scope: _Scope) -> _Ran:
         await _hook(scope.hooks.call_started(call))
         try:
@@ -378,8 +400,7 @@ class ToolExecutor(ToolRegistry):
             logger.exception("running tool call %r failed inside the executor", call.name)
             message = f"the call to {call.name!r} failed before it could run: {err}"
             record = _Ran(self._error(call, message, "exception"))
-        record.result = self.secrets.redact_result(record.result)
-        record.shown = self._truncate(record.result)
+        record.result, record.shown = await self._settle(record.result)
         await _hook(scope.hooks.call_finished(call, record.shown))
         return record
 

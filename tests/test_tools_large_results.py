@@ -1,0 +1,168 @@
+"""A large tool result is redacted and cut on the tool threads, never on the event loop.
+
+Counting a megabyte of text never seen before takes most of a second: on the event loop every
+other run of the process (their streams, their leases' renewals) would wait that long. Above
+`LARGE_TOOL_RESULT_CHARS` the executor hands the redaction and the cut to the tool threads;
+below it the hand-off would cost more than the work, and both stay on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_flow._defaults import LARGE_TOOL_RESULT_CHARS
+from agent_flow._text import truncate_to_tokens
+from agent_flow.messages import ToolCall
+from agent_flow.tokens import ApproxCounter, default_counter
+from agent_flow.tools import SecretRedactor, ToolExecutor, tool
+from agent_flow.tools._truncation import cut_marker
+
+SECRET = "sk-large-result-canary-0123456789"
+
+
+class _WatchedCounter(ApproxCounter):
+    """Counts as `ApproxCounter`, noting the thread of every count of a text over the bound.
+
+    While `hold` is set, a count of a large text waits for `release` (at most 10 s, then it
+    goes on: a test whose loop is blocked fails on its assertions, not by hanging).
+    """
+
+    def __init__(self) -> None:
+        self.large_counts_on: list[threading.Thread] = []
+        self.small_counts_on: set[threading.Thread] = set()
+        self.hold = False
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def count(self, text: str) -> int:
+        if len(text) > LARGE_TOOL_RESULT_CHARS:
+            self.large_counts_on.append(threading.current_thread())
+            if self.hold:
+                self.started.set()
+                self.release.wait(10)
+        else:
+            self.small_counts_on.add(threading.current_thread())
+        return super().count(text)
+
+
+def _executor(text: str, counter: _WatchedCounter) -> ToolExecutor:
+    @tool
+    def read(path: str) -> str:
+        """Read a file.
+
+        Args:
+            path: The file.
+        """
+        return text
+
+    return ToolExecutor(
+        [read],
+        counter=counter,
+        secrets=SecretRedactor({"CANARY_KEY": SECRET}),
+        max_output_tokens=500,
+    )
+
+
+def _call() -> ToolCall:
+    return ToolCall(id="call_1", name="read", arguments='{"path": "big.txt"}')
+
+
+def _large_text() -> str:
+    line = "the quick brown fox jumps over the lazy dog " * 3 + "\n"
+    body = line * (LARGE_TOOL_RESULT_CHARS // len(line) + 10)
+    return body[:1000] + SECRET + body[1000:] + SECRET
+
+
+async def test_a_large_result_is_counted_off_the_event_loop_while_the_loop_runs() -> None:
+    counter = _WatchedCounter()
+    counter.hold = True
+    executor = _executor(_large_text(), counter)
+    loop_thread = threading.current_thread()
+    task = asyncio.create_task(executor.execute_one(_call()))
+    # The count waits for `release`: this line runs only if the loop is free meanwhile.
+    assert await asyncio.to_thread(counter.started.wait, 5), "the large result was not counted"
+    ticks = 0
+    for _ in range(3):
+        await asyncio.sleep(0)
+        ticks += 1
+    assert not task.done()
+    counter.release.set()
+    outcome = await task
+    assert ticks == 3
+    assert counter.large_counts_on and all(t is not loop_thread for t in counter.large_counts_on)
+    # Redacted before it was cut, and cut to the limit, exactly as the loop would have.
+    assert SECRET not in outcome.full_result.content
+    assert SECRET not in outcome.result.content
+    assert outcome.result.truncated
+    assert outcome.result.original_tokens == counter.count(outcome.full_result.content)
+    expected, total = truncate_to_tokens(
+        outcome.full_result.content,
+        500,
+        ApproxCounter().count,
+        marker=cut_marker,
+        at_line_break=True,
+    )
+    assert outcome.result.content == expected
+    assert outcome.result.original_tokens == total
+
+
+async def test_a_small_result_is_counted_on_the_loop_with_no_hand_off() -> None:
+    counter = _WatchedCounter()
+    executor = _executor("a short answer " + SECRET, counter)
+    outcome = await executor.execute_one(_call())
+    assert counter.large_counts_on == []
+    assert counter.small_counts_on == {threading.current_thread()}
+    assert outcome.result.content == "a short answer [REDACTED:CANARY_KEY]"
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    extra=st.integers(min_value=-200, max_value=200),
+    secret_at=st.floats(min_value=0, max_value=1),
+)
+def test_either_side_of_the_bound_the_model_sees_the_same_result(
+    extra: int, secret_at: float
+) -> None:
+    """Off the loop or on it, the shown result is the redacted text cut by the same rule."""
+    filler = ("lorem ipsum dolor sit amet\n" * (LARGE_TOOL_RESULT_CHARS // 27 + 20))[
+        : LARGE_TOOL_RESULT_CHARS + extra - len(SECRET)
+    ]
+    at = int(len(filler) * secret_at)
+    text = filler[:at] + SECRET + filler[at:]
+    counter = default_counter()
+    executor = ToolExecutor(
+        [], counter=counter, secrets=SecretRedactor({"CANARY_KEY": SECRET}), max_output_tokens=300
+    )
+
+    @executor.register
+    @tool
+    def read(path: str) -> str:
+        """Read a file.
+
+        Args:
+            path: The file.
+        """
+        return text
+
+    outcome = asyncio.run(executor.execute_one(_call()))
+    redacted = text.replace(SECRET, "[REDACTED:CANARY_KEY]")
+    assert outcome.full_result.content == redacted
+    expected, total = truncate_to_tokens(
+        redacted, 300, counter.count, marker=cut_marker, at_line_break=True
+    )
+    assert (outcome.result.content, outcome.result.original_tokens) == (expected, total)
+
+
+@pytest.mark.parametrize("size", [LARGE_TOOL_RESULT_CHARS, LARGE_TOOL_RESULT_CHARS + 1])
+async def test_the_bound_itself_stays_on_the_loop(size: int) -> None:
+    counter = _WatchedCounter()
+    executor = _executor("x" * size, counter)
+    await executor.execute_one(_call())
+    on_loop = threading.current_thread() in counter.small_counts_on
+    assert bool(counter.large_counts_on) == (size > LARGE_TOOL_RESULT_CHARS)
+    assert on_loop == (size <= LARGE_TOOL_RESULT_CHARS)
