@@ -88,10 +88,11 @@ DEFAULT_TOOL_TIMEOUT: Final = 60.0
 DEFAULT_MAX_TOOL_OUTPUT_TOKENS: Final = 4000
 """Token limit of one tool result as the model sees it (the full result is kept)."""
 
-LARGE_TOOL_RESULT_CHARS: Final = 64 * 1024
-"""A tool result longer than this (characters) is redacted and cut to its token limit on the
-tool threads, not on the event loop: counting a megabyte of new text takes most of a second,
-which every other run on the loop would wait (shorter ones cost less than the hand-off)."""
+LARGE_TEXT_CHARS: Final = 64 * 1024
+"""A text longer than this (characters) is counted on the tool threads, not on the event loop:
+a tool result (redacted and cut to its token limit there) and a run's user message. Counting
+a megabyte of new text takes most of a second, which every other run on the loop would wait;
+a shorter text costs less than the hand-off."""
 
 TOOL_THREADS_MAX: Final = min(32, (os.cpu_count() or 1) + 4)
 """The most threads sync tools run on at once (`asyncio.to_thread`'s default pool's size)."""

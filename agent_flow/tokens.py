@@ -390,19 +390,32 @@ class TiktokenCounter(BaseTokenCounter):
         Short texts are remembered (`_CACHED_TEXT_CHARS`, `_CACHED_TEXTS`): a step counts
         the same ones more than once (a tool result when it is truncated and when it is
         recorded, an assistant turn when its results arrive, the environment's separator at
-        every rendering), and a lookup costs a hash where counting costs microseconds.
+        every rendering), and a lookup costs a hash where counting costs microseconds. Of
+        longer texts, the last one counted is remembered (per encoding, for every thread):
+        a large text counted ahead on another thread is not counted again.
         """
         if not text:
             return 0
+        if len(text) > _CACHED_TEXT_CHARS:
+            return self._count_long(text)
         counts = self._counts
         known = counts.get(text)
         if known is not None:
             return known
         count = self._encoding.count(text)
-        if len(text) <= _CACHED_TEXT_CHARS:
-            if len(counts) >= _CACHED_TEXTS:
-                counts.clear()  # a bounded memory, not an LRU: refilled within a step or two
-            counts[text] = count
+        if len(counts) >= _CACHED_TEXTS:
+            counts.clear()  # a bounded memory, not an LRU: refilled within a step or two
+        counts[text] = count
+        return count
+
+    def _count_long(self, text: str) -> int:
+        # The last long text of the encoding is remembered: one counted ahead off the event
+        # loop (a large user message, `count_ahead`) is then not counted again on it.
+        last = _last_long_text.get(self.encoding_name)
+        if last is not None and last[0] == text:
+            return last[1]
+        count = self._encoding.count(text)
+        _last_long_text[self.encoding_name] = (text, count)
         return count
 
     def count_tools(self, tools: Sequence[ToolDefinition]) -> int:
@@ -426,6 +439,8 @@ class TiktokenCounter(BaseTokenCounter):
 # Counts of recently counted short texts, by encoding (see `TiktokenCounter.count`): at most
 # `_CACHED_TEXTS` texts of at most `_CACHED_TEXT_CHARS` characters each (a few MB at worst).
 _text_counts: dict[str, dict[str, int]] = {}
+# Per encoding, the last text over `_CACHED_TEXT_CHARS` counted, with its count.
+_last_long_text: dict[str, tuple[str, int]] = {}
 _CACHED_TEXTS: Final = 512
 _CACHED_TEXT_CHARS: Final = 2048
 

@@ -56,7 +56,7 @@ from agent_flow._checkpoints import STEP_RUNNER, CallSteps, checkpointed, curren
 from agent_flow._defaults import (
     DEFAULT_MAX_TOOL_OUTPUT_TOKENS,
     DEFAULT_TOOL_TIMEOUT,
-    LARGE_TOOL_RESULT_CHARS,
+    LARGE_TEXT_CHARS,
 )
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
@@ -178,7 +178,7 @@ class ToolExecutor(ToolRegistry):
         max_output_tokens: Default token limit of a result's content (``None``: no limit).
         counter: Counts tokens for truncation; defaults to the counter of the first agent
             that uses this executor (`count_with`), else `default_counter()`. A result over
-            `LARGE_TOOL_RESULT_CHARS` characters is counted on the tool threads, so a
+            `LARGE_TEXT_CHARS` characters is counted on the tool threads, so a
             counter of your own must be thread-safe (agent_flow's are).
         max_concurrency: The most calls running at once (``None``: all of a turn).
         approval_timeout: Seconds to wait for an approval answer (``None``: no limit).
@@ -382,9 +382,9 @@ class ToolExecutor(ToolRegistry):
 
         Redacting and counting a large result takes as long as its text is (most of a second
         for a megabyte never seen before): on the tool threads the loop goes on meanwhile,
-        taking the GIL back between their steps (`LARGE_TOOL_RESULT_CHARS`).
+        taking the GIL back between their steps (`LARGE_TEXT_CHARS`).
         """
-        if len(result.content) <= LARGE_TOOL_RESULT_CHARS:
+        if len(result.content) <= LARGE_TEXT_CHARS:
             return self._redacted_and_cut(result)
         return await tool_threads().run(self._redacted_and_cut, result)
 

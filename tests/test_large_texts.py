@@ -1,9 +1,11 @@
-"""A large tool result is redacted and cut on the tool threads, never on the event loop.
+"""Large texts are counted on the tool threads, not on the event loop.
 
 Counting a megabyte of text never seen before takes most of a second: on the event loop every
 other run of the process (their streams, their leases' renewals) would wait that long. Above
-`LARGE_TOOL_RESULT_CHARS` the executor hands the redaction and the cut to the tool threads;
-below it the hand-off would cost more than the work, and both stay on the loop.
+`LARGE_TEXT_CHARS` the executor hands a tool result's redaction and cut to the tool threads,
+and a run counts its user message there before the history counts it (a lookup then: the
+counter remembers the last long text it counted); below it the hand-off would cost more than
+the work, and both stay on the loop.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_flow._defaults import LARGE_TOOL_RESULT_CHARS
+from agent_flow import AgentConfig, AgentExecutor, ContextConfig
+from agent_flow._defaults import LARGE_TEXT_CHARS
 from agent_flow._text import truncate_to_tokens
 from agent_flow.messages import ToolCall
-from agent_flow.tokens import ApproxCounter, default_counter
+from agent_flow.testing import FunctionLLM, reply
+from agent_flow.tokens import ApproxCounter, TiktokenCounter, default_counter
 from agent_flow.tools import SecretRedactor, ToolExecutor, tool
 from agent_flow.tools._truncation import cut_marker
 
@@ -40,7 +44,7 @@ class _WatchedCounter(ApproxCounter):
         self.release = threading.Event()
 
     def count(self, text: str) -> int:
-        if len(text) > LARGE_TOOL_RESULT_CHARS:
+        if len(text) > LARGE_TEXT_CHARS:
             self.large_counts_on.append(threading.current_thread())
             if self.hold:
                 self.started.set()
@@ -74,7 +78,7 @@ def _call() -> ToolCall:
 
 def _large_text() -> str:
     line = "the quick brown fox jumps over the lazy dog " * 3 + "\n"
-    body = line * (LARGE_TOOL_RESULT_CHARS // len(line) + 10)
+    body = line * (LARGE_TEXT_CHARS // len(line) + 10)
     return body[:1000] + SECRET + body[1000:] + SECRET
 
 
@@ -129,8 +133,8 @@ def test_either_side_of_the_bound_the_model_sees_the_same_result(
     extra: int, secret_at: float
 ) -> None:
     """Off the loop or on it, the shown result is the redacted text cut by the same rule."""
-    filler = ("lorem ipsum dolor sit amet\n" * (LARGE_TOOL_RESULT_CHARS // 27 + 20))[
-        : LARGE_TOOL_RESULT_CHARS + extra - len(SECRET)
+    filler = ("lorem ipsum dolor sit amet\n" * (LARGE_TEXT_CHARS // 27 + 20))[
+        : LARGE_TEXT_CHARS + extra - len(SECRET)
     ]
     at = int(len(filler) * secret_at)
     text = filler[:at] + SECRET + filler[at:]
@@ -158,11 +162,76 @@ def test_either_side_of_the_bound_the_model_sees_the_same_result(
     assert (outcome.result.content, outcome.result.original_tokens) == (expected, total)
 
 
-@pytest.mark.parametrize("size", [LARGE_TOOL_RESULT_CHARS, LARGE_TOOL_RESULT_CHARS + 1])
+@pytest.mark.parametrize("size", [LARGE_TEXT_CHARS, LARGE_TEXT_CHARS + 1])
 async def test_the_bound_itself_stays_on_the_loop(size: int) -> None:
     counter = _WatchedCounter()
     executor = _executor("x" * size, counter)
     await executor.execute_one(_call())
     on_loop = threading.current_thread() in counter.small_counts_on
-    assert bool(counter.large_counts_on) == (size > LARGE_TOOL_RESULT_CHARS)
-    assert on_loop == (size <= LARGE_TOOL_RESULT_CHARS)
+    assert bool(counter.large_counts_on) == (size > LARGE_TEXT_CHARS)
+    assert on_loop == (size <= LARGE_TEXT_CHARS)
+
+
+class _RecordingEncoding:
+    """Wraps a counter's encoding: the thread of every count of `watched`."""
+
+    def __init__(self, encoding: object, watched: str) -> None:
+        self._encoding = encoding
+        self.watched = watched
+        self.threads: list[threading.Thread] = []
+
+    def count(self, text: str) -> int:
+        if text == self.watched:
+            self.threads.append(threading.current_thread())
+        return self._encoding.count(text)  # type: ignore[attr-defined, no-any-return]
+
+
+def _agent() -> AgentExecutor:
+    return AgentExecutor(
+        FunctionLLM(lambda request: reply("read it"), model="gpt-4o-mini"),
+        config=AgentConfig(context=ContextConfig(max_tokens=200_000)),
+    )
+
+
+async def test_a_large_user_message_is_counted_once_and_off_the_event_loop() -> None:
+    message = "a long letter, " + _large_text()
+    agent = _agent()
+    counter = agent.history.counter
+    assert isinstance(counter, TiktokenCounter)
+    recording = _RecordingEncoding(counter._encoding, message)
+    counter._encoding = recording  # type: ignore[assignment]
+    outcome = await agent.run(message)
+    assert outcome.stop_reason.value == "answered"
+    assert len(recording.threads) == 1
+    assert recording.threads[0] is not threading.current_thread()
+    (entry, _) = agent.history.entries
+    assert entry.content == message
+    assert agent.history.token_count() > TiktokenCounter().count(message)
+
+
+async def test_a_short_user_message_is_counted_on_the_loop() -> None:
+    message = "add two and two"
+    agent = _agent()
+    counter = agent.history.counter
+    assert isinstance(counter, TiktokenCounter)
+    recording = _RecordingEncoding(counter._encoding, message)
+    counter._encoding = recording  # type: ignore[assignment]
+    await agent.run(message)
+    assert recording.threads == [threading.current_thread()]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    texts=st.lists(
+        st.sampled_from(["ab cd", "ab ce", "xy zz", "éé ab"]).map(lambda t: t * 500),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_the_remembered_long_text_never_answers_for_another(texts: list[str]) -> None:
+    """Long texts of one length, counted in any order: each gets its own count."""
+    counter = TiktokenCounter()
+    reference = counter._encoding
+    for text in texts:
+        assert counter.count(text) == reference.count(text)
+        assert counter.count(text) == reference.count(text)
