@@ -89,8 +89,8 @@ class TokenizerFallbackWarning(UserWarning):
 class TokenCounter(Protocol):
     """Counts tokens the way the model's provider does.
 
-    Called from more than one thread (a large tool result is counted on the tool threads):
-    an implementation must be thread-safe.
+    Called from more than one thread (a large tool result or user message is counted on the
+    tool threads): an implementation must be thread-safe.
     """
 
     @property
@@ -409,8 +409,9 @@ class TiktokenCounter(BaseTokenCounter):
         return count
 
     def _count_long(self, text: str) -> int:
-        # The last long text of the encoding is remembered: one counted ahead off the event
-        # loop (a large user message, `count_ahead`) is then not counted again on it.
+        # The last long text of the encoding is remembered (one text held per encoding): a
+        # large user message counted ahead off the event loop by its run is then not counted
+        # again on it.
         last = _last_long_text.get(self.encoding_name)
         if last is not None and last[0] == text:
             return last[1]
