@@ -31,7 +31,7 @@ import binascii
 import heapq
 import re
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 import regex
@@ -278,8 +278,12 @@ class BytePairCounter:
             return sum(map(pieces, self._split(text)))
         total = 0
         for lines in _at_lines_starting_alphanumeric(text):
-            split = self._split_ascii if lines.isascii() else self._split
-            total += sum(map(pieces, split(lines)))
+            if lines.isascii():
+                total += sum(map(pieces, self._split_ascii(lines)))
+                continue
+            for part in _parts(lines):  # a long line with a few other characters, say
+                split = self._split_ascii if part.isascii() else self._split
+                total += sum(map(pieces, split(part)))
         return total
 
     def _count_piece(self, piece: str) -> int:
@@ -300,3 +304,28 @@ def _rebuilt(ranks: RankTable, pattern: str, ascii_pattern: str | None) -> ByteP
 # Cuts a text after each line break followed by an ASCII letter or digit: no piece of the
 # encodings given an `ascii_pattern` crosses such a place.
 _at_lines_starting_alphanumeric: Final = re.compile(r"(?<=\n)(?=[A-Za-z0-9])").split
+
+# A space after a visible ASCII character: no piece of those encodings crosses the place
+# before it either (a piece holding anything but white space never runs on into a space, and
+# their patterns look behind nothing, so the pieces after it are the same alone).
+_space_after_visible: Final = re.compile(r"(?<=[!-~]) ").search
+
+#: The length of a part `_parts` cuts a line into, at least (a line is cut at most once in
+#: that many characters, so the parts cost no more than the line whole).
+_PART_CHARS: Final = 4096
+
+
+def _parts(line: str) -> Iterator[str]:
+    """`line` cut before a space after a visible ASCII character, about every `_PART_CHARS`.
+
+    So that the ASCII parts of a long line that is not all ASCII split with the faster
+    pattern: a JSON document on one line with one "…" in it, for instance.
+    """
+    start = 0
+    while len(line) - start > 2 * _PART_CHARS:
+        found = _space_after_visible(line, start + _PART_CHARS)
+        if found is None:
+            break
+        yield line[start : found.start()]
+        start = found.start()
+    yield line[start:]

@@ -10,8 +10,9 @@ the same counts (tests/test_bpe.py); this prints what each costs, in the same ru
   ``len(encode_ordinary(text))``; ours "cold" (the first count of the corpus by a fresh
   counter: every piece new) and "warm" (counted again: the pieces are remembered, as in a
   session, where most of a new text is words seen before). The corpora are this repository's
-  README (prose), agent_flow's own source (code), a JSON tool result, a text in German,
-  Japanese and Russian, and a base64 blob (long runs of letters, the worst case for merging).
+  README (prose), agent_flow's own source (code), a JSON tool result, the same rows as one
+  line of JSON ending in "…", a text in German, Japanese and Russian, and a base64 blob (long
+  runs of letters, the worst case for merging).
 
 Usage: python benchmarks/bench_counting.py [--encoding cl100k_base] [--rounds 5]
 """
@@ -51,6 +52,9 @@ def corpora() -> dict[str, str]:
         "README (prose)": (ROOT / "README.md").read_text()[:60_000],
         "agent_flow source (code)": source[:60_000],
         "JSON tool result": json.dumps(rows, indent=1),
+        # One line, one character outside ASCII: as a long string the environment shortened
+        # renders ("… [+N chars]"), or a compact JSON document with one "é" in it.
+        "a JSON line with one …": json.dumps(rows, ensure_ascii=False) + "…",
         "German/Japanese/Russian": languages,
         "base64 blob": base64.b64encode(rng.randbytes(12_000)).decode(),
     }

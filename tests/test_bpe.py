@@ -12,13 +12,14 @@ quadratic ``_byte_pair_merge`` on arbitrary bytes.
 from __future__ import annotations
 
 import pickle
+import string
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_flow import tokens
+from agent_flow import _bpe, tokens
 from agent_flow._bpe import BytePairCounter, RankTable
 from agent_flow.tokens import TiktokenCounter
 from tests.helpers import run_python
@@ -155,6 +156,64 @@ def test_a_text_of_ascii_and_other_lines_counts_as_tiktoken_counts_it(
     # Cut after the line breaks followed by an ASCII letter or digit, each part split by its own
     # pattern: the sum is the whole's count.
     assert_same(name, "\n".join(lines))
+
+
+_AROUND_WORDS = [
+    " ",
+    "a",
+    "Z",
+    "'",
+    ".",
+    "(",
+    "-",
+    "/",
+    "1",
+    "é",
+    "…",
+    "日",
+    "\u0301",
+    "\n",
+    "\t",
+    "  ",
+]
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from(_AROUND_WORDS) | st.characters(codec="utf-8") | st.sampled_from(_FRAGMENTS),
+        max_size=120,
+    ).map("".join)
+)
+def test_a_long_line_cut_before_its_words_counts_as_tiktoken_counts_it(
+    name: str, text: str
+) -> None:
+    # A line that is not all ASCII is cut before a space after a visible ASCII character, in
+    # parts of at least `_PART_CHARS` characters; with parts of two characters, nearly every
+    # such place in these short texts is a cut.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_bpe, "_PART_CHARS", 2)
+        assert_same(name, text + "é")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    line=st.lists(
+        st.sampled_from(["word", " ", "é", ".", "x1", "  ", "…", "Q"]), max_size=3000
+    ).map("".join),
+)
+def test_a_line_is_cut_only_before_a_space_after_a_visible_character(
+    line: str,
+) -> None:
+    parts = list(_bpe._parts(line))
+    assert "".join(parts) == line
+    assert all(len(part) >= _bpe._PART_CHARS for part in parts[:-1])
+    at = 0
+    for part in parts[:-1]:
+        at += len(part)
+        assert line[at - 1] in string.punctuation + string.ascii_letters + string.digits
+        assert line[at] == " "
 
 
 _CONTEXTS = ("a{}a", "{}1", " {}", "{}\n", "1{}", "{}{}a", "'{}", "{} x", "x{}  y")
