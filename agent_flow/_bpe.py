@@ -243,10 +243,12 @@ class BytePairCounter:
         ascii_pattern: Optionally, the same pattern written for the standard library's
             ``re`` with every class reduced to ASCII: it must split any ASCII text as
             `pattern` does, and the encoding's pieces must never run from a line break into
-            a following ASCII letter or digit (true of ``cl100k_base`` and ``o200k_base``).
-            ``re`` splits ASCII two to three times faster than ``regex`` with its Unicode
-            classes; a text that is not ASCII is cut after each line break followed by an
-            ASCII letter or digit, and its ASCII lines split with it.
+            a following ASCII letter or digit, nor from a visible ASCII character into a
+            space (true of ``cl100k_base`` and ``o200k_base``). ``re`` splits ASCII two to
+            three times faster than ``regex`` with its Unicode classes; a text that is not
+            ASCII is cut after each line break followed by an ASCII letter or digit, a long
+            line of it before a space after a visible character every few thousand
+            characters (`_parts`), and its ASCII parts split with it.
 
     Special tokens are counted as the plain text they are made of, as ``encode_ordinary``
     does. Thread-safe: the remembered pieces are a dictionary only ever added to or cleared.
