@@ -15,6 +15,7 @@ from typing import Literal, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_flow._types import FrozenModel, JsonObject
+from agent_flow._unicode import json_is_clean, mend_json
 from agent_flow._utils import loads_json
 
 __all__ = ["ChatMessage", "Role", "ToolCall", "ToolDefinition", "parse_tool_arguments"]
@@ -115,6 +116,8 @@ def parse_tool_arguments(raw: str) -> tuple[JsonObject | None, str | None]:
     if not isinstance(value, dict):
         kind = _JSON_KIND.get(type(value), type(value).__name__)
         return None, f"the arguments must be a JSON object, not a JSON {kind}"
+    if "\\u" in text and not json_is_clean(value):  # an escaped lone surrogate
+        value = mend_json(value)
     return cast(JsonObject, value), None
 
 

@@ -23,28 +23,21 @@ from agent_flow.server._sse import _encode
 
 _TEXT = st.lists(
     st.sampled_from(["\n", "\r", "\r\n", "\u2028", "\u2029", "\x85", "data: ", ":", "\x00"])
-    | st.characters()
+    | st.characters(codec="utf-8")
 ).map("".join)
 _PATH = st.lists(st.text(max_size=8), max_size=2).map(tuple)
 
+_NUMBERED = {"run_id": st.text(max_size=8), "seq": st.integers(0, 10**6)}
 _EVENTS = st.one_of(
-    st.builds(TextDelta, run_id=st.text(max_size=8), seq=st.integers(0, 10**6), text=_TEXT),
-    st.builds(
-        WarningRaised,
-        run_id=st.text(max_size=8),
-        seq=st.integers(0, 10**6),
-        message=_TEXT,
-        source=_TEXT,
-        path=_PATH,
-    ),
+    st.builds(TextDelta, text=_TEXT, **_NUMBERED),
+    st.builds(WarningRaised, message=_TEXT, source=_TEXT, path=_PATH, **_NUMBERED),
     st.builds(
         ToolCallCompleted,
-        run_id=st.text(max_size=8),
-        seq=st.integers(0, 10**6),
         call_id=_TEXT,
         name=_TEXT,
         content=_TEXT,
         duration_ms=st.floats(0, 10**6),
+        **_NUMBERED,
     ),
 )
 

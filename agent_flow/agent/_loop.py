@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from agent_flow._defaults import LARGE_TEXT_CHARS
+from agent_flow._unicode import mend
 from agent_flow.agent._cost import _admit, _base_url, _Billing, _model_name, _past_limit
 from agent_flow.agent._deferred import DeferredResults, take_up_answers
 from agent_flow.agent._model_call import _count_model_call
@@ -169,6 +170,8 @@ class _Run:
 
     async def execute(self, message: str | None) -> ExecutionOutcome:
         """Run the loop on a new user message (or answers only) until a `Finish`."""
+        if message is not None:
+            message = mend(message)  # a lone surrogate could never be stored
         self.task = asyncio.current_task()
         self.started = time.perf_counter()
         self.started_at = datetime.now(UTC)

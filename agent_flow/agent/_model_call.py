@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from agent_flow._checkpoints import checkpointed, current_step_runner
+from agent_flow._unicode import Mender, is_clean, mend, mend_json
 from agent_flow._utils import conforms
 from agent_flow.agent._cost import _price_call, _settle
 from agent_flow.config import AgentConfig
@@ -173,6 +174,16 @@ class _CallState:
         self.observers: tuple[ModelCallObserver, ...] = MODEL_CALL_OBSERVERS.get()
         self.observed = False
         self.awaiting_first = True
+        self.menders: dict[object, Mender] = {}  # the current attempt's, by stream (`_mended`)
+
+    def mended(self, stream: object, piece: str) -> str:
+        """`piece` of one of the attempt's streams of text, mended (`agent_flow._unicode`)."""
+        if not self.menders and is_clean(piece):
+            return piece
+        mender = self.menders.get(stream)
+        if mender is None:
+            mender = self.menders[stream] = Mender()
+        return mender.feed(piece)
 
 
 def _observe_start(run: _Run, call: _CallState, request: LLMRequest) -> None:
@@ -189,6 +200,7 @@ async def _retrying(run: _Run, call: _CallState, notice: RetryNotice) -> None:
     for observer in call.observers:
         observer.attempt_failed(run.run_id, notice)
     call.awaiting_first = True
+    call.menders.clear()
     if call.text:
         await run.emit(
             ModelOutputDiscarded,
@@ -294,7 +306,7 @@ async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Compl
 
         token = RETRY_LISTENER.set(retrying)
         try:
-            answer = await run.agent.llm.complete(request)
+            answer = _mended(await run.agent.llm.complete(request))
         finally:
             RETRY_LISTENER.reset(token)
         for observer in call.observers:
@@ -309,6 +321,7 @@ async def _call_model(run: _Run, request: LLMRequest, call: _CallState) -> Compl
             completion = await _relay(run, delta, call) or completion
     if completion is None:
         raise ModelResponseError("the model's stream ended without a final answer")
+    completion = _mended(completion)
     for observer in call.observers:
         observer.call_finished(run.run_id, completion)
     return completion
@@ -342,23 +355,69 @@ async def _relay(run: _Run, delta: StreamEvent, call: _CallState) -> Completion 
             observer.first_chunk(run.run_id)
     match delta:
         case TextChunk(text=text):
-            call.text.append(text)
-            await run.emit(TextDelta, text=text)
+            if text := call.mended(TextChunk, text):
+                call.text.append(text)
+                await run.emit(TextDelta, text=text)
         case ThinkingChunk(text=text):
-            await run.emit(ThinkingDelta, text=text)
+            if text := call.mended(ThinkingChunk, text):
+                await run.emit(ThinkingDelta, text=text)
         case ToolCallChunk(index=index, id=call_id, name=name):
             await run.emit(
-                ToolCallArgumentsDelta, index=index, call_id=call_id, name=name, delta=""
+                ToolCallArgumentsDelta,
+                index=index,
+                call_id=mend(call_id),
+                name=mend(name),
+                delta="",
             )
         case ToolCallArgumentsChunk(index=index, id=call_id, delta=text):
-            await run.emit(
-                ToolCallArgumentsDelta, index=index, call_id=call_id, name=None, delta=text
-            )
+            if text := call.mended(index, text):
+                await run.emit(
+                    ToolCallArgumentsDelta,
+                    index=index,
+                    call_id=mend(call_id),
+                    name=None,
+                    delta=text,
+                )
         case RetryNotice():
             await _retrying(run, call, delta)
         case StreamWarning(message=message):
             call.relayed.add(message)
             await run.emit(WarningRaised, message=message, source="model")
         case Completion():
+            await _flush(run, call)
             return delta
     return None
+
+
+async def _flush(run: _Run, call: _CallState) -> None:
+    """Publish what the menders hold at the answer's end: a lone first half, as U+FFFD."""
+    for stream, mender in call.menders.items():
+        held = mender.flush()
+        if not held:
+            continue
+        if stream is TextChunk:
+            call.text.append(held)
+            await run.emit(TextDelta, text=held)
+        elif stream is ThinkingChunk:
+            await run.emit(ThinkingDelta, text=held)
+    call.menders.clear()
+
+
+def _mended(completion: Completion) -> Completion:
+    """`completion` with every text in it mended (`agent_flow._unicode`).
+
+    A server's JSON escapes may carry lone surrogates, which no event, entry or store could
+    write.
+    """
+    texts = (
+        completion.text,
+        completion.thinking,
+        completion.raw_finish_reason or "",
+        completion.model or "",
+        completion.response_id or "",
+        *completion.warnings,
+        *(text for call in completion.tool_calls for text in (call.id, call.name, call.arguments)),
+    )
+    if all(map(is_clean, texts)):
+        return completion
+    return Completion.model_validate(mend_json(completion.model_dump(mode="json")))

@@ -85,7 +85,7 @@ from agent_flow.tools.policy import (
     PolicyDecision,
     PolicyEngine,
 )
-from agent_flow.tools.results import ErrorKind, OutputCheck, ToolResult
+from agent_flow.tools.results import ErrorKind, OutputCheck, ToolResult, mended
 
 if TYPE_CHECKING:
     from agent_flow.environment import Environment
@@ -389,7 +389,7 @@ class ToolExecutor(ToolRegistry):
         return await tool_threads().run(self._redacted_and_cut, result)
 
     def _redacted_and_cut(self, result: ToolResult) -> tuple[ToolResult, ToolResult]:
-        redacted = self.secrets.redact_result(result)
+        redacted = self.secrets.redact_result(mended(result))
         return redacted, self._truncate(redacted)
 
     async def _run_call(self, call: ToolCall, scope: _Scope) -> _Ran:

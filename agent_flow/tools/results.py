@@ -19,6 +19,7 @@ from typing import Annotated, ClassVar, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow._unicode import is_clean, json_is_clean, mend_json
 from agent_flow.environment import PlanStep
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "TaskCompletion",
     "ToolResult",
     "UserQuestion",
+    "mended",
 ]
 
 #: Why a result is an error. ``"reported"`` means the tool itself returned an error result
@@ -193,3 +195,18 @@ class ToolResult(BaseModel):
     def failed(self) -> bool:
         """Whether the call could not run to completion (not merely a tool reporting an error)."""
         return self.is_error and self.error_kind != "reported"
+
+
+def mended(result: ToolResult) -> ToolResult:
+    """`result` with every text in it mended (`agent_flow._unicode`), else `result` itself.
+
+    A tool may return text no UTF-8 encoder takes (a file name listed with
+    ``surrogateescape``, a lone half of an emoji from JSON it read): as it is, no event, entry
+    or store could write it.
+    """
+    clean = is_clean(result.content) and json_is_clean(result.data)
+    if clean and (result.control is not None or result.attachments):
+        clean = json_is_clean(result.model_dump(mode="json", include={"control", "attachments"}))
+    if clean:
+        return result
+    return ToolResult.model_validate(mend_json(result.model_dump(mode="json")))
