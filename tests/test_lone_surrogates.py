@@ -144,3 +144,17 @@ async def test_escaped_halves_in_tool_arguments_and_results_are_mended(tmp_path:
         getattr(entry, "content", None) == "notes-\ufffd.txt is next to report-\ufffd.txt"
         for entry in stored.entries
     )
+
+
+async def test_a_summary_with_a_lone_half_is_mended_before_it_joins_the_history() -> None:
+    from agent_flow.history import UserMessage
+    from agent_flow.llm import LLMSummarizer
+    from agent_flow.testing import FunctionLLM, reply
+    from agent_flow.tokens import ApproxCounter
+
+    summarizer = LLMSummarizer(
+        FunctionLLM(lambda request: reply("they asked for " + HIGH + LOW + " and " + LOW)),
+        counter=ApproxCounter(),
+    )
+    summary = await summarizer.summarize([UserMessage(content="hello")], max_tokens=200)
+    assert summary == f"they asked for {EMOJI} and \ufffd"

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agent_flow._text import truncate_to_tokens
+from agent_flow._unicode import mend
 from agent_flow.errors import ModelResponseError, UserError
 from agent_flow.history import (
     AgentMessage,
@@ -213,7 +214,7 @@ class LLMSummarizer:
                 plan=plan,
             )
         )
-        text = completion.text.strip()
+        text = mend(completion.text).strip()  # it goes into the history: see `_unicode`
         if not text:
             raise ModelResponseError(
                 "the model answered the summary request with no text "
