@@ -21,8 +21,11 @@ from hypothesis import strategies as st
 from agent_flow import AgentConfig, AgentExecutor
 from agent_flow._unicode import Mender, is_clean, mend
 from agent_flow.events import TextDelta, ToolCallCompleted, event_to_json
-from agent_flow.llm import OpenAIClient
+from agent_flow.history import UserMessage
+from agent_flow.llm import LLMSummarizer, OpenAIClient
 from agent_flow.sessions import SQLiteSessionStore
+from agent_flow.testing import FunctionLLM, reply
+from agent_flow.tokens import ApproxCounter
 from agent_flow.tools import ToolExecutor, tool
 from tests.openai_server import OpenAIServer, completion_body, json_reply, sse_reply
 
@@ -147,11 +150,6 @@ async def test_escaped_halves_in_tool_arguments_and_results_are_mended(tmp_path:
 
 
 async def test_a_summary_with_a_lone_half_is_mended_before_it_joins_the_history() -> None:
-    from agent_flow.history import UserMessage
-    from agent_flow.llm import LLMSummarizer
-    from agent_flow.testing import FunctionLLM, reply
-    from agent_flow.tokens import ApproxCounter
-
     summarizer = LLMSummarizer(
         FunctionLLM(lambda request: reply("they asked for " + HIGH + LOW + " and " + LOW)),
         counter=ApproxCounter(),
