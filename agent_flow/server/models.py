@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_flow._types import JsonObject
 from agent_flow.prompt import PromptBreakdown
@@ -78,6 +78,14 @@ class CreateSession(SessionOptions):
 
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     title: str = Field(default="", max_length=500)
+
+    @field_validator("title")
+    @classmethod
+    def _no_nul(cls, title: str) -> str:
+        # PostgreSQL's text columns take no NUL: refused here, whichever store is behind.
+        if "\x00" in title:
+            raise ValueError("a title may not contain the NUL character (U+0000)")
+        return title
 
 
 class NoOptions(BaseModel):

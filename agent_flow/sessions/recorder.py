@@ -214,6 +214,9 @@ class SessionRecorder:
             SessionBusyError: Another run holds the session.
         """
         if self._session_id is None:
+            # The session's task and title are copies for lists and search (the history keeps
+            # the message whole): PostgreSQL's text columns take no NUL, so none goes there.
+            task = task.replace("\x00", "\ufffd")
             title = textwrap.shorten(task, width=80, placeholder=" …")
             async with self._lock:
                 info = await _to_the_end(
