@@ -57,6 +57,10 @@ rendered environment.
 DEFAULT_MAX_ITERATIONS: Final = 25
 """Model calls per run before the run stops."""
 
+DEFAULT_MAX_TOOL_CALLS_PER_TURN: Final = 64
+"""Tool calls of one answer that run; each one past them gets an error result saying so (a
+model server that answers with thousands would otherwise start them all at once)."""
+
 # -- model calls (OpenAIClient, LLMConfig) ------------------------------------------------------
 
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0

@@ -54,6 +54,7 @@ from agent_flow._defaults import (
     DEFAULT_ENVIRONMENT_ALLOCATION,
     DEFAULT_MAX_ITERATIONS,
     DEFAULT_MAX_TOKENS,
+    DEFAULT_MAX_TOOL_CALLS_PER_TURN,
     DEFAULT_MAX_TOOL_OUTPUT_TOKENS,
     DEFAULT_PRUNE_TARGET,
     DEFAULT_SYSTEM_PROMPT_TEMPLATE,
@@ -204,6 +205,8 @@ class AgentConfig(BaseModel):
         control_tools: Offer ``task_completion``, ``ask_question``, ``converse`` and
             ``update_plan``.
         max_iterations: Model calls per run before it stops.
+        max_tool_calls_per_turn: Tool calls of one answer that run; the rest get an error
+            result saying so, which the model reads.
         max_total_tokens: Prompt + completion tokens per run before it stops.
         max_cost_usd: Cost per run, in US dollars. Every model call, the summarizer's
             included, is checked before it is made against its worst case: its counted prompt
@@ -255,6 +258,7 @@ class AgentConfig(BaseModel):
     mcp: MCPAgentSettings = Field(default_factory=MCPAgentSettings)
     control_tools: bool = True
     max_iterations: int = Field(default=DEFAULT_MAX_ITERATIONS, ge=1)
+    max_tool_calls_per_turn: int = Field(default=DEFAULT_MAX_TOOL_CALLS_PER_TURN, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
     max_cost_usd: float | None = Field(default=None, gt=0)
     pricing: Pricing | None = None

@@ -283,11 +283,20 @@ async def _tool_step(run: _Run, step: RunTools) -> Step:
     # Unknown names go to the executor, which tells the model what exists; registered
     # tools the agent may not use now (deny list, skill) are refused here.
     gate = run.agent._tool_filter()
+    limit = run.agent.config.max_tool_calls_per_turn
     refused = {
         r.id: _refusal(run, r)
-        for r in requests
+        for r in requests[:limit]
         if r.name in run.agent.tools and not gate.allows(r.name)
     }
+    refused |= {r.id: _one_too_many(r, len(requests), limit) for r in requests[limit:]}
+    if len(requests) > limit:
+        await run.emit(
+            WarningRaised,
+            message=f"the model asked for {len(requests)} tool calls in one answer; the first "
+            f"{limit} ran (max_tool_calls_per_turn), the rest were answered with an error",
+            source="loop",
+        )
     allowed = [r for r in requests if r.id not in refused]
     version_before = run.agent.environment.version
     schema = _output_schema(run)
@@ -398,6 +407,15 @@ def _refusal(run: _Run, request: ToolCall) -> ToolResult:
     offered = ", ".join(d.name for d in run.agent.offered_tools()) or "none"
     return ToolResult.error(
         f"tool {request.name!r} is not available {where}; available: {offered}",
+        kind="denied",
+    ).model_copy(update={"call_id": request.id, "tool_name": request.name})
+
+
+def _one_too_many(request: ToolCall, count: int, limit: int) -> ToolResult:
+    return ToolResult.error(
+        f"the answer asked for {count} tool calls and at most {limit} run in one turn "
+        f"(max_tool_calls_per_turn), so this call to {request.name!r} did not run; "
+        "ask for it again, with fewer calls at a time",
         kind="denied",
     ).model_copy(update={"call_id": request.id, "tool_name": request.name})
 
