@@ -7,6 +7,7 @@ talking to the scripted OpenAI-compatible server.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 from pathlib import Path
@@ -19,9 +20,10 @@ import httpx2
 from pydantic import ValidationError
 
 from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.environment import Environment
 from agent_flow.llm.base import LLMClient
 from agent_flow.server import ServerSettings, create_app
-from agent_flow.sessions import InMemorySessionStore, SQLiteSessionStore, event_id
+from agent_flow.sessions import InMemorySessionStore, SessionState, SQLiteSessionStore, event_id
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import RiskLevel, ToolExecutor, ToolPolicy, tool
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
@@ -465,3 +467,30 @@ async def test_a_stored_sessions_view_counts_its_history_with_the_agents_counter
         async with serving(app) as client:
             view = (await client.get(f"/sessions/{sid}")).json()
     assert view["history"]["tokens"] == approx
+
+
+class _CountingLoads(InMemorySessionStore):
+    """A memory store that counts the sessions it loads whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+
+    async def load(self, session_id: str) -> SessionState:
+        self.loads += 1
+        return await super().load(session_id)
+
+
+async def test_a_new_sessions_view_is_built_without_loading_it_and_is_what_a_load_shows() -> None:
+    store = _CountingLoads()
+    app = create_app(_config(), store=store, llm_factory=Models(ScriptedLLM(["done"])))
+    async with serving(app) as client:
+        created = (await client.post("/sessions", json={"title": "t"})).json()
+        shown = (await client.get(f"/sessions/{created['id']}")).json()
+        assert store.loads == 0  # nothing but the row is stored yet
+        assert created == shown
+        assert created["history"] == {"entries": 0, "tokens": 0, "kinds": {}}
+        assert created["environment_version"] == 0 and created["last_prompt"] is None
+        stored = await store.load(created["id"])
+        assert stored.entries == () and stored.environment is None
+        assert created["environment"] == json.loads(Environment().to_json())["state"]

@@ -523,9 +523,12 @@ def _approvals(live: LiveSession) -> list[ApprovalView]:
 
 async def _view(manager: SessionManager, live: LiveSession, info: SessionInfo) -> SessionView:
     environment: Environment | None
-    history: History
+    history: History | None
     if live.agent is not None:
         environment, history = live.agent.environment, live.agent.history
+    elif info.steps == 0 and info.entry_count == 0 and info.environment_version == 0:
+        # Nothing is stored but the session's row (one just created): no load to read that.
+        environment, history = None, None
     else:
         state = await manager.store.load(live.id)
         # Counted as the session's agent counts: no other tokenizer is loaded for a view.
@@ -549,7 +552,9 @@ async def _view(manager: SessionManager, live: LiveSession, info: SessionInfo) -
             entries=len(history.entries),
             tokens=history.token_count(),
             kinds=dict(Counter(type(entry).__name__ for entry in history.entries)),
-        ),
+        )
+        if history is not None
+        else HistorySummary(entries=0, tokens=0, kinds={}),
         last_prompt=last_prompt,
         pending_approvals=_approvals(live),
         state="running" if live.running else "idle",
