@@ -405,19 +405,27 @@ def _refusal(run: _Run, request: ToolCall) -> ToolResult:
         f"while skill {run.agent.skill.name!r} is active" if run.agent.skill else "to this agent"
     )
     offered = ", ".join(d.name for d in run.agent.offered_tools()) or "none"
-    return ToolResult.error(
-        f"tool {request.name!r} is not available {where}; available: {offered}",
-        kind="denied",
-    ).model_copy(update={"call_id": request.id, "tool_name": request.name})
+    return _denied(request, f"tool {request.name!r} is not available {where}; available: {offered}")
 
 
 def _one_too_many(request: ToolCall, count: int, limit: int) -> ToolResult:
-    return ToolResult.error(
+    return _denied(
+        request,
         f"the answer asked for {count} tool calls and at most {limit} run in one turn "
         f"(max_tool_calls_per_turn), so this call to {request.name!r} did not run; "
         "ask for it again, with fewer calls at a time",
-        kind="denied",
-    ).model_copy(update={"call_id": request.id, "tool_name": request.name})
+    )
+
+
+def _denied(request: ToolCall, message: str) -> ToolResult:
+    """The result of `request`, refused before it ran: `message` says why."""
+    return ToolResult(
+        content=message,
+        is_error=True,
+        error_kind="denied",
+        call_id=request.id,
+        tool_name=request.name,
+    )
 
 
 async def _control(run: _Run, control: ControlSignal) -> Step:
