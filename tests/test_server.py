@@ -494,3 +494,25 @@ async def test_a_new_sessions_view_is_built_without_loading_it_and_is_what_a_loa
         stored = await store.load(created["id"])
         assert stored.entries == () and stored.environment is None
         assert created["environment"] == json.loads(Environment().to_json())["state"]
+
+
+async def test_a_session_made_on_one_server_and_run_on_another_shows_the_run_on_the_first(
+    tmp_path: Path,
+) -> None:
+    """The view skips the load only while nothing is stored, read from the store each time."""
+    path = tmp_path / "shared.db"
+    first, second = SQLiteSessionStore(path), SQLiteSessionStore(path)
+    async with first, second:
+        made_on = create_app(_config(), store=first, llm_factory=Models(ScriptedLLM(["unused"])))
+        run_on = create_app(_config(), store=second, llm_factory=Models(ScriptedLLM(["done"])))
+        async with serving(made_on) as a, serving(run_on) as b:
+            sid = (await a.post("/sessions", json={})).json()["id"]
+            assert (await a.get(f"/sessions/{sid}")).json()["history"]["entries"] == 0
+            async with stream(b, f"/sessions/{sid}/events") as events:
+                sent = await b.post(f"/sessions/{sid}/messages", json={"message": "hi"})
+                assert sent.status_code == 202
+                await events.until("run_finished")
+            shown = (await a.get(f"/sessions/{sid}")).json()
+    assert shown["history"]["entries"] == 2
+    assert shown["history"]["kinds"] == {"UserMessage": 1, "AgentMessage": 1}
+    assert shown["environment"]["task"]["objective"] == "hi"
