@@ -15,6 +15,7 @@ from ag_ui.core import RunAgentInput
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_flow._unicode import is_clean
 from agent_flow.history import History, ToolCallEntry, ToolResultEntry
 from agent_flow.history import UserMessage as UserEntry
 from agent_flow.server._agui_input import read_approval, read_turn, seed_entries
@@ -107,3 +108,20 @@ def test_only_a_clear_yes_approves(value: Any) -> None:
     answer = read_approval(text)
     clear_yes = value is True or (isinstance(value, dict) and value.get("approved") is True)
     assert answer.approved is clear_yes
+
+
+@given(
+    reason=st.lists(
+        st.sampled_from(["\ud800", "\udcff", "\ud83d\ude00", "a", "é"]) | st.characters(),
+        max_size=30,
+    ).map("".join)
+)
+def test_a_reason_from_any_escapes_can_be_written(reason: str) -> None:
+    """An escape in the answer's JSON may make a lone surrogate (``"\\udcff"``); the reason is
+    mended, so the answer (and the event that carries it) can still be written as JSON."""
+    text = json.dumps({"approved": False, "reason": reason})  # escapes every non-ASCII char
+    answer = read_approval(text)
+    assert answer.approved is False
+    answer.model_dump_json()  # raised UnicodeEncodeError for a lone surrogate before
+    if is_clean(reason):
+        assert answer.reason == reason[:500]

@@ -21,6 +21,7 @@ import jsonpointer
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow._unicode import is_clean
 from agent_flow.environment.sections import _State
 from agent_flow.errors import EnvironmentValidationError, PointerError, UserError
 
@@ -32,11 +33,29 @@ def _brief(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _unencodable(text: str, pointer: str) -> EnvironmentValidationError:
+    """The error for a text holding a surrogate, which no UTF-8 encoder takes."""
+    index = next(i for i, char in enumerate(text) if "\ud800" <= char <= "\udfff")
+    return EnvironmentValidationError(
+        f"the text {_brief(text)} written to {pointer!r} holds a lone surrogate "
+        f"({text[index]!a} at index {index}), which UTF-8 cannot encode: the prompt and "
+        "the stored session could not be written; decode the bytes it came from with "
+        "errors='replace', or join the surrogate pair it was cut from"
+    )
+
+
 def _json_copy(value: object, pointer: str) -> JsonValue:
-    """Return a deep copy of `value` as plain JSON data (models dumped, enums by value)."""
+    """Return a deep copy of `value` as plain JSON data (models dumped, enums by value).
+
+    Raises:
+        UserError: The value is not JSON.
+        EnvironmentValidationError: A text in it (a key or a value) holds a lone surrogate.
+    """
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
+        if not is_clean(value):
+            raise _unencodable(value, pointer)
         return value if type(value) is str else str.__str__(value)
     if isinstance(value, int):
         return value if type(value) is int else int.__index__(value)
@@ -61,6 +80,8 @@ def _json_copy(value: object, pointer: str) -> JsonValue:
                     f"the key {key!r} in the value written to {pointer!r} is not a string; "
                     "JSON objects need string keys"
                 )
+            if not is_clean(key):
+                raise _unencodable(key, pointer)
             out[key] = _json_copy(item, pointer)
         return out
     raise UserError(
@@ -82,6 +103,11 @@ def _copy(value: JsonValue) -> JsonValue:
 def _parse(pointer: str) -> tuple[str, ...]:
     if not isinstance(pointer, str):
         raise PointerError(f"the pointer {pointer!r} is not a string; write e.g. '/task/status'")
+    if not is_clean(pointer):
+        raise PointerError(
+            f"the pointer {pointer!r} holds a lone surrogate, which UTF-8 cannot encode (no "
+            "stored key can hold it); write the text it stands for"
+        )
     try:
         return tuple(jsonpointer.JsonPointer(pointer).parts)
     except jsonpointer.JsonPointerException as err:

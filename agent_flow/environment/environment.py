@@ -421,7 +421,8 @@ class Environment:
             PointerError: The pointer is malformed, names a field the section lacks, or
                 walks through a missing array item or a scalar.
             UserError: The value is not JSON.
-            EnvironmentValidationError: The value does not fit the typed section or a schema.
+            EnvironmentValidationError: The value does not fit the typed section or a schema,
+                or a text in it holds a lone surrogate (UTF-8 cannot encode it).
         """
         return self._transact([functools.partial(self._apply_set, pointer, value)])[0]
 

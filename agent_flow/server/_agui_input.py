@@ -32,6 +32,7 @@ from typing import Any
 from ag_ui.core import AssistantMessage, Message, RunAgentInput, ToolMessage, UserMessage
 
 from agent_flow._types import JsonValue
+from agent_flow._unicode import mend
 from agent_flow.environment import Environment
 from agent_flow.errors import ToolDefinitionError
 from agent_flow.history import (
@@ -121,7 +122,8 @@ def read_approval(content: str) -> ApprovalResponse:
         reason = value.get("reason")
         return ApprovalResponse(
             approved=value.get("approved") is True,
-            reason=reason[:500] if isinstance(reason, str) else "",
+            # The text was UTF-8, but an escape in it may still make a lone surrogate.
+            reason=mend(reason[:500]) if isinstance(reason, str) else "",
         )
     return ApprovalResponse(approved=False, reason=content.strip()[:500])
 
