@@ -13,10 +13,12 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from agent_flow import AgentConfig, AgentExecutor
 from agent_flow._unicode import Mender, is_clean, mend
@@ -64,13 +66,26 @@ def _chunk(content: str, finish: str | None = None) -> dict[str, object]:
 
 
 async def _run(
-    server: OpenAIServer, tmp_path: Path, *, stream: bool, tools: ToolExecutor | None = None
+    server: OpenAIServer,
+    tmp_path: Path,
+    *,
+    stream: bool,
+    tools: ToolExecutor | None = None,
+    output_type: type[BaseModel] | None = None,
+    tool_mode: Literal["native", "xml"] = "native",
 ) -> tuple[Any, list[Any], Any]:
     store = SQLiteSessionStore(tmp_path / "sessions.db")
     async with store:
-        llm = OpenAIClient("m", base_url=server.base_url, api_key="k", max_retries=0)
+        llm = OpenAIClient(
+            "m", base_url=server.base_url, api_key="k", max_retries=0, tool_mode=tool_mode
+        )
         agent = AgentExecutor(
-            llm, stream=stream, store=store, tools=tools, config=AgentConfig(max_iterations=4)
+            llm,
+            stream=stream,
+            store=store,
+            tools=tools,
+            config=AgentConfig(max_iterations=4),
+            output_type=output_type,
         )
         try:
             async with agent.subscribe() as events:
@@ -147,6 +162,55 @@ async def test_escaped_halves_in_tool_arguments_and_results_are_mended(tmp_path:
         getattr(entry, "content", None) == "notes-\ufffd.txt is next to report-\ufffd.txt"
         for entry in stored.entries
     )
+
+
+class _Named(BaseModel):
+    name: str
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_escaped_lone_half_in_a_structured_answer_is_mended(
+    tmp_path: Path, stream: bool
+) -> None:
+    """The answer's text is clean (the escape is six ASCII characters); the JSON read from it
+    held a lone surrogate, and the run ended in error with its output unwritable."""
+    answer = '{"name": "x\\ud800 and \\ud83d\\ude00"}'
+    async with OpenAIServer() as server:
+        if stream:
+            server.script(sse_reply([_chunk(answer, "stop")]))
+        else:
+            server.script(json_reply(completion_body(answer)))
+        outcome, _, (_, stored_events) = await _run(
+            server, tmp_path, stream=stream, output_type=_Named
+        )
+    assert outcome.stop_reason.value == "completed", outcome
+    assert outcome.output == {"name": f"x\ufffd and {EMOJI}"}
+    assert stored_events[-1].kind == "run_finished"
+
+
+async def test_an_escaped_lone_half_in_an_xml_tool_block_is_mended(tmp_path: Path) -> None:
+    received: list[str] = []
+
+    @tool
+    def open_file(path: str) -> str:
+        """Open a file.
+
+        Args:
+            path: The file.
+        """
+        received.append(path)
+        return "opened"
+
+    block = '<tool>{"tool_name": "open_file", "arguments": {"path": "a-\\ud83d.txt"}}</tool>'
+    async with OpenAIServer() as server:
+        server.script(json_reply(completion_body(block)), json_reply(completion_body("done")))
+        outcome, seen, _ = await _run(
+            server, tmp_path, stream=False, tools=ToolExecutor([open_file]), tool_mode="xml"
+        )
+    assert outcome.final_text == "done"
+    assert received == ["a-\ufffd.txt"]
+    (completed,) = [e for e in seen if isinstance(e, ToolCallCompleted)]
+    assert completed.content == "opened"
 
 
 async def test_a_summary_with_a_lone_half_is_mended_before_it_joins_the_history() -> None:

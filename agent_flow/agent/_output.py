@@ -26,6 +26,7 @@ import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
+from agent_flow._unicode import json_is_clean, mend_json
 from agent_flow.agent._model_call import _CallState, _checkpointed_call
 from agent_flow.errors import ModelBadRequestError
 from agent_flow.events import WarningRaised
@@ -98,6 +99,10 @@ def _validate_output(
         value: JsonValue = json.loads(candidate)
     except json.JSONDecodeError as err:
         return None, f"the answer is not valid JSON ({err.msg} at position {err.pos})"
+    # An escape in the text (``"\\udcff"``) makes a lone surrogate, which no output, event or
+    # stored session could hold: mended, as the text it came in was.
+    if not json_is_clean(value):
+        value = mend_json(value)
     return _validate_value(value, schema, model)
 
 
