@@ -23,8 +23,9 @@ from pydantic import BaseModel
 from agent_flow import AgentConfig, AgentExecutor
 from agent_flow._unicode import Mender, is_clean, mend
 from agent_flow.events import TextDelta, ToolCallCompleted, event_to_json
-from agent_flow.history import UserMessage
+from agent_flow.history import ExtractiveSummarizer, ToolCallEntry, UserMessage
 from agent_flow.llm import LLMSummarizer, OpenAIClient
+from agent_flow.messages import ToolCall
 from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import FunctionLLM, reply
 from agent_flow.tokens import ApproxCounter
@@ -220,3 +221,12 @@ async def test_a_summary_with_a_lone_half_is_mended_before_it_joins_the_history(
     )
     summary = await summarizer.summarize([UserMessage(content="hello")], max_tokens=200)
     assert summary == f"they asked for {EMOJI} and \ufffd"
+
+
+async def test_the_extractive_summary_of_escaped_halves_in_arguments_can_be_written() -> None:
+    """The arguments text is clean ASCII; the JSON read from it held a lone surrogate, which
+    the summary line then carried into the history (and the stored session)."""
+    call = ToolCall(id="1", name="read", arguments='{"path": "a-\\udcff.txt", "\\ud800": 1}')
+    summary = await ExtractiveSummarizer().summarize([ToolCallEntry(call=call)], max_tokens=200)
+    summary.encode()  # raised UnicodeEncodeError before
+    assert "a-\ufffd.txt" in summary

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 
 from agent_flow._text import truncate_to_tokens
+from agent_flow._unicode import json_is_clean, mend_json
 from agent_flow.history.entries import (
     AgentMessage,
     AgentThinking,
@@ -49,6 +50,8 @@ def _short_arguments(arguments: str) -> str:
         parsed = json.loads(arguments)
     except ValueError:
         return _shorten(_SPACES.sub(" ", arguments).strip(), _ARGS_CHARS)
+    if not json_is_clean(parsed):  # an escape in the text made a lone surrogate
+        parsed = mend_json(parsed)
     if isinstance(parsed, dict):
         parts = [
             f"{key}={_shorten(json.dumps(value, ensure_ascii=False), _VALUE_CHARS)}"
