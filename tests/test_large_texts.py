@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from agent_flow import AgentConfig, AgentExecutor, ContextConfig
 from agent_flow._defaults import LARGE_TEXT_CHARS
 from agent_flow._text import truncate_to_tokens
+from agent_flow.history import History
 from agent_flow.messages import ToolCall
 from agent_flow.testing import FunctionLLM, reply
 from agent_flow.tokens import ApproxCounter, TiktokenCounter, default_counter
@@ -235,3 +237,53 @@ def test_the_remembered_long_text_never_answers_for_another(texts: list[str]) ->
     for text in texts:
         assert counter.count(text) == reference.count(text)
         assert counter.count(text) == reference.count(text)
+
+
+def _agent_with(counter: _WatchedCounter, seen: list[str]) -> AgentExecutor:
+    def answer(request: Any) -> Any:
+        seen.append(request.messages[0].content)
+        return reply("read it")
+
+    return AgentExecutor(
+        FunctionLLM(answer, model="gpt-4o-mini"),
+        history=History(counter=counter),
+        config=AgentConfig(context=ContextConfig(max_tokens=8_000)),
+    )
+
+
+async def test_a_prompt_around_a_long_environment_text_is_built_off_the_event_loop() -> None:
+    """Shortening it to fit counts it once per probe of the search: seconds on the loop."""
+    counter = _WatchedCounter()
+    seen: list[str] = []
+    agent = _agent_with(counter, seen)
+    agent.environment.set("/extensions/document", _large_text())
+    counter.hold = True
+    loop_thread = threading.current_thread()
+    task = asyncio.create_task(agent.run("summarize the document"))
+    # The count waits for `release`: this line runs only if the loop is free meanwhile.
+    assert await asyncio.to_thread(counter.started.wait, 5), "the long text was not counted"
+    ticks = 0
+    for _ in range(3):
+        await asyncio.sleep(0)
+        ticks += 1
+    assert not task.done()
+    counter.release.set()
+    outcome = await task
+    assert outcome.stop_reason.value == "answered"
+    assert ticks == 3
+    assert counter.large_counts_on and all(t is not loop_thread for t in counter.large_counts_on)
+    (system,) = seen
+    assert "## extensions" in system and "chars]" in system  # shortened to fit, as before
+    assert len(system) < len(_large_text())
+
+
+async def test_a_prompt_around_short_texts_is_built_on_the_loop() -> None:
+    counter = _WatchedCounter()
+    seen: list[str] = []
+    agent = _agent_with(counter, seen)
+    agent.environment.set("/extensions/document", "a short document")
+    outcome = await agent.run("summarize the document")
+    assert outcome.stop_reason.value == "answered"
+    assert counter.large_counts_on == []
+    assert counter.small_counts_on == {threading.current_thread()}
+    assert "a short document" in seen[0]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agent_flow._checkpoints import current_step_runner
+from agent_flow._defaults import LARGE_TEXT_CHARS
 from agent_flow._types import JsonObject
 from agent_flow.agent._cost import _admit_or_stop
 from agent_flow.agent._deferred import route_calls
@@ -79,6 +80,7 @@ from agent_flow.tools import (
     ToolResult,
     UserQuestion,
 )
+from agent_flow.tools._threads import tool_threads
 
 if TYPE_CHECKING:
     from agent_flow.agent._loop import _Run
@@ -102,9 +104,15 @@ async def _model_step(run: _Run) -> Step:
     """Steps 2-5: prompt, model call, record the turn, decide what follows."""
     tools = run.agent.offered_tools()
     # Budget the prompt as this client sends it (XML tool mode rewrites it).
-    run.agent.context.prompt_format = prompt_format_of(run.agent.llm)
+    context = run.agent.context
+    context.prompt_format = prompt_format_of(run.agent.llm)
     try:
-        prompt = run.agent.context.build_prompt(tools=tools)
+        if context.environment.longest_string() > LARGE_TEXT_CHARS:
+            # Shortening a text that long to fit counts it once per probe of the search: a
+            # second of counting per turn, which every other run on the loop would wait.
+            prompt = await tool_threads().run(context.build_prompt, tools=tools)
+        else:
+            prompt = context.build_prompt(tools=tools)
     except ContextBudgetError as err:
         await run._error(err, fatal=True)
         return Finish(StopReason.CONTEXT_BUDGET, text=str(err))

@@ -104,6 +104,20 @@ class _Renderer:
 
     # -- rendering -------------------------------------------------------------------
 
+    def longest_string(self, state: JsonObject, versions: Mapping[str, int]) -> int:
+        """Characters of the longest string in the sections not at their defaults.
+
+        Each section's full block is made and cached on the way (a render needs it next).
+        """
+        return max(
+            (
+                self._section(state, name, versions[name]).longest_string
+                for name in RENDER_ORDER
+                if state[name] != _DEFAULT_STATE[name]
+            ),
+            default=0,
+        )
+
     def render(
         self,
         state: JsonObject,

@@ -24,15 +24,14 @@ the state, the version and the change log stay exactly as they were.
 
 Errors. A malformed pointer, or one that names nothing, raises `PointerError`; a value that is
 not JSON, deleting a typed field or a section, or a negative limit raises `UserError`; a value
-that does not fit a typed section, a schema, or the model given to `get_extension` raises
-`EnvironmentValidationError`.
+that does not fit a typed section, a schema, or the model given to `get_extension`, or a text
+UTF-8 cannot encode (a lone surrogate) raises `EnvironmentValidationError`.
 
-Persistence. `to_json` keeps the state, the change log and the JSON schemas; a registered
-extension model is kept as its JSON schema, so a copy read back with `from_json` still refuses
-a wrong write (checked by that schema) and reads the extension back with the model once it is
-registered again.
+Persistence. `to_json` keeps the state, the change log and the JSON schemas (a registered
+extension model as its JSON schema: a copy read back still refuses a wrong write).
 
-An Environment is not thread-safe: use it from one thread (one agent loop) at a time.
+An Environment is not thread-safe: use it from one thread at a time (an agent renders one
+holding a long text on a tool thread while its run waits for the prompt).
 """
 
 from __future__ import annotations
@@ -102,11 +101,9 @@ class Environment:
 
     Reading: ``env.get("/task/status")`` returns a copy of the JSON at a pointer;
     ``env.task`` (and ``system``, ``knowledge``, ``workspace``) return frozen, validated
-    models, cached until that section changes. They are read-only snapshots all the way
-    down: their lists and dicts refuse in-place changes with a `TypeError` (a silent edit of
-    a shared snapshot would be lost and would mislead every later reader). To change
-    something, write; to get a mutable copy, use ``copy.deepcopy`` or
-    ``model_copy(deep=True)``.
+    models, cached until that section changes: read-only all the way down (their lists and
+    dicts raise `TypeError` on in-place changes, which would be lost). To change something,
+    write; for a mutable copy, ``copy.deepcopy`` or ``model_copy(deep=True)``.
 
     Writing (each recorded as one `EnvironmentChange`, bumping `version` by one):
     ``env.set(pointer, value)`` (``-`` appends to an array; missing parent objects are
@@ -115,9 +112,8 @@ class Environment:
     set of ``/task``), ``env.set_extension(name, value)``.
 
     Typed extensions: ``env.register_extension("dataset", Dataset)`` holds extension
-    ``dataset`` to the pydantic model ``Dataset``: every write to it is validated (a wrong
-    one raises `EnvironmentValidationError` and changes nothing), and
-    ``env.get_extension("dataset")`` returns a ``Dataset``.
+    ``dataset`` to the model ``Dataset``: every write to it is validated (a wrong one raises
+    `EnvironmentValidationError`), and ``env.get_extension("dataset")`` returns a ``Dataset``.
 
     Args:
         system: The system section (model or JSON object); defaults to an empty one.
@@ -125,9 +121,8 @@ class Environment:
         knowledge: The knowledge section.
         workspace: The workspace section.
         extensions: Initial extensions by name (models are stored as their JSON).
-        schema: A JSON schema the whole state (an object with the five section keys) must
-            satisfy after every write; checking it costs time proportional to the state on
-            every write, so prefer `extension_schemas` where they suffice.
+        schema: A JSON schema the whole state (the five section keys) must satisfy after
+            every write, checked in time proportional to the state: prefer `extension_schemas`.
         extension_schemas: JSON schemas by extension name; an extension, when present, must
             satisfy its schema after every write.
         extension_models: Pydantic models by extension name, as `register_extension`
@@ -582,16 +577,23 @@ class Environment:
         parts do not add up to the count of the whole.
 
         Cost: results are cached per version, budget and counter, and each section's
-        renders and counts per section version, so rendering an unchanged environment again
-        costs a dictionary lookup and a change re-renders only the sections it touched.
-        Shrinking renders only the newest N items of each list while it searches, so a
-        workspace of 10,000 files fits a 2,000-token budget in tens of milliseconds.
+        renders and counts per section version: an unchanged environment costs a lookup, a
+        change re-renders the sections it touched. Shrinking renders only the newest N items
+        of each list while it searches (10,000 files fit 2,000 tokens in tens of ms); a
+        string shortened to fit is counted once per probe (`longest_string`).
         """
         return self.render_report(max_tokens, counter).text
 
     def render_report(self, max_tokens: int, counter: TokenCounter) -> RenderReport:
         """Render as `render` does and say what it cost per section and what was degraded."""
         return self._renderer.render(self._state, self._section_versions, max_tokens, counter)
+
+    def longest_string(self) -> int:
+        """Characters of the longest string value (cached per section version).
+
+        A render that shortens it counts about that much text per probe of its search.
+        """
+        return self._renderer.longest_string(self._state, self._section_versions)
 
     def __repr__(self) -> str:
         present = [name for name in RENDER_ORDER if self._state[name] != _DEFAULT_STATE[name]]
