@@ -9,7 +9,7 @@ caching renderer that drives it is `_renderer._Renderer`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 from pydantic import BaseModel, ConfigDict
@@ -36,6 +36,10 @@ _SEPARATOR: Final = "\n\n"
 _DROPPED_SUFFIX: Final = ": omitted to fit the token budget"
 # Prefix lengths (in characters per token of the limit) tried before counting a whole block.
 _PREFIX_CHARS_PER_TOKEN: Final = (4, 16)
+#: How close the string cap's tokens come to the limit: within limit >> this (0.4%). A long
+#: text costs a count per probe, and each turn's budget is a few tokens off the last one's:
+#: exact, a 1 MB text took a dozen probes a turn; this close, most turns take none or one.
+_STRING_CAP_SLACK: Final = 8
 #: A measure of a render: its tokens, and whether they are counted exactly.
 _Measure: TypeAlias = tuple[int, bool]
 
@@ -175,11 +179,43 @@ class _Fit:
         item_cap_or_none = 1 if longest > 1 else None
         longest_string = max((self.caches[name].longest_string for name in kept), default=0)
         if longest_string > 0 and measure((item_cap_or_none, 0))[0] <= limit:
+            # The answer for a budget a few tokens off (the next turn's: the history grew)
+            # lies between caps measured before: the blocks of the longest section are kept
+            # per cap with their counts, so those measures cost lookups, where a probe counts
+            # a text as long as its cap.
+            known = {
+                cap: total
+                for cap in self.counted_string_caps(kept, item_cap_or_none)
+                for total, exact in [measure((item_cap_or_none, cap))]
+                if exact
+            }
             string_cap = _largest(
-                0, longest_string, lambda n: measure((item_cap_or_none, n)), limit
+                0,
+                longest_string,
+                lambda n: measure((item_cap_or_none, n)),
+                limit,
+                known,
+                slack=_STRING_CAP_SLACK,
             )
             return (item_cap_or_none, string_cap)
         return None
+
+    def counted_string_caps(self, kept: list[str], item_cap: int | None) -> list[int]:
+        """The string caps with an exactly counted block in the longest-string section.
+
+        Under `item_cap`, as `_Renderer._block` keys them: measures at these cost lookups.
+        """
+        name = max(kept, key=lambda n: self.caches[n].longest_string)
+        cache = self.caches[name]
+        if item_cap is not None and item_cap >= cache.longest_collection:
+            item_cap = None
+        return [
+            string_cap
+            for (items, string_cap), block in cache.blocks.items()
+            if items == item_cap
+            and string_cap is not None
+            and block.counts.get(self.counter_id, (0, False))[1]
+        ]
 
     def assemble(self, kept: list[str], markers: list[str], caps: _Caps) -> RenderReport:
         pieces: list[tuple[str, _Block | None]] = []
@@ -288,49 +324,81 @@ class _Fit:
         )
 
 
-def _largest(low: int, high: int, measure: Callable[[int], _Measure], limit: int) -> int:
-    """Return the largest x in [low, high) whose measure fits `limit`.
+def _largest(
+    low: int,
+    high: int,
+    measure: Callable[[int], _Measure],
+    limit: int,
+    known: Mapping[int, int] | None = None,
+    *,
+    slack: int = 0,
+) -> int:
+    """Return the largest x in [low, high) whose measure fits `limit`, or one close to it.
 
     Given: measure(low) fits, measure(high) does not. A measure is a cost and whether it is
     exact: one that fits always is, one far over the limit may be a prefix's
-    (`_Fit.count_block`). Gallops up from `low` (doubling the step) so that probes stay
-    within twice the answer, as each probe costs about as much as the text it renders. Then
-    guesses on the line through the last two exact measures (a secant: on text the measure
-    grows about linearly), aiming past the limit by a quarter of the last probe's distance
-    from it, so that the next probe lands on the other side of the answer and the bracket
-    closes from both ends. Two guesses in a row that do not halve the bracket are followed
-    by a bisection, so it never takes more than three times log2 probes. On 21 texts of
-    100-400 KB (Python, JSON, Markdown, licences) cut to 8,000 and 60,000 tokens, 234
-    probes near the answer where interpolating between the bracket's ends took 289.
+    (`_Fit.count_block`). With `slack`, an x whose cost is within ``limit >> slack`` of the
+    limit is close enough (8: 0.4% of the budget left unused at most). `known` holds exact
+    costs measured before, by x: the search starts from the largest known to fit (often no
+    probe at all is needed), up to the smallest known not to. Otherwise it gallops up
+    (doubling the step) so that probes stay within twice the answer, as each probe costs
+    about as much as the text it renders. Then it guesses
+    on the line through the last two exact measures (a secant: on text the measure grows
+    about linearly), aiming past the limit by a quarter of the last probe's distance from
+    it, so that the next probe lands on the other side of the answer and the bracket closes
+    from both ends. Two guesses in a row that do not halve the bracket are followed by a
+    bisection, so it never takes more than three times log2 probes. On 21 texts of 100-400
+    KB (Python, JSON, Markdown, licences) cut to 8,000 and 60,000 tokens, 234 probes near
+    the exact answer where interpolating between the bracket's ends took 289.
     """
-    exact = [(low, measure(low)[0])]  # the last two measures counted exactly
-    step = 1
-    while low + step < high:
+    # Tokens under the limit that are close enough (none: with no slack, always go on).
+    close = limit >> slack if slack else -1
+    points = sorted((x, c) for x, c in (known or {}).items() if low <= x < high)
+    fitting = [(x, c) for x, c in points if c <= limit]
+    above = next(((x, c) for x, c in points if c > limit and x > low), None)
+    if fitting and fitting[-1][0] > low:
+        # A budget a few tokens off one searched before (the next turn's): start from the
+        # largest x known to fit, up to the smallest known not to. Without that bound, the
+        # first step goes twice as far as the tokens left need at the text's density.
+        low, low_cost = fitting[-1]
+        exact = [*fitting[-2:-1], fitting[-1]]
+        if above is not None and above[0] > low:
+            high, step = above[0], above[0]
+            exact = [fitting[-1], above]
+        else:
+            step = max(1, 2 * (limit - low_cost) * low // max(1, low_cost))
+    else:
+        low_cost = measure(low)[0]
+        exact, step = [(low, low_cost)], 1  # the last two measures counted exactly
+    while low + step < high and limit - low_cost > close:
         cost, counted = measure(low + step)
         if cost > limit:
             high = low + step
             if counted:
                 exact = [exact[-1], (high, cost)]
             break
-        low += step
+        low, low_cost = low + step, cost
         exact = [exact[-1], (low, cost)]
         step *= 2
     aim = -1  # tokens from the limit the next guess aims at
     unhalved = 0  # guesses since the bracket last halved
     halved_at = high - low
-    while high - low > 1:
+    while high - low > 1 and limit - low_cost > close:
         probe = (low + high) // 2
         guessed = False
         (x0, c0), (x1, c1) = exact[0], exact[-1]
         if unhalved < 2 and (c1 - c0) * (x1 - x0) > 0:
-            guess = x0 + (limit + aim + 0.5 - c0) * (x1 - x0) / (c1 - c0)
+            # Into the middle of the close band, where there is one: the next turn's limit,
+            # a few tokens lower, still holds the answer then, with no probe.
+            target = limit - close // 2 if slack else limit + aim + 0.5
+            guess = x0 + (target - c0) * (x1 - x0) / (c1 - c0)
             probe = min(max(int(guess), low + 1), high - 1)
             guessed = True
         cost, counted = measure(probe)
         if counted:
             exact = [exact[-1], (probe, cost)]
         if cost <= limit:
-            low, aim = probe, max(1, (limit - cost) // 4)
+            low, low_cost, aim = probe, cost, max(1, (limit - cost) // 4)
         else:
             high, aim = probe, -max(1, (cost - limit) // 4)
         if 2 * (high - low) <= halved_at or not guessed:
