@@ -563,8 +563,8 @@ class Environment:
            Records (the sections themselves, plan steps, file and artifact entries) are
            never elided.
         2. Shorten long strings, with one newest item per list: every string value keeps
-           its first L characters, L as large as fits (down to 0), followed by
-           ``"… [+1234 chars]"``. Keys are never shortened.
+           its first L characters, L as large as fits or within 1/256 of the budget of it
+           (down to 0), followed by ``"… [+1234 chars]"``. Keys are never shortened.
         3. Drop whole sections in `DROP_ORDER` (extensions, workspace, knowledge, system,
            task last), each replaced by a line ``## <section>: omitted to fit the token
            budget`` while those lines fit (else they are left out too); after each drop the
