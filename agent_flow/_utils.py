@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import select
 import weakref
 from collections.abc import Callable
@@ -43,14 +44,25 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: valid JSON, but past what a float holds
+        raise ValueError(f"{text} is out of a number's range")
+    return value
+
+
 def loads_json(text: str) -> object:
-    """Parse JSON as the spec defines it: Python's `NaN` and `Infinity` extensions are refused.
+    """Parse JSON as the spec defines it, and as every event line can carry it.
+
+    Python's `NaN` and `Infinity` extensions are refused, and so is a number past a float's
+    range (``1e400``, which Python reads as infinity).
 
     Raises:
         json.JSONDecodeError: The text is not JSON.
-        ValueError: The text uses NaN or Infinity (which no event line could carry).
+        ValueError: The text uses NaN or Infinity, or a number out of range (which no event
+            line could carry).
     """
-    return json.loads(text, parse_constant=_reject_constant)
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite)
 
 
 def compact_json(value: object) -> str:

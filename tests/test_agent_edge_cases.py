@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agent_flow.agent import AgentExecutor, StopReason
 from agent_flow.config import AgentConfig, ContextConfig, Skill, load_config
@@ -29,6 +30,7 @@ from agent_flow.errors import (
 from agent_flow.events import AgentEvent, EventBus, WarningRaised
 from agent_flow.history import History, UserMessage
 from agent_flow.llm.base import LLMRequest
+from agent_flow.sessions import SQLiteSessionStore
 from agent_flow.testing import FunctionLLM, Reply, ScriptedLLM, call, fail, reply
 from agent_flow.testing.strategies import environments, histories
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
@@ -211,6 +213,48 @@ async def test_nan_in_tool_arguments_is_reported_to_the_model_not_a_crash() -> N
     assert outcome.final_text == "done"
     assert outcome.tool_uses[0].is_error
     assert "NaN is not a JSON number" in outcome.tool_uses[0].content
+
+
+@pytest.mark.parametrize(
+    ("number", "problem"),
+    [
+        ("NaN", "NaN is not a JSON number"),
+        ("-Infinity", "-Infinity is not a JSON number"),
+        ("1e400", "1e400 is out of a number's range"),
+    ],
+)
+async def test_a_number_json_cannot_carry_in_a_structured_answer_is_sent_back_not_a_crash(
+    tmp_path: Path, number: str, problem: str
+) -> None:
+    """agent/_output.py: the answer was read with json.loads, which takes NaN and Infinity and
+    reads 1e400 as infinity; RunFinished then refused the output and a pydantic
+    ValidationError escaped `run`. Now the model is told, and its next answer is taken."""
+
+    class Reading(BaseModel):
+        value: float
+
+    async with SQLiteSessionStore(tmp_path / "s.db") as store:
+        llm = ScriptedLLM([reply(f'{{"value": {number}}}'), reply('{"value": 1.5}')])
+        agent = AgentExecutor(llm, store=store, output_type=Reading)
+        outcome = await agent.run("measure it")
+        assert outcome.stop_reason is StopReason.COMPLETED
+        assert outcome.output == {"value": 1.5}
+        assert problem in llm.requests[1].messages[-1].content
+        assert agent.session_id is not None
+        events = await store.events(agent.session_id)
+        assert events[-1].kind == "run_finished"
+
+
+async def test_a_number_out_of_range_in_tool_arguments_is_reported_to_the_model() -> None:
+    llm = ScriptedLLM(
+        [
+            reply(tool_calls=[call("task_completion", raw='{"summary": "done", "result": 1e400}')]),
+            reply(tool_calls=[call("task_completion", summary="done", result=0)]),
+        ]
+    )
+    outcome = await make_agent(llm).run("go")
+    assert outcome.stop_reason is StopReason.COMPLETED
+    assert "1e400 is out of a number's range" in outcome.tool_uses[0].content
 
 
 async def test_a_tool_call_without_a_name_is_reported_to_the_model_and_the_run_recovers() -> None:

@@ -20,13 +20,14 @@ import contextlib
 import json
 import re
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow._unicode import json_is_clean, mend_json
+from agent_flow._utils import loads_json
 from agent_flow.agent._model_call import _CallState, _checkpointed_call
 from agent_flow.errors import ModelBadRequestError
 from agent_flow.events import WarningRaised
@@ -96,9 +97,13 @@ def _validate_output(
         candidate = candidate.split("\n", 1)[1] if "\n" in candidate else ""
         candidate = candidate.rsplit("```", 1)[0].strip()
     try:
-        value: JsonValue = json.loads(candidate)
+        value = cast(JsonValue, loads_json(candidate))
     except json.JSONDecodeError as err:
         return None, f"the answer is not valid JSON ({err.msg} at position {err.pos})"
+    except RecursionError:
+        return None, "the answer is not valid JSON (nested too deeply)"
+    except ValueError as err:  # NaN, Infinity or 1e400: no output or event could carry it
+        return None, f"the answer is not valid JSON ({err})"
     # An escape in the text (``"\\udcff"``) makes a lone surrogate, which no output, event or
     # stored session could hold: mended, as the text it came in was.
     if not json_is_clean(value):
