@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,12 @@ from tests.openai_server import OpenAIServer, json_reply, sse_reply, text_chunks
 _SPECIAL = st.sampled_from(["\ud83d", "\ude00", "a\ud83d", "\x00", "note", "", " ", "\u2028"])
 _TEXT = st.one_of(_SPECIAL, _SPECIAL, st.text(max_size=12))
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | _TEXT,
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.sampled_from([2**63, -(2**64), 10**400])  # past any column (and a float)
+    | st.floats(allow_nan=False)
+    | _TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
     max_leaves=6,
 )
@@ -143,3 +149,27 @@ async def test_any_answer_ends_the_run_with_an_outcome_and_a_whole_stored_sessio
                 stored = await store.load(agent.session_id)
                 assert stored.info.event_count == len(seen)
                 assert len(await store.events(agent.session_id)) == len(seen)
+
+
+@pytest.mark.parametrize("tokens", [-5, 2**63, 10**30, 10**400])
+async def test_a_token_count_no_call_has_is_read_as_none_and_the_session_is_stored(
+    tmp_path: Path, tokens: int
+) -> None:
+    """A server's usage with a count past any 64-bit column (or a float) ended the run in error
+    (``OverflowError``) with its last step unstored; a negative one went into the totals."""
+    body = _whole(text_chunks("hello")[0])
+    body["usage"] = {"prompt_tokens": tokens, "completion_tokens": 3}
+    async with OpenAIServer() as server:
+        server.script(json_reply(body))
+        async with (
+            SQLiteSessionStore(tmp_path / "s.db") as store,
+            OpenAIClient("m", base_url=server.base_url, api_key="k", max_retries=0) as llm,
+        ):
+            agent = AgentExecutor(llm, store=store, config=AgentConfig(max_iterations=3))
+            outcome = await agent.run("go")
+            assert outcome.stop_reason is StopReason.ANSWERED
+            assert outcome.usage.prompt_tokens == 0
+            assert outcome.usage.completion_tokens == 3
+            assert agent.session_id is not None
+            info = (await store.load(agent.session_id)).info
+            assert info.prompt_tokens == 0 and info.completion_tokens == 3

@@ -13,6 +13,7 @@ import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import TypeGuard
 
 from pydantic_core import to_json
 
@@ -218,13 +219,22 @@ def _usage(raw: object) -> Usage | None:
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=total,
-        cached_tokens=cached if isinstance(cached, int) else None,
-        reasoning_tokens=reasoning if isinstance(reasoning, int) else None,
+        cached_tokens=cached if _is_count(cached) else None,
+        reasoning_tokens=reasoning if _is_count(reasoning) else None,
     )
 
 
+#: More tokens than any call has: a server's count past it is garbage, read as none (it could
+#: not be priced, summed into a session's totals or stored in a 64-bit column).
+_MAX_TOKENS = 1 << 48
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_TOKENS
+
+
 def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if _is_count(value) else 0
 
 
 def _fragment_name(fragment: Mapping[str, object]) -> str:
