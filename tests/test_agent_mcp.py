@@ -135,3 +135,34 @@ async def test_an_agent_refuses_to_run_without_its_configured_servers() -> None:
     with pytest.raises(UserError, match=r"MCP servers \(basic\) that are not running"):
         agent.run("Echo something")
     assert llm.requests == []
+
+
+async def test_a_tool_whose_schema_is_not_a_json_schema_is_left_out_and_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, one such tool of a third-party server raised ToolDefinitionError when the agent
+    was entered: none of the server's tools, and no run at all."""
+    server = stdio_server("odd", "bad_schema_server.py")
+    llm = ScriptedLLM(
+        [reply(tool_calls=[call("odd_echo", text="still here")]), "Echoed.", "Again."]
+    )
+    agent = AgentExecutor(llm, config=AgentConfig(context=CONTEXT, mcp_servers=(server,)))
+    async with agent:
+        (connection,) = connections(agent)
+        assert list(connection.refused) == ["broken"]
+        assert "not a valid JSON schema" in connection.refused["broken"]
+        assert "odd_echo" in agent.tools and "odd_broken" not in agent.tools
+        async with agent.subscribe() as events:
+            outcome = await agent.run("Echo something")
+            warnings = [e for e in [event async for event in events] if e.kind == "warning_raised"]
+        async with agent.subscribe() as events:
+            again = await agent.run("Once more")
+            later = [e for e in [event async for event in events] if e.kind == "warning_raised"]
+        assert later == []  # once per agent, not per run
+    assert outcome.final_text == "Echoed." and again.final_text == "Again."
+    assert [w.message for w in warnings if w.source == "mcp"] == [
+        f"MCP server 'odd': {connection.refused['broken']}"
+    ]
+    assert {t.name for t in llm.requests[0].tools} >= {"odd_echo"}
+    assert "odd_broken" not in {t.name for t in llm.requests[0].tools}
+    assert any("'broken' is not offered" in r.getMessage() for r in caplog.records)

@@ -243,3 +243,12 @@ async def test_allow_and_deny_lists_match_globs_and_deny_wins() -> None:
         "read_file",
         "list",
     ]
+
+
+async def test_a_tool_whose_schema_is_not_a_json_schema_is_not_registered_the_rest_are() -> None:
+    async with MCPServers([stdio_server("odd", "bad_schema_server.py")]) as started:
+        executor = ToolExecutor()
+        assert started.register(executor) == ["odd_echo"]
+        assert list(started.connections["odd"].refused) == ["broken"]
+        (outcome,) = await executor.execute([call("odd_echo", {"text": "hi"})])
+        assert outcome.result.content == "hi"

@@ -90,6 +90,10 @@ class AgentMCP:
         self._generations: dict[str, int] = {}
         self._views: dict[tuple[str, ComponentKind], list[str]] = {}
         self._updates: dict[str, int] = {}
+        # Tools each server lists but cannot offer, as last reported; and the reports the
+        # next `refresh` hands to the run (a warning event each).
+        self._refused: dict[str, set[str]] = {}
+        self._warnings: list[str] = []
 
     @property
     def needed(self) -> bool:
@@ -147,6 +151,7 @@ class AgentMCP:
         try:
             for server, connection in self.connections.items():
                 self._register_tools(server, connection, [t.name for t in connection.tools])
+                self._note_refused(server, connection)
                 self._seen(server, connection)
             self._sync_resource_tools()
             for load in self.settings.resources:
@@ -295,7 +300,16 @@ class AgentMCP:
                     found.environment.append((f"mcp:{server}", written))
         if found.changes:
             self._sync_resource_tools()
+        # Tools a server cannot offer, found when the agent started or in this refresh.
+        found.warnings[:0], self._warnings = self._warnings, []
         return found
+
+    def _note_refused(self, server: str, connection: MCPConnection) -> None:
+        """Report once each tool of `server` the agent may use but the server cannot offer."""
+        refused = {n for n in connection.refused if self.filter.allows(server, "tools", n)}
+        for name in sorted(refused - self._refused.get(server, set())):
+            self._warnings.append(f"MCP server {server!r}: {connection.refused[name]}")
+        self._refused[server] = refused
 
     def _seen(self, server: str, connection: MCPConnection) -> None:
         """Remember what the agent sees of `server` now (after start or a change)."""
@@ -319,6 +333,7 @@ class AgentMCP:
         removed = self._unregister(server, mine - set(now))
         before = set(self.registered)
         self._register_tools(server, connection, [n for n in now if n not in mine])
+        self._note_refused(server, connection)
         added = [name for name in self.registered if name not in before]
         if added or removed:
             changes.append(ListChange(server, "tools", tuple(added), tuple(removed)))

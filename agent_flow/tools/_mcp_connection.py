@@ -109,6 +109,10 @@ class MCPConnection:
         self._closed = False
         self._opened = False
         self._tools: list[MCPTool] = []
+        #: The tools the server lists that cannot be offered (an input schema that is not a
+        #: JSON schema), by name: what is wrong with each. The others are offered as usual:
+        #: one broken tool of a third-party server does not take the rest down.
+        self.refused: dict[str, str] = {}
         self._catalog = Catalog()
         self._subscribed: set[str] = set()
         #: What the server's notifications said (list changes since the last `refresh`).
@@ -154,9 +158,19 @@ class MCPConnection:
 
     def _adopt(self, catalog: Catalog) -> None:
         self._catalog = catalog
-        self._tools = [
-            MCPTool(self, remote) for remote in catalog.tools if self.config.allows(remote.name)
-        ]
+        tools: list[MCPTool] = []
+        refused: dict[str, str] = {}
+        for remote in catalog.tools:
+            if self.config.allows(remote.name):
+                tool = MCPTool(self, remote)
+                if tool.problem is None:
+                    tools.append(tool)
+                else:
+                    refused[remote.name] = tool.problem
+        for name in refused.keys() - self.refused.keys():
+            logger.warning("MCP server %r: %s", self.name, refused[name])
+        self._tools = tools
+        self.refused = refused
 
     @property
     def resources(self) -> list[mcp_types.Resource]:

@@ -15,6 +15,8 @@ from pydantic import TypeAdapter
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow._utils import compact_json
+from agent_flow.errors import ToolDefinitionError
+from agent_flow.tools._validation import _validator
 from agent_flow.tools.base import ToolContext
 from agent_flow.tools.results import Attachment, ToolResult
 
@@ -124,6 +126,12 @@ class MCPTool:
         parameters.setdefault("type", "object")
         parameters.setdefault("properties", {})
         self.parameters = parameters
+        #: Why the tool cannot be offered (its schema is not a JSON schema), or None.
+        self.problem: str | None = None
+        try:
+            _validator(remote.name, parameters)
+        except ToolDefinitionError as err:
+            self.problem = f"tool {remote.name!r} is not offered: {err}"
         self.policy = connection.config.policy_for(remote)
         # The connection bounds a call itself (a restart, a ping, the call); the executor's
         # limit is only a backstop above the sum, so the connection's own message comes first.

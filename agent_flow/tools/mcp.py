@@ -161,9 +161,11 @@ class MCPServers:
         (``get.sum`` beside ``get_sum``) is registered with a hash suffix
         (``<server>_get_sum_1a2b3c4d``).
 
+        A tool whose input schema is not a JSON schema is not offered (its server's
+        ``refused`` says why, and a warning is logged); the server's other tools are.
+
         Raises:
             DuplicateToolError: A resulting name is taken.
-            ToolDefinitionError: A server's tool has an invalid parameter schema.
         """
         chosen = mcp_filter if mcp_filter is not None else MCPFilter()
         names: list[str] = []

@@ -1,0 +1,52 @@
+"""An MCP server (low-level API) listing a tool whose input schema is not a JSON schema.
+
+Beside it, a tool that works: one broken tool of a third-party server must not take the
+others down.
+"""
+
+from __future__ import annotations
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+TOOLS = [
+    types.Tool(
+        name="broken",
+        description="Its schema names a type JSON schema does not have.",
+        input_schema={"type": "object", "properties": {"x": {"type": "nonsense"}}},
+    ),
+    types.Tool(
+        name="echo",
+        description="Return the text.",
+        input_schema={
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+    ),
+]
+
+
+async def list_tools(
+    ctx: object, params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=TOOLS)
+
+
+async def call_tool(ctx: object, params: types.CallToolRequestParams) -> types.CallToolResult:
+    text = str((params.arguments or {}).get("text", ""))
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+server = Server("bad-schema", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)
