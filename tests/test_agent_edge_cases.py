@@ -221,6 +221,8 @@ async def test_nan_in_tool_arguments_is_reported_to_the_model_not_a_crash() -> N
         ("NaN", "NaN is not a JSON number"),
         ("-Infinity", "-Infinity is not a JSON number"),
         ("1e400", "1e400 is out of a number's range"),
+        ('"inf"', "at /value: Input should be a finite number"),  # pydantic reads it as a float
+        ('"nan"', "at /value: Input should be a finite number"),
     ],
 )
 async def test_a_number_json_cannot_carry_in_a_structured_answer_is_sent_back_not_a_crash(

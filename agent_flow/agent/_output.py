@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import weakref
 from typing import TYPE_CHECKING, cast
@@ -137,11 +138,16 @@ def _validate_value(
 ) -> tuple[JsonValue, str | None]:
     if model is not None:
         try:
-            return model.model_validate(value).model_dump(mode="json"), None
+            dumped = model.model_validate(value).model_dump(mode="json")
         except ValidationError as err:
             return None, "; ".join(
                 f"at /{'/'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]
             )
+        # A model takes "inf" and "nan" for a float, which no output or event could carry.
+        where = _not_finite(dumped, "")
+        if where is not None:
+            return None, f"at {where or '/'}: Input should be a finite number"
+        return dumped, None
     errors = sorted(
         jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path)
     )
@@ -151,3 +157,21 @@ def _validate_value(
         )
         return None, problems
     return value, None
+
+
+def _not_finite(value: JsonValue, at: str) -> str | None:
+    """The pointer of the first infinite or NaN number in `value`, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else at
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _not_finite(item, f"{at}/{key}")
+        if found is not None:
+            return found
+    return None
