@@ -141,7 +141,8 @@ async def test_a_tool_whose_schema_is_not_a_json_schema_is_left_out_and_reported
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Before, one such tool of a third-party server raised ToolDefinitionError when the agent
-    was entered: none of the server's tools, and no run at all."""
+    was entered (a name listed twice, DuplicateToolError): none of the server's tools, and no
+    run at all."""
     server = stdio_server("odd", "bad_schema_server.py")
     llm = ScriptedLLM(
         [reply(tool_calls=[call("odd_echo", text="still here")]), "Echoed.", "Again."]
@@ -149,8 +150,9 @@ async def test_a_tool_whose_schema_is_not_a_json_schema_is_left_out_and_reported
     agent = AgentExecutor(llm, config=AgentConfig(context=CONTEXT, mcp_servers=(server,)))
     async with agent:
         (connection,) = connections(agent)
-        assert list(connection.refused) == ["broken"]
+        assert sorted(connection.refused) == ["broken", "echo"]
         assert "not a valid JSON schema" in connection.refused["broken"]
+        assert "listed twice" in connection.refused["echo"]
         assert "odd_echo" in agent.tools and "odd_broken" not in agent.tools
         async with agent.subscribe() as events:
             outcome = await agent.run("Echo something")
@@ -161,7 +163,7 @@ async def test_a_tool_whose_schema_is_not_a_json_schema_is_left_out_and_reported
         assert later == []  # once per agent, not per run
     assert outcome.final_text == "Echoed." and again.final_text == "Again."
     assert [w.message for w in warnings if w.source == "mcp"] == [
-        f"MCP server 'odd': {connection.refused['broken']}"
+        f"MCP server 'odd': {connection.refused[name]}" for name in ("broken", "echo")
     ]
     assert {t.name for t in llm.requests[0].tools} >= {"odd_echo"}
     assert "odd_broken" not in {t.name for t in llm.requests[0].tools}

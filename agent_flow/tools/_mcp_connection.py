@@ -110,8 +110,9 @@ class MCPConnection:
         self._opened = False
         self._tools: list[MCPTool] = []
         #: The tools the server lists that cannot be offered (an input schema that is not a
-        #: JSON schema), by name: what is wrong with each. The others are offered as usual:
-        #: one broken tool of a third-party server does not take the rest down.
+        #: JSON schema, a name listed again), by name: what is wrong with each. The others are
+        #: offered as usual: one broken tool of a third-party server does not take the rest
+        #: down.
         self.refused: dict[str, str] = {}
         self._catalog = Catalog()
         self._subscribed: set[str] = set()
@@ -160,11 +161,17 @@ class MCPConnection:
         self._catalog = catalog
         tools: list[MCPTool] = []
         refused: dict[str, str] = {}
+        offered: set[str] = set()
         for remote in catalog.tools:
             if self.config.allows(remote.name):
                 tool = MCPTool(self, remote)
-                if tool.problem is None:
+                if remote.name in offered:
+                    refused[remote.name] = (
+                        f"tool {remote.name!r} is listed twice: the first is offered"
+                    )
+                elif tool.problem is None:
                     tools.append(tool)
+                    offered.add(remote.name)
                 else:
                     refused[remote.name] = tool.problem
         for name in refused.keys() - self.refused.keys():

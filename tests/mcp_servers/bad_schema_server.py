@@ -1,6 +1,7 @@
-"""An MCP server (low-level API) listing a tool whose input schema is not a JSON schema.
+"""An MCP server (low-level API) listing a tool whose input schema is not a JSON schema, and
+a tool twice under one name.
 
-Beside it, a tool that works: one broken tool of a third-party server must not take the
+Beside them, a tool that works: one broken tool of a third-party server must not take the
 others down.
 """
 
@@ -25,6 +26,11 @@ TOOLS = [
             "properties": {"text": {"type": "string"}},
             "required": ["text"],
         },
+    ),
+    types.Tool(
+        name="echo",
+        description="Listed again (a server's bug): the first is the one offered.",
+        input_schema={"type": "object", "properties": {}},
     ),
 ]
 
