@@ -60,6 +60,22 @@ def _measures(draw: st.DrawFn) -> tuple[Callable[[int], int], int, int]:
     return cost, high, limit
 
 
+def _estimating(
+    cost: Callable[[int], int], limit: int, far: int, probes: list[int]
+) -> Callable[[int], tuple[int, bool]]:
+    """A measure as `_Fit.estimate` answers: exact when it fits or misses narrowly, else a
+    prefix's (some number over the limit); every probe is noted in `probes`."""
+
+    def measured(n: int) -> tuple[int, bool]:
+        probes.append(n)
+        value = cost(n)
+        if value <= limit + far:
+            return value, True
+        return limit + far + 1, False
+
+    return measured
+
+
 @given(measure=_measures(), far=st.integers(1, 64))
 def test_the_search_finds_a_boundary_within_three_log2_probes(
     measure: tuple[Callable[[int], int], int, int], far: int
@@ -68,16 +84,7 @@ def test_the_search_finds_a_boundary_within_three_log2_probes(
     if cost(high) <= limit or cost(0) > limit:
         return
     probes: list[int] = []
-
-    def measured(n: int) -> tuple[int, bool]:
-        """As `_Fit.estimate` answers: exact when it fits or misses narrowly, else a prefix's."""
-        probes.append(n)
-        value = cost(n)
-        if value <= limit + far:
-            return value, True
-        return limit + far + 1, False
-
-    found = render_module._largest(0, high, measured, limit)
+    found = render_module._largest(0, high, _estimating(cost, limit, far, probes), limit)
     assert 0 <= found < high
     assert cost(found) <= limit
     assert found + 1 == high or cost(found + 1) > limit
@@ -120,14 +127,7 @@ def test_with_slack_and_known_measures_the_answer_fits_and_is_close_or_a_boundar
         return
     known = {n: cost(n) for n in seen if n < high}
     probes: list[int] = []
-
-    def measured(n: int) -> tuple[int, bool]:
-        probes.append(n)
-        value = cost(n)
-        if value <= limit + far:
-            return value, True
-        return limit + far + 1, False
-
+    measured = _estimating(cost, limit, far, probes)
     found = render_module._largest(0, high, measured, limit, known, slack=slack)
     assert 0 <= found < high
     assert cost(found) <= limit

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -29,6 +30,7 @@ from agent_flow.tools import SecretRedactor, ToolExecutor, tool
 from agent_flow.tools._truncation import cut_marker
 
 SECRET = "sk-large-result-canary-0123456789"
+_T = TypeVar("_T")
 
 
 class _WatchedCounter(ApproxCounter):
@@ -84,14 +86,11 @@ def _large_text() -> str:
     return body[:1000] + SECRET + body[1000:] + SECRET
 
 
-async def test_a_large_result_is_counted_off_the_event_loop_while_the_loop_runs() -> None:
-    counter = _WatchedCounter()
-    counter.hold = True
-    executor = _executor(_large_text(), counter)
-    loop_thread = threading.current_thread()
-    task = asyncio.create_task(executor.execute_one(_call()))
+async def _held(counter: _WatchedCounter, work: Coroutine[Any, Any, _T]) -> _T:
+    """Run `work` while `counter` holds its large count; the loop must turn meanwhile."""
+    task = asyncio.create_task(work)
     # The count waits for `release`: this line runs only if the loop is free meanwhile.
-    assert await asyncio.to_thread(counter.started.wait, 5), "the large result was not counted"
+    assert await asyncio.to_thread(counter.started.wait, 5), "the large text was not counted"
     ticks = 0
     for _ in range(3):
         await asyncio.sleep(0)
@@ -100,6 +99,15 @@ async def test_a_large_result_is_counted_off_the_event_loop_while_the_loop_runs(
     counter.release.set()
     outcome = await task
     assert ticks == 3
+    return outcome
+
+
+async def test_a_large_result_is_counted_off_the_event_loop_while_the_loop_runs() -> None:
+    counter = _WatchedCounter()
+    counter.hold = True
+    executor = _executor(_large_text(), counter)
+    loop_thread = threading.current_thread()
+    outcome = await _held(counter, executor.execute_one(_call()))
     assert counter.large_counts_on and all(t is not loop_thread for t in counter.large_counts_on)
     # Redacted before it was cut, and cut to the limit, exactly as the loop would have.
     assert SECRET not in outcome.full_result.content
@@ -259,18 +267,8 @@ async def test_a_prompt_around_a_long_environment_text_is_built_off_the_event_lo
     agent.environment.set("/extensions/document", _large_text())
     counter.hold = True
     loop_thread = threading.current_thread()
-    task = asyncio.create_task(agent.run("summarize the document"))
-    # The count waits for `release`: this line runs only if the loop is free meanwhile.
-    assert await asyncio.to_thread(counter.started.wait, 5), "the long text was not counted"
-    ticks = 0
-    for _ in range(3):
-        await asyncio.sleep(0)
-        ticks += 1
-    assert not task.done()
-    counter.release.set()
-    outcome = await task
+    outcome = await _held(counter, agent.run("summarize the document"))
     assert outcome.stop_reason.value == "answered"
-    assert ticks == 3
     assert counter.large_counts_on and all(t is not loop_thread for t in counter.large_counts_on)
     (system,) = seen
     assert "## extensions" in system and "chars]" in system  # shortened to fit, as before

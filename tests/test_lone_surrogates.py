@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +103,22 @@ async def _run(
         return outcome, seen, (stored, stored_events)
 
 
+def _open_file(received: list[str], answer: Callable[[str], str]) -> Any:
+    """A tool ``open_file(path)`` that notes each path it gets and answers `answer(path)`."""
+
+    @tool
+    def open_file(path: str) -> str:
+        """Open a file.
+
+        Args:
+            path: The file.
+        """
+        received.append(path)
+        return answer(path)
+
+    return open_file
+
+
 async def test_an_emoji_split_across_two_chunks_is_joined_again(tmp_path: Path) -> None:
     async with OpenAIServer() as server:
         server.script(sse_reply([_chunk("ok " + HIGH), _chunk(LOW + " done", "stop")]))
@@ -135,16 +152,7 @@ async def test_a_whole_answer_with_a_lone_half_is_mended(tmp_path: Path) -> None
 async def test_escaped_halves_in_tool_arguments_and_results_are_mended(tmp_path: Path) -> None:
     undecodable = os.fsdecode(b"report-\xff.txt")  # 'report-\udcff.txt', as os.listdir gives
     received: list[str] = []
-
-    @tool
-    def open_file(path: str) -> str:
-        """Open a file.
-
-        Args:
-            path: The file.
-        """
-        received.append(path)
-        return f"{path} is next to {undecodable}"
+    open_file = _open_file(received, lambda path: f"{path} is next to {undecodable}")
 
     arguments = '{"path": "notes-\\ud83d.txt"}'  # an escaped lone half inside the JSON text
     async with OpenAIServer() as server:
@@ -191,16 +199,7 @@ async def test_an_escaped_lone_half_in_a_structured_answer_is_mended(
 
 async def test_an_escaped_lone_half_in_an_xml_tool_block_is_mended(tmp_path: Path) -> None:
     received: list[str] = []
-
-    @tool
-    def open_file(path: str) -> str:
-        """Open a file.
-
-        Args:
-            path: The file.
-        """
-        received.append(path)
-        return "opened"
+    open_file = _open_file(received, lambda path: "opened")
 
     block = '<tool>{"tool_name": "open_file", "arguments": {"path": "a-\\ud83d.txt"}}</tool>'
     async with OpenAIServer() as server:
