@@ -219,6 +219,30 @@ async def test_a_large_user_message_is_counted_once_and_off_the_event_loop() -> 
     assert agent.history.token_count() > TiktokenCounter().count(message)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_large_answer_and_its_thinking_are_counted_once_and_off_the_event_loop(
+    stream: bool,
+) -> None:
+    """A long-output model's answer (or reasoning) joined the history counted on the loop."""
+    answer = "a long answer, " + _large_text()
+    thinking = "long thoughts, " + _large_text()
+    agent = AgentExecutor(
+        FunctionLLM(lambda request: reply(answer, thinking=thinking), model="gpt-4o-mini"),
+        stream=stream,
+        config=AgentConfig(context=ContextConfig(max_tokens=200_000)),
+    )
+    counter = agent.history.counter
+    assert isinstance(counter, TiktokenCounter)
+    for watched in (answer, thinking):
+        recording = _RecordingEncoding(counter._encoding, watched)
+        counter._encoding = recording  # type: ignore[assignment]
+        outcome = await agent.run("write at length")
+        assert outcome.final_text == answer
+        assert len(recording.threads) == 1
+        assert recording.threads[0] is not threading.current_thread()
+        counter._encoding = recording._encoding  # type: ignore[assignment]
+
+
 async def test_a_short_user_message_is_counted_on_the_loop() -> None:
     message = "add two and two"
     agent = _agent()

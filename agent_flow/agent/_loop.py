@@ -46,12 +46,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from agent_flow._defaults import LARGE_TEXT_CHARS
 from agent_flow._unicode import mend
 from agent_flow.agent._cost import _admit, _base_url, _Billing, _model_name, _past_limit
 from agent_flow.agent._deferred import DeferredResults, take_up_answers
 from agent_flow.agent._model_call import _count_model_call
-from agent_flow.agent._steps import _model_step, _tool_step
+from agent_flow.agent._steps import _count_ahead, _model_step, _tool_step
 from agent_flow.agent._task import settle_task
 from agent_flow.agent.outcome import (
     ExecutionOutcome,
@@ -82,8 +81,6 @@ from agent_flow.llm.base import (
     Usage,
 )
 from agent_flow.llm.metering import listen_for_model_calls
-from agent_flow.tokens import TiktokenCounter, TokenCounter
-from agent_flow.tools._threads import tool_threads
 
 if TYPE_CHECKING:
     from agent_flow.agent.executor import AgentExecutor
@@ -470,17 +467,6 @@ class _Run:
         if self.recorder is not None:
             self.recorder.record(event)
         await self.agent.events.publish(event)
-
-
-async def _count_ahead(counter: TokenCounter, text: str) -> None:
-    """Count a large `text` on the tool threads before the history counts it on the loop.
-
-    Counting a megabyte of new text takes most of a second, which every other run on the
-    event loop would wait; `TiktokenCounter` remembers the last long text it counted, so the
-    history's count is then a lookup. Other counters are fast or their own (not done twice).
-    """
-    if len(text) > LARGE_TEXT_CHARS and isinstance(counter, TiktokenCounter):
-        await tool_threads().run(counter.count, text)
 
 
 def _wrap(err: Exception) -> AgentFlowError:

@@ -71,6 +71,7 @@ from agent_flow.llm.base import (
 )
 from agent_flow.llm.metering import ModelCallPlan, ModelCallReport
 from agent_flow.messages import ToolCall
+from agent_flow.tokens import TiktokenCounter, TokenCounter
 from agent_flow.tools import (
     ControlSignal,
     ConverseMessage,
@@ -189,7 +190,7 @@ async def _model_step(run: _Run) -> Step:
         if warning not in call.relayed:
             await run.emit(WarningRaised, message=warning, source="model")
 
-    _record_turn(run, completion)
+    await _record_turn(run, completion)
     if completion.finish_reason in _CUT_ANSWERS:
         await run.emit(
             WarningRaised, message=_CUT_ANSWERS[completion.finish_reason], source="model"
@@ -199,11 +200,14 @@ async def _model_step(run: _Run) -> Step:
     return await _text_answer(run, completion.text)
 
 
-def _record_turn(run: _Run, completion: Completion) -> None:
+async def _record_turn(run: _Run, completion: Completion) -> None:
+    history = run.agent.history
     if completion.thinking:
-        run.agent.history.add(AgentThinking(content=completion.thinking))
+        await _count_ahead(history.counter, completion.thinking)
+        history.add(AgentThinking(content=completion.thinking))
     if completion.text:
-        run.agent.history.add(AgentMessage(content=completion.text))
+        await _count_ahead(history.counter, completion.text)
+        history.add(AgentMessage(content=completion.text))
     for call in completion.tool_calls:
         run.agent.history.add(
             ToolCallEntry(
@@ -500,3 +504,14 @@ async def _check_stuck(
 def _call_name(name: str) -> str:
     """The name a call is recorded under; a call the model left nameless is "unknown"."""
     return name or "unknown"
+
+
+async def _count_ahead(counter: TokenCounter, text: str) -> None:
+    """Count a large `text` on the tool threads before the history counts it on the loop.
+
+    Counting a megabyte of new text takes most of a second, which every other run on the
+    event loop would wait; `TiktokenCounter` remembers the last long text it counted, so the
+    history's count is then a lookup. Other counters are fast or their own (not done twice).
+    """
+    if len(text) > LARGE_TEXT_CHARS and isinstance(counter, TiktokenCounter):
+        await tool_threads().run(counter.count, text)
