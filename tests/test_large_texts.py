@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 from agent_flow import AgentConfig, AgentExecutor, ContextConfig
 from agent_flow._defaults import LARGE_TEXT_CHARS
 from agent_flow._text import truncate_to_tokens
+from agent_flow.agent import DeferredResults
 from agent_flow.history import History
 from agent_flow.messages import ToolCall
-from agent_flow.testing import FunctionLLM, reply
+from agent_flow.testing import FunctionLLM, ScriptedLLM, call, reply
 from agent_flow.tokens import ApproxCounter, TiktokenCounter, default_counter
-from agent_flow.tools import SecretRedactor, ToolExecutor, tool
+from agent_flow.tools import ExternalTool, SecretRedactor, ToolExecutor, tool
 from agent_flow.tools._truncation import cut_marker
 
 SECRET = "sk-large-result-canary-0123456789"
@@ -309,3 +310,27 @@ async def test_a_prompt_around_short_texts_is_built_on_the_loop() -> None:
     assert counter.large_counts_on == []
     assert counter.small_counts_on == {threading.current_thread()}
     assert "a short document" in seen[0]
+
+
+async def test_a_large_message_sent_with_answers_is_counted_once_and_off_the_event_loop() -> None:
+    """`send(message, results=...)`: the message follows the answered calls' results."""
+    pick = ExternalTool(
+        "pick_color", "Ask the user.", {"type": "object", "properties": {}, "required": []}
+    )
+    llm = ScriptedLLM([reply(tool_calls=[call("pick_color", call_id="c1")]), "noted"])
+    tools = ToolExecutor()
+    tools.register(pick)
+    agent = AgentExecutor(
+        llm, tools=tools, config=AgentConfig(context=ContextConfig(max_tokens=200_000))
+    )
+    first = await agent.run("paint it")
+    assert first.stop_reason.value == "deferred"
+    message = "and here is the brief, " + _large_text()
+    counter = agent.history.counter
+    assert isinstance(counter, TiktokenCounter)
+    recording = _RecordingEncoding(counter._encoding, message)
+    counter._encoding = recording  # type: ignore[assignment]
+    outcome = await agent.send(message, results=DeferredResults(calls={"c1": "red"}))
+    assert outcome.final_text == "noted"
+    assert len(recording.threads) == 1
+    assert recording.threads[0] is not threading.current_thread()

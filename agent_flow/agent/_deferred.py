@@ -340,7 +340,7 @@ async def take_up_answers(run: _Run, message: str | None) -> Finish | None:
         A `Finish` when answering ended the run (a loop-control call, a stuck model) and
         there is no new message to answer; None to go on with the loop.
     """
-    from agent_flow.agent._steps import _tool_step  # the steps import this module
+    from agent_flow.agent._steps import _count_ahead, _tool_step  # they import this module
 
     answers = run.answers
     step = None
@@ -353,7 +353,10 @@ async def take_up_answers(run: _Run, message: str | None) -> Finish | None:
         if calls:
             step = await _tool_step(run, RunTools(calls))
     if message is not None:
-        run.agent.history.add(UserMessage(content=message))
+        try:
+            await _count_ahead(run.agent.history.counter, message)
+        finally:  # cancelled meanwhile, the message is still the history's
+            run.agent.history.add(UserMessage(content=message))
     if isinstance(step, Finish) and (message is None or step.reason is StopReason.DEFERRED):
         return step
     return None
