@@ -252,3 +252,15 @@ async def test_a_tool_whose_schema_is_not_a_json_schema_is_not_registered_the_re
         assert sorted(started.connections["odd"].refused) == ["broken", "echo"]
         (outcome,) = await executor.execute([call("odd_echo", {"text": "hi"})])
         assert outcome.result.content == "hi"
+
+
+async def test_an_answer_the_sdk_cannot_read_is_named_when_the_call_times_out() -> None:
+    """Before, the call said only that the server did not answer: "try a smaller request"."""
+    server = stdio_server("raw", "unreadable_server.py", timeout=1.5)
+    async with MCPServers([server]) as started:
+        executor = ToolExecutor()
+        started.register(executor)
+        (outcome,) = await executor.execute([call("raw_list_files")])
+    assert outcome.result.is_error and outcome.result.error_kind == "mcp_error"
+    assert "did not answer the call to 'list_files' within 1.5s" in outcome.result.content
+    assert "could not be read (Invalid JSON: lone leading surrogate" in outcome.result.content

@@ -13,12 +13,14 @@ session's notification handler.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import mcp_types
 from mcp import ClientSession, MCPError
+from pydantic import ValidationError
 
 from agent_flow.tools.mcp_config import ComponentKind
 
@@ -72,9 +74,19 @@ class Notices:
     updates: dict[str, int] = field(default_factory=dict)
     #: Set whenever a notification arrives (for waiting on one without sleeping).
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The last message the transport could not read (not JSON-RPC, say), and when
+    #: (monotonic): a call whose answer it was waits for its timeout, which then says so.
+    unreadable: tuple[float, str] | None = None
 
     async def handle(self, message: object) -> None:
         """The session's ``message_handler``: note list changes and resource updates."""
+        if isinstance(message, Exception):
+            if isinstance(message, ValidationError) and message.errors():
+                what = str(message.errors()[0]["msg"])  # "Invalid JSON: lone leading ..."
+            else:
+                what = f"{type(message).__name__}: {(str(message).splitlines() or [''])[0]}"
+            self.unreadable = (time.monotonic(), what[:300])
+            return
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self.changed.add("tools")
         elif isinstance(message, mcp_types.ResourceListChangedNotification):

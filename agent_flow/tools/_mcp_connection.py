@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import warnings
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -377,6 +378,14 @@ class MCPConnection:
             )
         if err.code == _REQUEST_TIMEOUT:
             session.suspect = True
+            unreadable = self.notices.unreadable
+            if unreadable is not None and time.monotonic() - unreadable[0] <= limit + 1:
+                return ToolResult.error(
+                    f"MCP server {self.name!r} did not answer the call to {name!r} within "
+                    f"{limit:g}s; meanwhile it sent a message that could not be read "
+                    f"({unreadable[1]}), most likely the answer",
+                    kind="mcp_error",
+                )
             return ToolResult.error(
                 f"MCP server {self.name!r} did not answer the call to {name!r} within "
                 f"{limit:g}s; try a smaller request",
