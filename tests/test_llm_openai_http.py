@@ -540,3 +540,28 @@ async def test_requests_go_to_the_sdk_clients_url_whole_and_streamed_when_it_cha
             await llm.aclose()
     assert [r.path for r in first.requests] == ["/v1/chat/completions"]
     assert [r.path for r in second.requests] == ["/proxy/v2/chat/completions"] * 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": {"message": f"Incorrect API key provided: {SECRET}.", "code": 401}},
+        {"detail": f"echoing {SECRET}"},
+        f"not an object: {SECRET}",
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_api_key_echoed_in_a_200_answer_never_reaches_the_error(
+    openai_server: OpenAIServer, client: OpenAIClient, body: object, stream: bool
+) -> None:
+    """An answer of HTTP 200 that is no completion was reported with its body: whatever the
+    server (a proxy, say) put there, the API key included, went into the run's error, its
+    events and the stored session."""
+    openai_server.script(json_reply(body))
+    answer = collect(client.stream(HELLO)) if stream else client.complete(HELLO)
+    with pytest.raises(ModelResponseError) as caught:
+        await answer
+    assert SECRET not in str(caught.value)
+    assert "[redacted]" in str(caught.value)
+    if isinstance(body, dict) and "error" in body:  # a proxy's upstream error, said as one
+        assert "answered with an error instead of a completion (401)" in str(caught.value)

@@ -24,7 +24,7 @@ from agent_flow.errors import (
 )
 from agent_flow.llm._openai_retry import parse_retry_after
 
-__all__ = ["redact", "translate_error"]
+__all__ = ["redact", "redact_error", "translate_error"]
 
 
 def translate_error(
@@ -150,6 +150,20 @@ def _message_of(body: object) -> str:
     if isinstance(body, str):
         return body[:300]
     return ""
+
+
+def redact_error(err: ModelError, secret: str | None) -> ModelError:
+    """`err` with `secret` replaced in its message (and body), in place.
+
+    Every error an attempt raises passes here, whichever layer made it: an answer read as no
+    completion echoes whatever the server put in it, the API key included.
+    """
+    if secret and len(secret) >= 4:
+        if err.args and isinstance(err.args[0], str) and secret in err.args[0]:
+            err.args = (err.args[0].replace(secret, "[redacted]"), *err.args[1:])
+        if isinstance(err, ModelHTTPError):
+            err.body = redact(err.body, secret)
+    return err
 
 
 def redact(value: object, secret: str | None) -> object:

@@ -363,6 +363,14 @@ class Assembler:
                 f"the server's answer is not a JSON object: {text[:200]!r}; check the base URL"
             )
         choices = response.get("choices")
+        error = response.get("error")
+        if not choices and isinstance(error, dict) and isinstance(error.get("message"), str):
+            # Proxies (OpenRouter, LiteLLM) answer 200 with the upstream's error in the body.
+            code = error.get("code") or error.get("type")
+            raise ModelResponseError(
+                f"the server answered with an error instead of a completion"
+                f"{f' ({code})' if isinstance(code, str | int) else ''}: {error['message'][:500]}"
+            )
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise ModelResponseError(
                 f"the server's answer has no choices: {json.dumps(response)[:300]}"

@@ -50,7 +50,7 @@ from agent_flow.errors import (
 )
 from agent_flow.llm._idle_probe import quicken
 from agent_flow.llm._openai_body import BodyDefaults, body_fields
-from agent_flow.llm._openai_errors import translate_error
+from agent_flow.llm._openai_errors import redact_error, translate_error
 from agent_flow.llm._openai_post import ChatPost
 from agent_flow.llm._openai_retry import RetryPolicy, Timeouts
 from agent_flow.llm._openai_stream import (
@@ -378,6 +378,7 @@ class OpenAIClient:
             try:
                 return await self._complete_once(request)
             except ModelError as err:
+                redact_error(err, self._secret.get_secret_value())
                 delay = policy.delay(err, attempt)
                 if delay is None:
                     raise
@@ -441,6 +442,7 @@ class OpenAIClient:
                         yield event
                 return
             except ModelError as err:
+                redact_error(err, self._secret.get_secret_value())
                 delay = policy.delay(err, attempt)
                 if delay is None:
                     raise
