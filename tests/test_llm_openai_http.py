@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from agent_flow import AgentExecutor
 from agent_flow.errors import (
     ConfigError,
     ModelAuthenticationError,
@@ -18,6 +19,7 @@ from agent_flow.errors import (
     ModelServerError,
     ModelTimeoutError,
 )
+from agent_flow.events import event_to_json
 from agent_flow.llm import (
     Completion,
     LLMRequest,
@@ -565,3 +567,31 @@ async def test_the_api_key_echoed_in_a_200_answer_never_reaches_the_error(
     assert "[redacted]" in str(caught.value)
     if isinstance(body, dict) and "error" in body:  # a proxy's upstream error, said as one
         assert "answered with an error instead of a completion (401)" in str(caught.value)
+
+
+async def test_credentials_in_the_base_url_reach_the_server_but_no_event_or_error(
+    openai_server: OpenAIServer,
+) -> None:
+    """A proxy's credentials in the base URL (its user info) went into RunStarted's `base_url`
+    (to every SSE client of the service) and into every error naming the server."""
+    host = openai_server.base_url.removeprefix("http://")
+    url = f"http://proxy-user:{SECRET}@{host}"
+    openai_server.script(json_reply(completion_body("hello")), json_reply({"nothing": 1}))
+    llm = OpenAIClient("m", base_url=url, api_key="k", max_retries=0)
+    try:
+        agent = AgentExecutor(llm)
+        async with agent.subscribe() as events:
+            outcome = await agent.run("hi")
+            seen = [event async for event in events]
+        with pytest.raises(ModelResponseError) as caught:
+            await llm.complete(HELLO)
+    finally:
+        await llm.aclose()
+    assert outcome.final_text == "hello"
+    # The credentials went where the operator put them: httpx sends user info as Basic auth.
+    assert openai_server.requests[0].headers["authorization"].startswith("Basic ")
+    assert llm.base_url == f"{openai_server.base_url}/"
+    started = next(e for e in seen if e.kind == "run_started")
+    assert started.base_url == f"{openai_server.base_url}/"
+    assert SECRET not in "".join(event_to_json(e) for e in seen)
+    assert SECRET not in str(caught.value)

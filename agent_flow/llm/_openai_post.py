@@ -60,11 +60,16 @@ class ChatPost:
         known = self._urls
         if known is None or known[0] is not base:
             joined = base.copy_with(raw_path=base.raw_path + PATH.lstrip("/").encode())
-            known = self._urls = (base, str(base), str(joined))
+            shown = base.copy_with(username=None, password=None, query=None)
+            known = self._urls = (base, str(shown), str(joined))
         return known
 
     def base_url(self) -> str:
-        """The SDK's `base_url` as text (rendering it is the costly part: remembered)."""
+        """The SDK's `base_url` as text for events, errors and pricing, without credentials.
+
+        Its user info and query are left out (a proxy's credentials may be there); requests go
+        to the SDK's own URL, credentials and all. Rendering it is the costly part: remembered.
+        """
         return self._known_urls()[1]
 
     def url(self) -> str:

@@ -287,7 +287,7 @@ class OpenAIClient:
 
     @property
     def base_url(self) -> str:
-        """The API root requests go to."""
+        """The API root requests go to, as shown: without user info or query (credentials)."""
         # Read on every call (pricing picks the provider by it): remembered by the poster.
         return self._post.base_url()
 
