@@ -595,3 +595,20 @@ async def test_credentials_in_the_base_url_reach_the_server_but_no_event_or_erro
     assert started.base_url == f"{openai_server.base_url}/"
     assert SECRET not in "".join(event_to_json(e) for e in seen)
     assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(("code", "tried"), [(502, 2), ("429", 2), ("server_error", 2), (400, 1)])
+async def test_an_upstream_failure_a_proxy_answers_with_200_is_tried_again_when_it_may_pass(
+    openai_server: OpenAIServer, client: OpenAIClient, code: object, tried: int
+) -> None:
+    """OpenRouter and LiteLLM may pass an upstream's 429 or 5xx as an error object in an HTTP
+    200 answer: such an answer was final; now it is tried again as the HTTP status would be."""
+    failed = json_reply({"error": {"message": "upstream overloaded", "code": code}})
+    openai_server.script(failed, json_reply(completion_body("after all")))
+    if tried == 2:
+        completion = await client.complete(HELLO)
+        assert completion.text == "after all"
+    else:
+        with pytest.raises(ModelResponseError, match="upstream overloaded"):
+            await client.complete(HELLO)
+    assert len(openai_server.requests) == tried

@@ -24,7 +24,7 @@ from agent_flow.errors import (
 )
 from agent_flow.llm._openai_retry import parse_retry_after
 
-__all__ = ["redact", "redact_error", "translate_error"]
+__all__ = ["redact", "redact_error", "transient_code", "translate_error"]
 
 
 def translate_error(
@@ -82,6 +82,8 @@ def translate_error(
         )
     if isinstance(err, openai.APIError):
         code = err.code or err.type
+        # Not tried again whatever its code: llama-cpp-python refuses a request it can never
+        # serve this way, with code 500.
         return ModelResponseError(
             f"the model server at {where} reported an error mid-answer"
             f"{f' ({code})' if code else ''}: {redact(err.message, secret)}"
@@ -150,6 +152,24 @@ def _message_of(body: object) -> str:
     if isinstance(body, str):
         return body[:300]
     return ""
+
+
+#: Error codes in a 200 answer's body (a proxy passing its upstream's) that may pass.
+_TRANSIENT_CODES = frozenset(
+    {"rate_limit_exceeded", "server_error", "overloaded", "overloaded_error", "timeout"}
+)
+
+
+def transient_code(code: object) -> bool:
+    """Whether an error code carried in an answer's body says the failure may pass.
+
+    429 or 5xx (as a number or its digits), or a rate limit, server error, overload, timeout.
+    """
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code == 429 or 500 <= code < 600
+    return isinstance(code, str) and code.lower() in _TRANSIENT_CODES
 
 
 def redact_error(err: ModelError, secret: str | None) -> ModelError:

@@ -19,6 +19,7 @@ from pydantic_core import to_json
 
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import IncompleteStreamError, MalformedChunkError, ModelResponseError
+from agent_flow.llm._openai_errors import transient_code
 from agent_flow.llm.base import (
     Completion,
     StreamEvent,
@@ -367,10 +368,12 @@ class Assembler:
         if not choices and isinstance(error, dict) and isinstance(error.get("message"), str):
             # Proxies (OpenRouter, LiteLLM) answer 200 with the upstream's error in the body.
             code = error.get("code") or error.get("type")
-            raise ModelResponseError(
+            failed = ModelResponseError(
                 f"the server answered with an error instead of a completion"
                 f"{f' ({code})' if isinstance(code, str | int) else ''}: {error['message'][:500]}"
             )
+            failed.retryable = transient_code(code)  # a 429 or 5xx upstream: tried again
+            raise failed
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise ModelResponseError(
                 f"the server's answer has no choices: {json.dumps(response)[:300]}"
