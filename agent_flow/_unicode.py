@@ -21,7 +21,7 @@ from typing import Final
 
 from agent_flow._types import JsonValue
 
-__all__ = ["Mender", "is_clean", "json_is_clean", "mend", "mend_json"]
+__all__ = ["Mender", "first_surrogate", "is_clean", "json_is_clean", "mend", "mend_json"]
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _FIRST_HALVES: Final = ("\ud800", "\udbff")  # a high surrogate: the first of a pair
@@ -30,6 +30,12 @@ _FIRST_HALVES: Final = ("\ud800", "\udbff")  # a high surrogate: the first of a 
 def is_clean(text: str) -> bool:
     """Whether `text` holds no surrogate (then UTF-8 can encode it)."""
     return text.isascii() or _SURROGATE.search(text) is None
+
+
+def first_surrogate(text: str) -> int | None:
+    """The index of the first surrogate in `text`, or None when it holds none."""
+    found = None if text.isascii() else _SURROGATE.search(text)
+    return None if found is None else found.start()
 
 
 def mend(text: str) -> str:

@@ -209,7 +209,7 @@ async def _record_turn(run: _Run, completion: Completion) -> None:
         await _count_ahead(history.counter, completion.text)
         history.add(AgentMessage(content=completion.text))
     for call in completion.tool_calls:
-        run.agent.history.add(
+        history.add(
             ToolCallEntry(
                 call=call if call.name else call.model_copy(update={"name": _call_name(call.name)})
             )

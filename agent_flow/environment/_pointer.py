@@ -21,7 +21,7 @@ import jsonpointer
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agent_flow._types import JsonObject, JsonValue
-from agent_flow._unicode import is_clean
+from agent_flow._unicode import first_surrogate, is_clean
 from agent_flow.environment.sections import _State
 from agent_flow.errors import EnvironmentValidationError, PointerError, UserError
 
@@ -35,7 +35,8 @@ def _brief(value: object, limit: int = 60) -> str:
 
 def _unencodable(text: str, pointer: str) -> EnvironmentValidationError:
     """The error for a text holding a surrogate, which no UTF-8 encoder takes."""
-    index = next(i for i, char in enumerate(text) if "\ud800" <= char <= "\udfff")
+    index = first_surrogate(text)
+    assert index is not None, "called for a text that holds one"
     return EnvironmentValidationError(
         f"the text {_brief(text)} written to {pointer!r} holds a lone surrogate "
         f"({text[index]!a} at index {index}), which UTF-8 cannot encode: the prompt and "

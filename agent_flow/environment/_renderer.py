@@ -42,6 +42,11 @@ class _SectionCache:
 _Caps: TypeAlias = tuple[int | None, int | None]
 
 
+def present(state: JsonObject) -> list[str]:
+    """The sections not at their defaults, in render order: those a render shows."""
+    return [name for name in RENDER_ORDER if state[name] != _DEFAULT_STATE[name]]
+
+
 class _Renderer:
     """Renders an environment's state within budgets, caching per section version."""
 
@@ -110,11 +115,7 @@ class _Renderer:
         Each section's full block is made and cached on the way (a render needs it next).
         """
         return max(
-            (
-                self._section(state, name, versions[name]).longest_string
-                for name in RENDER_ORDER
-                if state[name] != _DEFAULT_STATE[name]
-            ),
+            (self._section(state, name, versions[name]).longest_string for name in present(state)),
             default=0,
         )
 
@@ -136,11 +137,11 @@ class _Renderer:
         if cached is not None:
             self._reports.move_to_end(report_key)
             return cached
-        present: list[str] = [n for n in RENDER_ORDER if state[n] != _DEFAULT_STATE[n]]
+        shown = present(state)
         caches: dict[str, _SectionCache] = {
-            name: self._section(state, name, versions[name]) for name in present
+            name: self._section(state, name, versions[name]) for name in shown
         }
-        report = _Fit(self, state, caches, max(max_tokens, 0), counter, counter_id).run(present)
+        report = _Fit(self, state, caches, max(max_tokens, 0), counter, counter_id).run(shown)
         self._reports[report_key] = report
         if len(self._reports) > self._MAX_REPORTS:
             self._reports.popitem(last=False)

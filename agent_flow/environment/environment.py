@@ -57,7 +57,7 @@ from agent_flow.environment._pointer import (
     _validate_typed,
     _validation_problem,
 )
-from agent_flow.environment._renderer import _Renderer
+from agent_flow.environment._renderer import _Renderer, present
 from agent_flow.environment._saved import DEFAULT_MAX_CHANGES
 from agent_flow.environment._schemas import (
     _check_model,
@@ -70,7 +70,6 @@ from agent_flow.environment._snapshots import _freeze
 from agent_flow.environment._writes import _Applied, _apply_delete, _set_at
 from agent_flow.environment.render import RenderReport
 from agent_flow.environment.sections import (
-    _DEFAULT_STATE,
     _SECTION_MODELS,
     RENDER_ORDER,
     EnvironmentChange,
@@ -596,5 +595,4 @@ class Environment:
         return self._renderer.longest_string(self._state, self._section_versions)
 
     def __repr__(self) -> str:
-        present = [name for name in RENDER_ORDER if self._state[name] != _DEFAULT_STATE[name]]
-        return f"<Environment version={self._version} sections={present}>"
+        return f"<Environment version={self._version} sections={present(self._state)}>"

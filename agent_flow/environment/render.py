@@ -342,14 +342,14 @@ def _largest(
     costs measured before, by x: the search starts from the largest known to fit (often no
     probe at all is needed), up to the smallest known not to. Otherwise it gallops up
     (doubling the step) so that probes stay within twice the answer, as each probe costs
-    about as much as the text it renders. Then it guesses
-    on the line through the last two exact measures (a secant: on text the measure grows
-    about linearly), aiming past the limit by a quarter of the last probe's distance from
-    it, so that the next probe lands on the other side of the answer and the bracket closes
-    from both ends. Two guesses in a row that do not halve the bracket are followed by a
-    bisection, so it never takes more than three times log2 probes. On 21 texts of 100-400
-    KB (Python, JSON, Markdown, licences) cut to 8,000 and 60,000 tokens, 234 probes near
-    the exact answer where interpolating between the bracket's ends took 289.
+    about as much as the text it renders. Then it guesses on the line through the last two
+    exact measures (a secant: on text the measure grows about linearly), aiming past the
+    limit by a quarter of the last probe's distance from it (with `slack`, into the middle
+    of the close band), so that the next probe lands on the other side of the answer and
+    the bracket closes from both ends. Two guesses in a row that do not halve the bracket
+    are followed by a bisection, so it never takes more than three times log2 probes. On 21
+    texts of 100-400 KB (Python, JSON, Markdown, licences) cut to 8,000 and 60,000 tokens,
+    234 probes near the exact answer where interpolating between the bracket's ends took 289.
     """
     # Tokens under the limit that are close enough (none: with no slack, always go on).
     close = limit >> slack if slack else -1
