@@ -11,7 +11,9 @@ import sys
 
 import anyio
 import uvicorn
+from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import MCPServer
+from mcp.server.stdio import stdio_server
 
 
 def run(server: MCPServer) -> None:
@@ -21,6 +23,16 @@ def run(server: MCPServer) -> None:
         server.run()
         return
     anyio.run(_serve_http, server)
+
+
+def run_stdio(server: Server) -> None:
+    """Serve a low-level `Server` (its handlers written by hand) over stdio."""
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(serve)
 
 
 async def _serve_http(server: MCPServer) -> None:

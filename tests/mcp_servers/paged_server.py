@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import anyio
 import mcp_types as types
+from _run import run_stdio
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 
 TOOLS = [
     types.Tool(
@@ -36,10 +35,5 @@ async def call_tool(ctx: object, params: types.CallToolRequestParams) -> types.C
 server = Server("paged", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-async def main() -> None:
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
-
-
 if __name__ == "__main__":
-    anyio.run(main)
+    run_stdio(server)
