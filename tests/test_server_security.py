@@ -222,7 +222,19 @@ async def test_a_configured_server_name_is_answered() -> None:
 
 
 @pytest.mark.parametrize(
-    "origin", ["http://evil.example", "null", "http://localhost:1", "file://", "https://127.0.0.2"]
+    "origin",
+    [
+        "http://evil.example",
+        "null",
+        "http://localhost:1",
+        "file://",
+        "https://127.0.0.2",
+        # No browser sends these; they are refused like any foreign origin, not answered 500.
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:-1",
+        "http://127.0.0.1:8000.evil.example",
+        "http://[::1",
+    ],
 )
 async def test_a_foreign_origin_may_not_change_anything(origin: str) -> None:
     app = create_app(_config(), store=InMemorySessionStore(), llm_factory=_scripted)

@@ -312,13 +312,20 @@ class GuardMiddleware:
         origin = origin.rstrip("/").lower()
         if origin in self._origins:
             return True
-        parts = urlsplit(origin)
+        try:
+            parts = urlsplit(origin)
+            their_port = parts.port  # raises for a port out of range or not a number
+        except ValueError:
+            return False  # no browser sends it ("http://[::1", "http://x:99999"): not an origin
         if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
             return False  # "null" (sandboxed frames, files), or not a web origin
         # Same origin: the page was loaded from the name and port this request is sent to.
         # The scheme may differ behind a TLS-terminating proxy; the name cannot.
         scheme = scope.get("scheme", "http")
         own_port = port if port is not None else _DEFAULT_PORTS.get(scheme, 80)
-        their_port = parts.port if parts.port is not None else _DEFAULT_PORTS[parts.scheme]
-        same_port = own_port == their_port or (port is None and parts.port is None)
+        if their_port is None:
+            their_port = _DEFAULT_PORTS[parts.scheme]
+            same_port = own_port == their_port or port is None
+        else:
+            same_port = own_port == their_port
         return parts.hostname.rstrip(".") == hostname and same_port
