@@ -30,6 +30,7 @@ AgentFlowError
 │   └── CostLimitError          a model call was not made: it could pass max_cost_usd
 └── StoreError                  the session store failed
     ├── SessionNotFoundError    no session has the given id
+    ├── SessionExistsError      a session with the id asked for is already stored
     └── SessionConflictError    another writer owns or kept changing the session being saved
         ├── SessionBusyError    another run holds the session's lease (its id: `run_id`)
         └── LeaseLostError      a writer's lease (fencing number) is stale: it wrote nothing
@@ -76,6 +77,7 @@ __all__ = [
     "RunError",
     "SessionBusyError",
     "SessionConflictError",
+    "SessionExistsError",
     "SessionNotFoundError",
     "StoreError",
     "TokenizerError",
@@ -304,6 +306,10 @@ class StoreError(AgentFlowError):
 
 class SessionNotFoundError(StoreError, LookupError):
     """No stored session has the given id."""
+
+
+class SessionExistsError(StoreError):
+    """A session was to be created (or imported) under an id that is already stored."""
 
 
 class SessionConflictError(StoreError):

@@ -14,7 +14,7 @@ router), is an `ErrorBody` with a stable ``code``:
 415    ``unsupported_media_type``
 421    ``unknown_host``
 422    ``invalid_field``, ``invalid_option``, ``invalid_config``, ``unknown_llm``, ...
-503    ``shutting_down``
+503    ``shutting_down``, ``store_unavailable`` (the session store failed; the log has why)
 =====  ===========================================================================
 """
 
@@ -30,10 +30,23 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 from starlette.types import Send
 
-from agent_flow.errors import SessionNotFoundError
+from agent_flow._unicode import mend
+from agent_flow.errors import (
+    SessionBusyError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StoreError,
+)
 
-__all__ = ["ApiError", "install_error_handlers", "send_error"]
+__all__ = [
+    "ApiError",
+    "install_error_handlers",
+    "send_error",
+    "session_exists",
+    "session_not_found",
+]
 
+logger = logging.getLogger(__name__)
 audit = logging.getLogger("agent_flow.server.audit")
 
 #: Starlette's own refusals, by status: their code and sentence.
@@ -50,6 +63,9 @@ class ApiError(Exception):
     def __init__(
         self, status: int, code: str, message: str, *, field: str = "", run_id: str = ""
     ) -> None:
+        # A message or field may quote the client's text, escapes and all: a lone surrogate
+        # in it could not be sent (it becomes U+FFFD).
+        message, field = mend(message), mend(field)
         super().__init__(message)
         self.status = status
         self.code = code
@@ -63,6 +79,17 @@ class ApiError(Exception):
             _rebuild_api_error,
             (self.status, self.code, self.message, self.field or "", self.run_id or ""),
         )
+
+
+def session_not_found(session_id: str) -> ApiError:
+    """404: no session has this id (or it is another user's)."""
+    return ApiError(404, "not_found", f"no session has the id {session_id!r}", field="session_id")
+
+
+def session_exists(session_id: str | None) -> ApiError:
+    """409: a session with the id asked for is already stored."""
+    message = f"session {session_id!r} exists; choose another id or omit it"
+    return ApiError(409, "session_exists", message, field="session_id")
 
 
 def _rebuild_api_error(status: int, code: str, message: str, field: str, run_id: str) -> ApiError:
@@ -124,6 +151,33 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=404,
         )
 
+    @app.exception_handler(StoreError)
+    async def store_failed(request: Request, err: StoreError) -> JSONResponse:
+        # Routes answer the store's refusals they expect; these come from a race with another
+        # request or process, or from the store itself failing.
+        if isinstance(err, SessionExistsError):
+            refusal = session_exists(None)
+        elif isinstance(err, SessionBusyError):
+            refusal = ApiError(
+                409,
+                "run_in_progress",
+                f"the session is running {err.run_id} (in this or another process); wait for "
+                "it to finish or cancel it",
+                run_id=err.run_id,
+            )
+        else:
+            # A dropped connection, a database that is down: the cause stays in the log (it
+            # may name hosts and databases); the client learns that it may try again.
+            logger.error(
+                "%s %s: the session store failed", request.method, request.url.path, exc_info=err
+            )
+            refusal = ApiError(
+                503,
+                "store_unavailable",
+                "the session store failed while answering (the server's log says why); try again",
+            )
+        return await api_error(request, refusal)
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         code, message = _HTTP_CODES.get(err.status_code, ("http_error", str(err.detail)))
@@ -146,12 +200,13 @@ def install_error_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {"loc": (), "msg": "invalid", "type": ""}
         loc = [str(part) for part in first.get("loc", ())]
         where = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+        # A key the client sent may hold a lone surrogate, which no answer can carry.
+        where, said = mend(where), mend(str(first.get("msg")))
         if first.get("type") == "json_invalid":
             return JSONResponse(
                 {
                     "code": "malformed_json",
-                    "message": f"the request body is not valid JSON ({first.get('msg')}); "
-                    "send JSON",
+                    "message": f"the request body is not valid JSON ({said}); send JSON",
                     "field": where or None,
                     "run_id": None,
                 },
@@ -160,7 +215,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             {
                 "code": "invalid_field",
-                "message": f"{where or 'the request'}: {first.get('msg')}",
+                "message": f"{where or 'the request'}: {said}",
                 "field": where or None,
                 "run_id": None,
             },

@@ -37,12 +37,17 @@ from agent_flow._defaults import SESSION_LEASE_SECONDS
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.agent._task import resumed_state
 from agent_flow.config import AgentConfig
-from agent_flow.errors import AgentFlowError, SessionBusyError, SessionNotFoundError
+from agent_flow.errors import (
+    AgentFlowError,
+    SessionBusyError,
+    SessionExistsError,
+    SessionNotFoundError,
+)
 from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMClient
 from agent_flow.server._auth import ADMIN, User, audit_log
 from agent_flow.server._clients import ModelClients
-from agent_flow.server._errors import ApiError
+from agent_flow.server._errors import ApiError, session_exists, session_not_found
 from agent_flow.server._live import LiveSession, buffering_recorder
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
@@ -121,19 +126,17 @@ class SessionManager:
         if request.session_id is not None:
             with contextlib.suppress(SessionNotFoundError):
                 await self.store.info(request.session_id)
-                raise ApiError(
-                    409,
-                    "session_exists",
-                    f"session {request.session_id!r} exists; choose another id or omit it",
-                    field="session_id",
-                )
-        info = await self.store.create(
-            session_id=request.session_id,
-            agent=self.config.name,
-            title=request.title,
-            metadata={"server_options": options.model_dump(mode="json", exclude_none=True)},
-            owner=owner,
-        )
+                raise session_exists(request.session_id)
+        try:
+            info = await self.store.create(
+                session_id=request.session_id,
+                agent=self.config.name,
+                title=request.title,
+                metadata={"server_options": options.model_dump(mode="json", exclude_none=True)},
+                owner=owner,
+            )
+        except SessionExistsError:  # created meanwhile, by another request or process
+            raise session_exists(request.session_id) from None
         self._live[info.id] = self._new_live(info.id, options, owner)
         return info
 
@@ -158,7 +161,7 @@ class SessionManager:
         live = self._live.get(session_id) or await self._load(session_id)
         if not user.may_see(live.owner):
             audit_log("refused", status=404, code="not_owner", user=user.name, session=session_id)
-            raise _not_found(session_id)
+            raise session_not_found(session_id)
         live.last_used = time.monotonic()
         self._start_evicting()
         return live
@@ -249,7 +252,7 @@ class SessionManager:
         try:
             return await self.store.info(session_id)
         except SessionNotFoundError:
-            raise _not_found(session_id) from None
+            raise session_not_found(session_id) from None
 
     async def resume(self, session_id: str, user: User = ADMIN) -> AgentExecutor:
         """The session's agent, resumed from the store and started now if it was not."""
@@ -573,10 +576,6 @@ class SessionManager:
             except Exception:
                 logger.exception("releasing session %s failed", live.id)
         await self.clients.aclose()
-
-
-def _not_found(session_id: str) -> ApiError:
-    return ApiError(404, "not_found", f"no session has the id {session_id!r}", field="session_id")
 
 
 async def _drive(

@@ -44,7 +44,7 @@ _DESCRIPTIONS = {
     "(which a web page's form cannot send)",
     421: "The Host header names a host this server does not answer to",
     422: "A field is invalid (``field`` names it)",
-    503: "The server is shutting down",
+    503: "The server is shutting down, or its session store failed (try again)",
 }
 
 #: The content of ``GET /sessions/{id}/events``: one SSE event at a time (``itemSchema``).

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from agent_flow.environment import Environment
 from agent_flow.errors import (
     EnvironmentValidationError,
+    SessionExistsError,
     SessionNotFoundError,
     StoreError,
     UserError,
@@ -252,8 +253,8 @@ def _not_found(session_id: str) -> SessionNotFoundError:
     )
 
 
-def _exists(session_id: str) -> StoreError:
-    return StoreError(
+def _exists(session_id: str) -> SessionExistsError:
+    return SessionExistsError(
         f"a session {session_id!r} is already stored; choose another id or delete that session"
     )
 

@@ -149,6 +149,9 @@ class _PostgresBackend:
                 kwargs={"autocommit": True, "row_factory": dict_row},
                 connection_class=psycopg.AsyncConnection[dict[str, Any]],
                 name="agent_flow.sessions",
+                # Waiting for a connection (the database down or restarting) is bounded like
+                # the first connection, not by the pool's own 30 s.
+                timeout=self._timeout,
                 # A pooled connection is checked before it is handed out: one that a database
                 # restart or a proxy's idle cut closed is replaced, not used for a write.
                 check=_check_pooled,
@@ -497,7 +500,8 @@ class PostgresSessionStore(_StoreBase):
         schema: The PostgreSQL schema to keep the tables in (created if missing); the
             connection's default ``search_path`` if None.
         max_connections: The size of the connection pool.
-        connect_timeout: Seconds to wait for the first connection before failing.
+        connect_timeout: Seconds to wait for a connection (the first, and each from the pool
+            while the database is down or restarting) before failing with `StoreError`.
 
     Raises:
         UserError: `url` is not a PostgreSQL URL, or a number is out of range.
