@@ -21,7 +21,15 @@ from typing import Final
 
 from agent_flow._types import JsonValue
 
-__all__ = ["Mender", "first_surrogate", "is_clean", "json_is_clean", "mend", "mend_json"]
+__all__ = [
+    "Mender",
+    "first_surrogate",
+    "is_clean",
+    "json_is_clean",
+    "mend",
+    "mend_json",
+    "unclean_path",
+]
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _FIRST_HALVES: Final = ("\ud800", "\udbff")  # a high surrogate: the first of a pair
@@ -54,6 +62,26 @@ def json_is_clean(value: JsonValue) -> bool:
     if isinstance(value, dict):
         return all(is_clean(key) and json_is_clean(item) for key, item in value.items())
     return True
+
+
+def unclean_path(value: object) -> list[str | int] | None:
+    """Where the first string (or key) holding a surrogate is in `value`; None if nowhere.
+
+    The path is of keys and list indexes (a key that holds one is its own path's end).
+    """
+    if isinstance(value, str):
+        return None if is_clean(value) else []
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = unclean_path(item)
+            if found is not None:
+                return [index, *found]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = [] if isinstance(key, str) and not is_clean(key) else unclean_path(item)
+            if found is not None:
+                return [key, *found]
+    return None
 
 
 def mend_json(value: JsonValue) -> JsonValue:

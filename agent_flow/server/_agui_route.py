@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ag_ui.core import CustomEvent
 from fastapi.responses import StreamingResponse
 
+from agent_flow._unicode import unclean_path
 from agent_flow.agent import AgentExecutor, DeferredResults, ExecutionOutcome
 from agent_flow.errors import UserError
 from agent_flow.server._agui import AgUiInput, AgUiRun
@@ -73,13 +74,15 @@ async def agui_run(
         ApiError: 422 for an input that cannot be taken (messages, tools, state), 404 for
             another user's thread, 409 while the thread runs, 503 at shutdown.
     """
+    _refuse_surrogates(body)
     turn = read_turn(body)
     thread = body.thread_id
     if manager.loaded(thread) is None:
         try:
             await manager.info(thread)
         except ApiError:
-            title = (turn.text or "AG-UI thread")[:80]
+            # A copy for lists: PostgreSQL's text columns take no NUL (the message keeps it).
+            title = (turn.text or "AG-UI thread")[:80].replace("\x00", "\ufffd")
             try:
                 await manager.create(CreateSession(session_id=thread, title=title), owner=owner)
             except ApiError as err:
@@ -107,6 +110,24 @@ async def agui_run(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
+
+
+def _refuse_surrogates(body: AgUiInput) -> None:
+    r"""422 for a text anywhere in the input holding a lone surrogate (UTF-8 cannot carry it).
+
+    JSON may escape one (``"\ud800"``), and no event, entry or store could hold it: seeded
+    into the history it would fail every later run of the session.
+    """
+    where = unclean_path(body.model_dump(mode="python", by_alias=True))
+    if where is not None:
+        field = ".".join(map(str, where))
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"{field}: the text holds a lone UTF-16 surrogate (an escape such as \\ud800 "
+            "without its pair), which UTF-8 cannot carry; send the text whole",
+            field=field,
+        )
 
 
 def _prepare(
