@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, settings
 
 from tests.openai_server import OpenAIServer
 
-pytest_plugins = ["pytester"]
+# The fleet tests' fixtures (`fleet`, `store_url`) live with their harness.
+pytest_plugins = ["pytester", "tests.fleet_harness"]
 
 # CI has 2 cores shared with other jobs: no deadlines, and no complaints about slow data.
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])

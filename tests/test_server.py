@@ -303,6 +303,17 @@ async def test_bad_input_gets_a_precise_4xx_naming_the_field(
             f"/sessions/{inside.json()['id']}/events", headers={"Last-Event-ID": "abc"}
         )
         assert header.status_code == 400 and header.json()["field"] == "Last-Event-ID"
+        # Past the largest id a store keeps (a signed 64-bit integer): refused, not a stream
+        # cut short after its 200 when the store cannot take the number.
+        events = f"/sessions/{inside.json()['id']}/events"
+        past = await client.get(events, headers={"Last-Event-ID": str(2**63)})
+        assert past.status_code == 400 and past.json()["code"] == "bad_last_event_id"
+        past = await client.get(events, params={"after": 2**63, "follow": "false"})
+        assert past.status_code == 422 and past.json()["field"] == "after"
+        last = await client.get(
+            events, params={"follow": "false"}, headers={"Last-Event-ID": str(2**63 - 1)}
+        )
+        assert last.status_code == 200 and last.text == ""
 
 
 async def test_off_loopback_needs_a_token_and_the_token_guards_every_route_incl_sse(

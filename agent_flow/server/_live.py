@@ -178,17 +178,15 @@ class LiveSession:
             else None
         )
         try:
+            # The stored events (ids are sparse: read by id): every run's since `after`, this
+            # server's and other servers' alike (theirs may come after this server's latest).
             last = after
-            stop = recent[0][0] if recent else None
-            if stop is None or stop > last + 1:
-                # The stored events before the latest run's (ids are sparse: read by id).
-                stored = await self.store.events_with_ids(self.id, after_id=last)
-                if stop is not None:
-                    stored = [(event_id, event) for event_id, event in stored if event_id < stop]
-                for batch in _batches(stored):
-                    yield batch
-                if stored:
-                    last = stored[-1][0]
+            stored = await self.store.events_with_ids(self.id, after_id=last)
+            for batch in _batches(stored):
+                yield batch
+            if stored:
+                last = stored[-1][0]
+            # The latest run's events not saved yet (none, when a later run was elsewhere).
             fresh = [(event_id, event) for event_id, event in recent if event_id > last]
             for batch in _batches(fresh):
                 yield batch
@@ -202,6 +200,8 @@ class LiveSession:
                 live_id = self.event_id(event)
                 if live_id is not None and live_id <= last:
                     return True  # sent with the replay
+                if live_id is not None and _new_run(last, live_id):
+                    return False  # runs elsewhere may come first: read in this watcher's task
                 assert push is not None  # installed only with one
                 if not push(live_id, event):
                     return False
@@ -230,10 +230,14 @@ class LiveSession:
                     if live_id is None:
                         ready.append((None, event))
                     elif live_id > last:
+                        if _new_run(last, live_id):
+                            # The runs other servers made meanwhile, stored, come first.
+                            stored = await self.store.events_with_ids(self.id, after_id=last)
+                            ready.extend((i, e) for i, e in stored if i < live_id)
                         last = live_id
                         ready.append((live_id, event))
-                if ready:
-                    yield ready
+                for batch in _batches(ready):
+                    yield batch
         finally:
             if subscription is not None:
                 await subscription.aclose()
@@ -261,8 +265,16 @@ class LiveSession:
                 return
 
 
+def _new_run(last: int, event_id: int) -> bool:
+    """Whether `event_id` starts a run after the one `last` is of (by their fences).
+
+    Ids below ``2**32`` (stored before fences) are all taken as one run's.
+    """
+    return event_id >> 32 > max(last, 0) >> 32
+
+
 def _batches(
-    numbered: Sequence[tuple[int, AgentEvent]],
+    numbered: Sequence[tuple[int | None, AgentEvent]],
 ) -> Iterator[Sequence[tuple[int | None, AgentEvent]]]:
     """`numbered` (events with their ids) in slices of at most `BATCH`."""
     for first in range(0, len(numbered), BATCH):

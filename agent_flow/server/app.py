@@ -54,6 +54,7 @@ from agent_flow.server._prompts import PromptView, prompt_of
 from agent_flow.server._sse import EventStreamResponse
 from agent_flow.server.models import (
     EVENT_ID_PATTERN,
+    MAX_EVENT_ID,
     SESSION_ID_PATTERN,
     ApprovalDecision,
     ApprovalView,
@@ -362,7 +363,7 @@ def create_app(
         responses=refusals.of("GET", 404, 422),
     )
     async def read_prompt(
-        live: Live, event_id: Annotated[int, Path(ge=0, le=2**63 - 1)]
+        live: Live, event_id: Annotated[int, Path(ge=0, le=MAX_EVENT_ID)]
     ) -> PromptView:
         """The prompt one step sent (``event_id``: its ``context_built`` event), as sent.
 
@@ -469,13 +470,13 @@ def _resume_point(
     ] = None,
     after: Annotated[
         int | None,
-        Query(ge=-1, description="Resume after this id (Last-Event-ID wins)."),
-        WithJsonSchema({"type": "integer", "minimum": -1}),
+        Query(ge=-1, le=MAX_EVENT_ID, description="Resume after this id (Last-Event-ID wins)."),
+        WithJsonSchema({"type": "integer", "minimum": -1, "maximum": MAX_EVENT_ID}),
     ] = None,
 ) -> int:
     if last_event_id is None:
         return -1 if after is None else after
-    if not re.fullmatch(EVENT_ID_PATTERN, last_event_id):
+    if not re.fullmatch(EVENT_ID_PATTERN, last_event_id) or int(last_event_id) > MAX_EVENT_ID:
         raise ApiError(
             400,
             "bad_last_event_id",
@@ -524,7 +525,10 @@ def _approvals(live: LiveSession) -> list[ApprovalView]:
 async def _view(manager: SessionManager, live: LiveSession, info: SessionInfo) -> SessionView:
     environment: Environment | None
     history: History | None
-    if live.agent is not None:
+    # A claim since this server's last one (or since it loaded the agent): another server ran
+    # the session, and its agent is behind the store until its own next run rebuilds it.
+    behind = info.lease_fence > live.fence
+    if live.agent is not None and not behind:
         environment, history = live.agent.environment, live.agent.history
     elif info.steps == 0 and info.entry_count == 0 and info.environment_version == 0:
         # Nothing is stored but the session's row (one just created): no load to read that.
@@ -534,7 +538,7 @@ async def _view(manager: SessionManager, live: LiveSession, info: SessionInfo) -
         # Counted as the session's agent counts: no other tokenizer is loaded for a view.
         counter = counter_for(manager.session_config(live.options))
         environment, history = state.environment, state.history(counter=counter)
-    last_prompt = live.last_prompt
+    last_prompt = None if behind else live.last_prompt
     if last_prompt is None and info.event_count:
         recent = await manager.store.events(live.id, offset=max(0, info.event_count - 500))
         for event in reversed(recent):

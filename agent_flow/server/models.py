@@ -31,6 +31,8 @@ __all__ = [
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 #: What ``Last-Event-ID`` may hold: an event's id, or -1 (before the first event).
 EVENT_ID_PATTERN = r"^(-1|[0-9]{1,19})$"
+#: The largest event id (the stores keep ids as signed 64-bit integers).
+MAX_EVENT_ID = 2**63 - 1
 
 
 class ErrorBody(BaseModel):
