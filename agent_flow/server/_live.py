@@ -200,7 +200,7 @@ class LiveSession:
                 live_id = self.event_id(event)
                 if live_id is not None and live_id <= last:
                     return True  # sent with the replay
-                if live_id is not None and _new_run(last, live_id):
+                if live_id is not None and _runs_between(last, live_id):
                     return False  # runs elsewhere may come first: read in this watcher's task
                 assert push is not None  # installed only with one
                 if not push(live_id, event):
@@ -230,7 +230,7 @@ class LiveSession:
                     if live_id is None:
                         ready.append((None, event))
                     elif live_id > last:
-                        if _new_run(last, live_id):
+                        if _runs_between(last, live_id):
                             # The runs other servers made meanwhile, stored, come first.
                             stored = await self.store.events_with_ids(self.id, after_id=last)
                             ready.extend((i, e) for i, e in stored if i < live_id)
@@ -265,12 +265,14 @@ class LiveSession:
                 return
 
 
-def _new_run(last: int, event_id: int) -> bool:
-    """Whether `event_id` starts a run after the one `last` is of (by their fences).
+def _runs_between(last: int, event_id: int) -> bool:
+    """Whether runs may lie between the ones of the ids `last` and `event_id` (by fences).
 
-    Ids below ``2**32`` (stored before fences) are all taken as one run's.
+    Every claim takes the next fence, so a run next to the last one seen has the fence after
+    its; a wider step may hide other servers' runs (or claims that stored nothing). Ids below
+    ``2**32`` (stored before fences) are all taken as one run's.
     """
-    return event_id >> 32 > max(last, 0) >> 32
+    return event_id >> 32 > (max(last, 0) >> 32) + 1
 
 
 def _batches(
