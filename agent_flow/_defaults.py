@@ -98,6 +98,11 @@ a tool result (redacted and cut to its token limit there) and a run's user messa
 a megabyte of new text takes most of a second, which every other run on the loop would wait;
 a shorter text costs less than the hand-off."""
 
+MCP_HTTP_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+"""The largest message an MCP server may stream over HTTP (one SSE event). The SDK's own
+limit, 1 MiB, read every larger tool result as a lost connection and restarted the server for
+it; a bound remains, so that a server cannot make the agent buffer without end."""
+
 TOOL_THREADS_MAX: Final = min(32, (os.cpu_count() or 1) + 4)
 """The most threads sync tools run on at once (`asyncio.to_thread`'s default pool's size)."""
 

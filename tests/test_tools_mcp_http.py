@@ -6,6 +6,7 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest_asyncio
 
@@ -14,26 +15,35 @@ from tests.helpers import MCP_SERVERS
 from tests.helpers import tool_call as call
 
 
-@pytest_asyncio.fixture
-async def http_server(tmp_path: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
-    log = (tmp_path / "http_server.log").open("w")
+async def _start(log: TextIO, port: int | None = None) -> tuple[int, asyncio.subprocess.Process]:
+    """Start the basic server over HTTP (on `port`, else a free one); its port, once it listens."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(MCP_SERVERS / "basic_server.py"),
         "http",
+        *([] if port is None else [str(port)]),
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
     )
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(30):
-            port = int(await process.stdout.readline())
-        yield f"http://127.0.0.1:{port}/mcp", process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
-        log.close()
+    assert process.stdout is not None
+    async with asyncio.timeout(30):
+        return int(await process.stdout.readline()), process
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    await process.wait()
+
+
+@pytest_asyncio.fixture
+async def http_server(tmp_path: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    with (tmp_path / "http_server.log").open("w") as log:
+        port, process = await _start(log)
+        try:
+            yield f"http://127.0.0.1:{port}/mcp", process
+        finally:
+            await _stop(process)
 
 
 async def test_a_streamable_http_server_works_like_a_stdio_one(
@@ -76,3 +86,41 @@ async def test_a_streamable_http_server_works_like_a_stdio_one(
             "MCP server 'web' could not be reached: ConnectError: All connection attempts failed"
         )
         assert servers["web"].restarts == 1
+
+
+async def test_a_restarted_server_gets_a_new_session_and_large_results_come_whole(
+    tmp_path: Path,
+) -> None:
+    """A server that restarted no longer knows the session: the call runs on a new one.
+
+    Before, every later call failed as "refused" (the server's 404 read as its answer) and the
+    session was never opened again. A result over the SDK's 1 MiB event limit was read as a
+    lost connection and cost a restart each time.
+    """
+    with (tmp_path / "http_server.log").open("w") as log:
+        port, process = await _start(log)
+        try:
+            config = MCPServerHTTP(
+                name="web", url=f"http://127.0.0.1:{port}/mcp", max_restarts=3, policy=ToolPolicy()
+            )
+            executor = ToolExecutor()
+            async with MCPServers([config]) as servers:
+                servers.register(executor)
+                first = await executor.execute_one(call("web_echo", '{"text": "before"}'))
+                assert first.result.content == "before"
+                await _stop(process)
+                _, process = await _start(log, port)
+                for text in ("after", "again"):
+                    used = await executor.execute_one(call("web_echo", f'{{"text": "{text}"}}'))
+                    assert (used.result.is_error, used.result.content) == (False, text)
+                assert servers["web"].restarts == 1
+                for _ in range(4):  # more than max_restarts, were each one a restart
+                    big = await executor.execute_one(
+                        call("web_repeat", '{"text": "big result ", "times": 200000}')
+                    )
+                    # Whole (2 MB), then cut to the output limit for the model.
+                    assert not big.result.is_error, big.result.content[:300]
+                    assert big.result.truncated and big.result.content.startswith("big result ")
+                assert servers["web"].restarts == 1
+        finally:
+            await _stop(process)

@@ -13,7 +13,8 @@ calls are made from any task through the session. Failures:
   ``"server_unavailable"`` error result and is restarted on its next use, at most
   ``max_restarts`` times over the connection's life; after that every call fails at once
   with a message saying so. A server that died while idle is noticed when its output
-  stream ends, so the next call restarts it first instead of failing;
+  stream ends, so the next call restarts it first instead of failing; an HTTP server that no
+  longer knows the session (it restarted) gets a new one at once, and the request again;
 - a server that does not answer its initialization within ``connect_timeout`` is a
   `MCPServerTimeoutError` naming the limit.
 
@@ -52,6 +53,7 @@ logger = logging.getLogger("agent_flow.tools.mcp")
 _R = TypeVar("_R")
 _CONNECTION_CLOSED = mcp_types.CONNECTION_CLOSED
 _REQUEST_TIMEOUT = mcp_types.REQUEST_TIMEOUT
+_INVALID_REQUEST = mcp_types.INVALID_REQUEST
 _TRANSPORT_ERRORS = (
     anyio.ClosedResourceError,
     anyio.BrokenResourceError,
@@ -284,8 +286,14 @@ class MCPConnection:
         await self._request(f"subscribe to {uri!r}", lambda c: _subscribe(c, uri))
         self._subscribed.add(uri)
 
-    async def _request(self, what: str, send: Callable[[ClientSession], Awaitable[_R]]) -> _R:
-        """Send one request on a usable session, bounded by the timeout; errors raise."""
+    async def _request(
+        self, what: str, send: Callable[[ClientSession], Awaitable[_R]], *, again: bool = True
+    ) -> _R:
+        """Send one request on a usable session, bounded by the timeout; errors raise.
+
+        A request the server refused because it no longer knows the session is sent once more,
+        on a new one (`_ended`).
+        """
         session = await self._usable_session()
         assert session.client is not None
         try:
@@ -297,6 +305,8 @@ class MCPConnection:
                 f"MCP server {self.name!r} did not {what} within {self.config.timeout:g}s"
             ) from err
         except MCPError as err:
+            if again and self._ended(session, err):
+                return await self._request(what, send, again=False)
             if err.code == _CONNECTION_CLOSED:
                 session.broken = True
             raise MCPServerError(
@@ -333,42 +343,63 @@ class MCPConnection:
             progress_callback: Receives the server's progress notifications.
         """
         limit = timeout_seconds if timeout_seconds is not None else self.config.timeout
-        try:
-            session = await self._usable_session()
-        except MCPServerError as err:
-            return ToolResult.error(str(err), kind="server_unavailable")
-        assert session.client is not None
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             if progress_callback is not None:
                 await progress_callback(progress, total, message)
 
-        try:
-            result = await session.client.call_tool(
-                name, arguments, read_timeout_seconds=limit, progress_callback=on_progress
-            )
-        except MCPError as err:
-            return self._call_error(session, name, err, limit)
-        except _TRANSPORT_ERRORS as err:
-            session.broken = True
-            self.last_error = session.with_stderr(_describe(err))
-            return ToolResult.error(
-                f"the connection to MCP server {self.name!r} failed during the call to "
-                f"{name!r} ({type(err).__name__}); it will be restarted on the next call",
-                kind="server_unavailable",
-            )
-        except RuntimeError as err:  # the SDK's result checks (output schema, input required)
-            return ToolResult.error(
-                f"MCP server {self.name!r} returned an unusable result for {name!r}: {err}",
-                kind="mcp_error",
-            )
-        except asyncio.CancelledError:
-            session.suspect = True
-            raise
+        for attempt in (1, 2):
+            try:
+                session = await self._usable_session()
+            except MCPServerError as err:
+                return ToolResult.error(str(err), kind="server_unavailable")
+            assert session.client is not None
+            try:
+                result = await session.client.call_tool(
+                    name, arguments, read_timeout_seconds=limit, progress_callback=on_progress
+                )
+                break
+            except MCPError as err:
+                if attempt == 1 and self._ended(session, err):
+                    continue  # the server never ran it: once more, on a new session
+                return self._call_error(session, name, err, limit)
+            except _TRANSPORT_ERRORS as err:
+                session.broken = True
+                self.last_error = session.with_stderr(_describe(err))
+                return ToolResult.error(
+                    f"the connection to MCP server {self.name!r} failed during the call to "
+                    f"{name!r} ({type(err).__name__}); it will be restarted on the next call",
+                    kind="server_unavailable",
+                )
+            except RuntimeError as err:  # the SDK's result checks (output schema, input)
+                return ToolResult.error(
+                    f"MCP server {self.name!r} returned an unusable result for {name!r}: {err}",
+                    kind="mcp_error",
+                )
+            except asyncio.CancelledError:
+                session.suspect = True
+                raise
         return convert_call_result(result)
 
+    def _ended(self, session: _Session, err: MCPError) -> bool:
+        """Whether an HTTP server refused a request because it no longer knows the session.
+
+        A server that restarted answers 404 to the old session's id (the SDK says "Session
+        terminated"; servers say "Session not found"): the session is marked broken, so the
+        next use opens a new one (counted as a restart), as the protocol asks of a client.
+        """
+        if not (
+            isinstance(self.config, MCPServerHTTP)
+            and err.code == _INVALID_REQUEST
+            and "session" in err.message.lower()
+        ):
+            return False
+        session.broken = True
+        self.last_error = f"the server no longer knows the session ({err.message})"
+        return True
+
     def _call_error(self, session: _Session, name: str, err: MCPError, limit: float) -> ToolResult:
-        if err.code == _CONNECTION_CLOSED:
+        if err.code == _CONNECTION_CLOSED or self._ended(session, err):
             session.broken = True
             self.last_error = session.with_stderr(err.message)
             return ToolResult.error(

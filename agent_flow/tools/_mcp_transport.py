@@ -25,6 +25,7 @@ import httpx2
 from mcp import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from agent_flow._defaults import MCP_HTTP_MAX_MESSAGE_BYTES
 from agent_flow.tools.mcp_config import MCPServerConfig, MCPServerHTTP
 
 if TYPE_CHECKING:
@@ -73,7 +74,9 @@ async def _transport(
             )
         )
         async with (
-            streamable_http_client(config.url, http_client=http) as streams,
+            streamable_http_client(
+                config.url, http_client=http, max_sse_event_size=MCP_HTTP_MAX_MESSAGE_BYTES
+            ) as streams,
             _watch_closing(streams, output) as watched,
         ):
             yield watched

@@ -1,7 +1,7 @@
 """Run a test MCP server over stdio (default) or streamable HTTP on 127.0.0.1.
 
-``python <server>.py http`` binds a free port itself, prints it on stdout as the first line,
-then serves; the test reads the port and stops the process when done.
+``python <server>.py http [PORT]`` binds PORT (default: a free one), prints it on stdout as the
+first line, then serves; the test reads the port and stops the process when done.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run_stdio(server: Server) -> None:
 async def _serve_http(server: MCPServer) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0))
     sock.listen(64)
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning", lifespan="on")

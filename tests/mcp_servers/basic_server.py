@@ -51,6 +51,12 @@ def shout(text: str) -> str:
     return text.upper()
 
 
+@server.tool()
+def repeat(text: str, times: int) -> str:
+    """Return text repeated (a result as large as asked)."""
+    return text * times
+
+
 if __name__ == "__main__":
     print("basic server starting", file=sys.stderr, flush=True)
     run(server)
