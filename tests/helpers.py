@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agent_flow._types import JsonValue
 from agent_flow.agent import AgentExecutor
@@ -138,3 +138,26 @@ def run_python(code: str, *, env: dict[str, str] | None = None) -> None:
         env={**os.environ, **env} if env else None,
     )
     assert result.returncode == 0, result.stderr
+
+
+async def start_http_server(
+    log: TextIO, port: int | None = None
+) -> tuple[int, asyncio.subprocess.Process]:
+    """Start the basic MCP server over HTTP (on `port`, else a free one): its port and process."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(MCP_SERVERS / "basic_server.py"),
+        "http",
+        *([] if port is None else [str(port)]),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+    )
+    assert process.stdout is not None
+    async with asyncio.timeout(30):
+        return int(await process.stdout.readline()), process
+
+
+async def stop_process(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    await process.wait()

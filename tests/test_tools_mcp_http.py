@@ -3,47 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TextIO
 
 import pytest_asyncio
 
 from agent_flow.tools import MCPServerHTTP, MCPServers, ToolExecutor, ToolPolicy
-from tests.helpers import MCP_SERVERS
+from tests.helpers import start_http_server, stop_process
 from tests.helpers import tool_call as call
-
-
-async def _start(log: TextIO, port: int | None = None) -> tuple[int, asyncio.subprocess.Process]:
-    """Start the basic server over HTTP (on `port`, else a free one); its port, once it listens."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(MCP_SERVERS / "basic_server.py"),
-        "http",
-        *([] if port is None else [str(port)]),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=log,
-    )
-    assert process.stdout is not None
-    async with asyncio.timeout(30):
-        return int(await process.stdout.readline()), process
-
-
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.kill()
-    await process.wait()
 
 
 @pytest_asyncio.fixture
 async def http_server(tmp_path: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     with (tmp_path / "http_server.log").open("w") as log:
-        port, process = await _start(log)
+        port, process = await start_http_server(log)
         try:
             yield f"http://127.0.0.1:{port}/mcp", process
         finally:
-            await _stop(process)
+            await stop_process(process)
 
 
 async def test_a_streamable_http_server_works_like_a_stdio_one(
@@ -98,7 +75,7 @@ async def test_a_restarted_server_gets_a_new_session_and_large_results_come_whol
     lost connection and cost a restart each time.
     """
     with (tmp_path / "http_server.log").open("w") as log:
-        port, process = await _start(log)
+        port, process = await start_http_server(log)
         try:
             config = MCPServerHTTP(
                 name="web", url=f"http://127.0.0.1:{port}/mcp", max_restarts=3, policy=ToolPolicy()
@@ -108,8 +85,8 @@ async def test_a_restarted_server_gets_a_new_session_and_large_results_come_whol
                 servers.register(executor)
                 first = await executor.execute_one(call("web_echo", '{"text": "before"}'))
                 assert first.result.content == "before"
-                await _stop(process)
-                _, process = await _start(log, port)
+                await stop_process(process)
+                _, process = await start_http_server(log, port)
                 for text in ("after", "again"):
                     used = await executor.execute_one(call("web_echo", f'{{"text": "{text}"}}'))
                     assert (used.result.is_error, used.result.content) == (False, text)
@@ -123,4 +100,4 @@ async def test_a_restarted_server_gets_a_new_session_and_large_results_come_whol
                     assert big.result.truncated and big.result.content.startswith("big result ")
                 assert servers["web"].restarts == 1
         finally:
-            await _stop(process)
+            await stop_process(process)

@@ -28,7 +28,7 @@ from agent_flow.config import AgentConfig, Skill
 from agent_flow.environment import Environment, EnvironmentChange
 from agent_flow.errors import ConfigError, MCPServerError
 from agent_flow.tools import MCPFilter, ToolExecutor
-from agent_flow.tools.mcp_config import ComponentKind, MCPPromptRef
+from agent_flow.tools.mcp_config import ComponentKind, MCPPromptRef, add_server_secrets
 
 if TYPE_CHECKING:
     from agent_flow.tools.mcp import ListChange, MCPConnection, MCPServers
@@ -214,6 +214,7 @@ class AgentMCP:
         return environment.changes(since_version=before)
 
     def _register_tools(self, server: str, connection: MCPConnection, names: list[str]) -> None:
+        add_server_secrets(self.tools, connection.config)
         wanted = set(names)
         for tool in connection.tools:
             if tool.name in wanted and self.filter.allows(server, "tools", tool.name):

@@ -11,8 +11,10 @@ every result through a `SecretRedactor` first, which replaces each known secret 
 Known values are those of environment variables whose names look secret (`looks_secret`:
 ``*API_KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*`` and the like), of variables named
 explicitly (the model's key variable, ``AgentConfig.secret_env``) and values added with
-`SecretRedactor.add`. Values shorter than `MIN_SECRET_LENGTH` characters are ignored:
-redacting every ``1`` or ``true`` would destroy output and protect nothing. Only exact
+`SecretRedactor.add`, and what MCP servers were configured with (`SecretRedactor.add_server`:
+their secret-looking ``env`` values and credential headers). Values shorter than
+`MIN_SECRET_LENGTH` characters are ignored: redacting every ``1`` or ``true`` would destroy
+output and protect nothing. Only exact
 occurrences are found; a secret a tool transforms (base64, split across lines) is not.
 """
 
@@ -35,6 +37,9 @@ _SECRET_NAME = re.compile(
     r"|PRIVATE_?KEY|ACCESS_?KEY|COOKIE|(?:^|_)DSN$|AUTH$",
     re.IGNORECASE,
 )
+
+#: Headers that carry credentials whatever `looks_secret` says of their names.
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization"})
 
 
 # Remembered: every agent built scans the whole environment, whose names rarely change.
@@ -111,6 +116,25 @@ class SecretRedactor:
         source = os.environ if environ is None else environ
         for name in names:
             self.add(name, source.get(name))
+
+    def add_server(
+        self, server: str, env: Mapping[str, str] | None, headers: Mapping[str, str]
+    ) -> None:
+        """Treat what an MCP server was given as secret: env values and header credentials.
+
+        Its ``env`` entries whose names look secret, and its headers that carry credentials
+        (``Authorization``, ``Cookie``, ``X-Api-Key``, ...: whole, and the part after the scheme),
+        shown as ``[REDACTED:<server>.<name>]``. A server may echo what it was given (a debug
+        tool, an error quoting its request); whatever it returns goes to the model.
+        """
+        for name, value in (env or {}).items():
+            if looks_secret(name):
+                self.add(f"{server}.{name}", value)
+        for name, value in headers.items():
+            if name.lower() in _CREDENTIAL_HEADERS or looks_secret(name.replace("-", "_")):
+                self.add(f"{server}.{name}", value)
+                _, _, credential = value.strip().partition(" ")  # "Bearer <token>"
+                self.add(f"{server}.{name}", credential.strip())
 
     def _compiled(self) -> re.Pattern[str] | None:
         with self._lock:

@@ -47,6 +47,7 @@ from agent_flow.tools.mcp_config import (
     MCPServerConfig,
     MCPServerHTTP,
     MCPServerStdio,
+    add_server_secrets,
 )
 
 if TYPE_CHECKING:
@@ -172,6 +173,7 @@ class MCPServers:
         for server, connection in self.connections.items():
             tools = [t for t in connection.tools if chosen.allows(server, "tools", t.name)]
             names += executor.register_all(tools, namespace=server)
+            add_server_secrets(executor, connection.config)
         return names
 
     async def aclose(self) -> None:

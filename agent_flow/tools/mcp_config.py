@@ -23,6 +23,8 @@ from agent_flow.tools.policy import RiskLevel, ToolPolicy, matches_any
 if TYPE_CHECKING:
     import mcp_types
 
+    from agent_flow.tools.executor import ToolExecutor
+
 __all__ = [
     "MCP_SERVER_CONFIG_ADAPTER",
     "MCPAgentSettings",
@@ -31,6 +33,7 @@ __all__ = [
     "MCPServerConfig",
     "MCPServerHTTP",
     "MCPServerStdio",
+    "add_server_secrets",
 ]
 
 
@@ -207,3 +210,10 @@ class MCPAgentSettings(BaseModel):
     exclude_components: tuple[str, ...] = ()
     resource_tools: bool = True
     resources: tuple[MCPResourceLoad, ...] = ()
+
+
+def add_server_secrets(executor: ToolExecutor, config: MCPServerConfig) -> None:
+    """Redact from `executor`'s results what the server was given (`SecretRedactor.add_server`)."""
+    env = config.env if isinstance(config, MCPServerStdio) else None
+    headers = config.headers if isinstance(config, MCPServerHTTP) else {}
+    executor.secrets.add_server(config.name, env, headers)
