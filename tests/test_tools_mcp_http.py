@@ -6,11 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
+from agent_flow.errors import MCPServerError
 from agent_flow.tools import MCPServerHTTP, MCPServers, ToolExecutor, ToolPolicy
 from tests.helpers import start_http_server, stop_process
 from tests.helpers import tool_call as call
+from tests.openai_server import OpenAIServer, json_reply
 
 
 @pytest_asyncio.fixture
@@ -101,3 +104,18 @@ async def test_a_restarted_server_gets_a_new_session_and_large_results_come_whol
                 assert servers["web"].restarts == 1
         finally:
             await stop_process(process)
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"), [(401, "Unauthorized"), (500, "Internal Server Error")]
+)
+async def test_an_http_error_is_named_by_its_status(status: int, reason: str) -> None:
+    """Bad credentials and a failing server read differently (the SDK says neither)."""
+    async with OpenAIServer() as server:
+        server.routes[("POST", "/mcp")] = json_reply({"error": "scripted"}, status=status)
+        url = server.base_url.removesuffix("/v1") + "/mcp"
+        config = MCPServerHTTP(name="web", url=url, connect_timeout=5)
+        with pytest.raises(MCPServerError) as raised:
+            async with MCPServers([config]):
+                pass
+    assert f"(the server answered HTTP {status} {reason})" in str(raised.value)

@@ -86,7 +86,9 @@ class _Session:
         )
 
     def with_stderr(self, text: str) -> str:
-        """`text`, followed by the server's last stderr lines if it printed any."""
+        """`text`, then the HTTP error the server answered and its last stderr lines, if any."""
+        if self.output.http_status is not None:
+            text = f"{text} (the server answered HTTP {self.output.http_status})"
         tail = self.output.tail()
         return f"{text}; its stderr ended with: {tail}" if tail else text
 

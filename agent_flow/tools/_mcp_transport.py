@@ -46,6 +46,9 @@ class ServerOutput:
     def __init__(self) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.closed = False
+        #: The last HTTP error status an HTTP server answered (``"401 Unauthorized"``): the
+        #: SDK's errors say only that it answered with one.
+        self.http_status: str | None = None
         self.on_closed: Callable[[], None] | None = None
 
     def tail(self, lines: int = 5, *, max_chars: int = 600) -> str:
@@ -67,10 +70,16 @@ async def _transport(
 ) -> AsyncIterator[TransportStreams]:
     """Open the server's transport: streamable HTTP, or a stdio child with its stderr kept."""
     if isinstance(config, MCPServerHTTP):
+
+        async def note_status(response: httpx2.Response) -> None:
+            status = f"{response.status_code} {response.reason_phrase}".strip()
+            output.http_status = status if response.status_code >= 400 else None
+
         http = await stack.enter_async_context(
             httpx2.AsyncClient(
                 headers=config.headers,
                 timeout=httpx2.Timeout(config.connect_timeout, read=max(config.timeout, 30.0)),
+                event_hooks={"response": [note_status]},
             )
         )
         async with (
