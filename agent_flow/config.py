@@ -63,6 +63,7 @@ from agent_flow._defaults import (
     MIN_OUTPUT_TOKENS,
     default_reserve_output_tokens,
 )
+from agent_flow._toml_file import read_toml
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
 from agent_flow.llm.config import LLMConfig, LLMOverrides, resolve_llm_config
@@ -494,17 +495,6 @@ def _describe(
     return f"invalid agent config in {source}: " + "; ".join(problems)
 
 
-def _read_toml(path: str | Path) -> dict[str, typing.Any]:
-    """The TOML document at `path`, or a `ConfigError` naming the file and what is wrong."""
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError as err:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from err
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {err}") from err
-
-
 def load_config(
     path: str | Path | None = None,
     *,
@@ -529,7 +519,7 @@ def load_config(
     source = str(path) if path is not None else "defaults"
     data: dict[str, JsonValue] = {}
     if path is not None:
-        document = _read_toml(path)
+        document = read_toml(path)
         unknown = sorted(set(document) - {"agent", "llms", "store", "durable"})
         if unknown:
             raise ConfigError(
@@ -576,7 +566,7 @@ def load_store_config(path: str | Path | None) -> StoreConfig:
     if path is None:
         return StoreConfig()
     source = str(path)
-    document = _read_toml(path)
+    document = read_toml(path)
     table = document.get("store", {})
     if not isinstance(table, dict):
         raise ConfigError(f'[store] in {source} must be a table, with url = "..."')

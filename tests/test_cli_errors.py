@@ -11,6 +11,7 @@ import sqlite3
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +249,42 @@ async def test_the_labs_ask_refuses_a_base_url_without_a_scheme(tmp_path: Path) 
          "--base-url", "localhost:8080/v1"]
     )  # fmt: skip
     assert result.code == 2 and "--base-url 'localhost:8080/v1' is not an http://" in result.err
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda path: path.mkdir(), "is a directory; name the TOML file in it"),
+        (lambda path: path.write_bytes(b"\xff\xfe[agent]\n"), "is not UTF-8 text (byte 0xff"),
+        (lambda path: path.write_text("[agent\n"), "is not valid TOML"),
+    ],
+)
+def test_a_config_that_cannot_be_read_is_one_line_and_a_usage_error(
+    tmp_path: Path, make: Any, said: str
+) -> None:
+    config = tmp_path / "agent.toml"
+    make(config)
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    for argv in (
+        ["run", "t", "--model", "m", "--base-url", url, "--config", str(config)],
+        ["tools", "--config", str(config)],
+    ):
+        result = invoke(argv)
+        assert result.code == 2, (argv, result.err)
+        assert result.err.count("\n") == 1 and said in result.err, result.err
+        assert result.err.startswith(f"agent-flow: error: config file {str(config)!r} ")
+
+
+def test_a_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_bytes(b"\xef\xbb\xbf[agent]\nname = 'marked'\n")
+    result = invoke(["tools", "--config", str(config)])
+    assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("flag", ["--model"])
+def test_an_empty_flag_value_is_a_usage_error_naming_the_flag(flag: str) -> None:
+    argv = ["run", "t", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", flag, ""]
+    result = invoke(argv)
+    assert result.code == 2, result.err
+    assert result.err.count("\n") == 1 and result.err.startswith(f"agent-flow: error: {flag}")

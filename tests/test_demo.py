@@ -86,7 +86,9 @@ def test_the_demo_says_the_model_is_scripted_and_how_to_use_a_real_one(
     assert f"agent-flow demo --setup-only --workdir {workdir / 'fresh'}" in out
     assert "agent-flow run 'Users report that csvstats totals are too small." in out
     assert f"--workspace {workdir / 'fresh' / 'csvstats'} --mcp 'project=" in out
-    assert "' --model gpt-4o-mini\n" in out and "--base-url http://localhost:11434/v1" in out
+    # OpenAI's own endpoint is asked for by name: without a base URL a model is local.
+    assert "' --provider openai --model gpt-4o-mini\n" in out
+    assert "--base-url http://localhost:11434/v1" in out
 
 
 async def test_the_demo_session_is_stored_where_it_says(demo_run: tuple[int, str, Path]) -> None:

@@ -413,9 +413,10 @@ def real_endpoint_commands(workdir: Path) -> Sequence[str]:
     mcp = "project=" + " ".join(shlex.quote(part) for part in mcp_command(project))
     return (
         f"agent-flow demo --setup-only --workdir {shlex.quote(str(workdir))}",
-        "export OPENAI_API_KEY=...   # or, for Ollama: --base-url http://localhost:11434/v1",
+        "export OPENAI_API_KEY=...   # for Ollama: --base-url http://localhost:11434/v1 "
+        "in place of --provider openai",
         f"agent-flow run {shlex.quote(DEMO_TASK)} --workspace {shlex.quote(str(project))} "
-        f"--mcp {shlex.quote(mcp)} --model gpt-4o-mini",
+        f"--mcp {shlex.quote(mcp)} --provider openai --model gpt-4o-mini",
     )
 
 

@@ -143,13 +143,18 @@ async def _warn_if_server_context_is_smaller(
 
 def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
     """The model to call: the config's, with --model / --base-url / --api-key-env on top."""
-    flags = LLMOverrides(
-        provider=getattr(args, "provider", None),
-        model=args.model,
-        base_url=args.base_url,
-        api_key_env=args.api_key_env,
-        timeout=getattr(args, "timeout", None),
-    )
+    try:
+        flags = LLMOverrides(
+            provider=getattr(args, "provider", None),
+            model=args.model,
+            base_url=args.base_url,
+            api_key_env=args.api_key_env,
+            timeout=getattr(args, "timeout", None),
+        )
+    except ValidationError as err:  # e.g. --model "$MODEL" with MODEL unset
+        first = err.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "a flag"
+        raise _Failure(EXIT_USAGE, f"{flag}: {first['msg']}") from None
     own = config.llm_overrides
     has_model = config.llm is not None or (own is not None and own.model is not None)
     if has_model:

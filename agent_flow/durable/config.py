@@ -96,9 +96,9 @@ def load_durable_config(path: str | Path | None) -> DurableConfig:
     """
     if path is None:
         return DurableConfig()
-    from agent_flow.config import _read_toml
+    from agent_flow._toml_file import read_toml
 
-    document = _read_toml(path)
+    document = read_toml(path)
     table = document.get("durable", {})
     if not isinstance(table, dict):
         raise ConfigError(f"[durable] in {path} must be a table, e.g. enabled = true")

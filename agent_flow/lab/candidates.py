@@ -30,7 +30,8 @@ from agent_flow._defaults import (
     DEFAULT_SYSTEM_PROMPT_TEMPLATE,
     PRUNING_STRATEGIES,
 )
-from agent_flow.config import ContextConfig, StrategyName, _read_toml, load_config
+from agent_flow._toml_file import read_toml
+from agent_flow.config import ContextConfig, StrategyName, load_config
 from agent_flow.errors import ConfigError, UserError
 from agent_flow.history import (
     Chain,
@@ -167,7 +168,7 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate], list[str]]:
     Raises:
         ConfigError: The file is missing, not TOML, or a value is invalid.
     """
-    document = _read_toml(path)
+    document = read_toml(path)
     if "agent" in document:
         config = load_config(path, environ={})
         candidate = Candidate.from_config(

@@ -39,7 +39,6 @@ import importlib.resources
 import ipaddress
 import json
 import logging
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from urllib.parse import urlsplit
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agent_flow._toml_file import read_toml
 from agent_flow.errors import ConfigError
 from agent_flow.server._errors import send_error
 
@@ -118,10 +118,7 @@ class Users:
         Raises:
             ConfigError: It cannot be read, or is not of the documented form.
         """
-        try:
-            document = tomllib.loads(Path(path).read_text("utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-            raise ConfigError(f"cannot read the tokens file {str(path)!r}: {err}") from err
+        document = read_toml(path, what="tokens file")
         table = document.get("users")
         if not isinstance(table, dict) or not table or set(document) - {"users"}:
             raise ConfigError(
