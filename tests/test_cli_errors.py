@@ -7,6 +7,7 @@ session with a resume hint that could not help.
 from __future__ import annotations
 
 import io
+import socket
 import sqlite3
 import sys
 import textwrap
@@ -288,3 +289,22 @@ def test_an_empty_flag_value_is_a_usage_error_naming_the_flag(flag: str) -> None
     result = invoke(argv)
     assert result.code == 2, result.err
     assert result.err.count("\n") == 1 and result.err.startswith(f"agent-flow: error: {flag}")
+
+
+def test_serve_on_a_taken_port_is_a_usage_error_and_shows_no_token(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke(["serve", "--port", str(port), "--db", db])
+    assert result.code == 2
+    assert result.err == (
+        f"agent-flow: error: cannot listen on 127.0.0.1:{port} (Address already in use); "
+        "choose another --port, or stop what listens there\n"
+    )  # and no "serving" line with a token, for a server that never ran
+    wrong = invoke(["serve", "--port", "99999", "--db", db])
+    assert wrong.code == 2
+    assert wrong.err.startswith("agent-flow: error: --port: Input should be less than or equal")
+    nowhere = invoke(["serve", "--host", "nosuchhost.invalid", "--token", "t" * 32, "--db", db])
+    assert nowhere.code == 2 and "--host nosuchhost.invalid: no such address" in nowhere.err

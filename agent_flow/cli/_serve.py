@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,8 +20,11 @@ from agent_flow.errors import ConfigError
 from agent_flow.sessions import SessionStore, open_store
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from agent_flow._demo.serve import DemoServer
     from agent_flow.durable import DurableClient
+    from agent_flow.server import ServerSettings
 
 #: Where ``serve`` reads the bearer token when ``--token`` is not given.
 TOKEN_VARIABLE = "AGENT_FLOW_SERVER_TOKEN"
@@ -65,7 +69,10 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         if tokens_file is not None:
             Users.from_file(Path(tokens_file))  # a broken file is a usage error, now
     except ValidationError as err:
-        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        first = err.errors()[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["loc"]:
+            message = f"--{str(first['loc'][0]).replace('_', '-')}: {message}"
         raise _Failure(EXIT_USAGE, message) from None
     except ConfigError as err:
         raise _Failure(EXIT_USAGE, str(err)) from None
@@ -99,40 +106,75 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
                     app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5
                 )
             )
-            # uvicorn binds in serve(); say where to go first, with the token made here (once,
-            # on stderr: it grants everything, so it goes nowhere else).
-            shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-            shown = f"[{shown}]" if ":" in shown else shown
-            address = f"http://{shown}:{settings.port}/"
-            fragment = f"#token={token}" if made_token else ""
-            if demo is not None:
-                from agent_flow._demo.serve import start_demo_session
-
-                session = await start_demo_session(app)
-                fragment += f"{'&' if fragment else '#'}session={session}"
-                streams.stderr.write(
-                    "agent-flow: demo: a scripted model (no model server, no key) is fixing a "
-                    f"bug in {demo.project}, in session {session!r}; watch it in the inspector, "
-                    "and approve its commands and writes there\n"
-                )
-            if made_token:
-                streams.stderr.write(
-                    f"agent-flow: serving; open the inspector at {address}{fragment}\n"
-                    f"agent-flow: API clients send 'Authorization: Bearer {token}' (set "
-                    f"{TOKEN_VARIABLE} to choose it; --no-token serves without)\n"
-                )
-            else:
-                streams.stderr.write(
-                    f"agent-flow: serving; the inspector is at {address}{fragment}\n"
-                )
-            streams.stderr.flush()
-            await server.serve()
+            # Bound before anything is said: an address in use is a usage error, and no token
+            # is shown for a server that never ran.
+            listening = _listen(settings.host, settings.port)
+            try:
+                await _announce(streams, app, settings, token if made_token else None, demo)
+                await server.serve(sockets=[listening])
+            finally:
+                listening.close()
     finally:
         if export is not None:
             export.shutdown()  # flushes what is buffered
         if durable is not None:
             durable.close()
     return EXIT_OK
+
+
+async def _announce(
+    streams: _Streams,
+    app: FastAPI,
+    settings: ServerSettings,
+    made_token: str | None,
+    demo: DemoServer | None,
+) -> None:
+    """Say where to go, with the token made here (once, on stderr: it grants everything)."""
+    shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    shown = f"[{shown}]" if ":" in shown else shown
+    address = f"http://{shown}:{settings.port}/"
+    fragment = f"#token={made_token}" if made_token else ""
+    if demo is not None:
+        from agent_flow._demo.serve import start_demo_session
+
+        session = await start_demo_session(app)
+        fragment += f"{'&' if fragment else '#'}session={session}"
+        streams.stderr.write(
+            "agent-flow: demo: a scripted model (no model server, no key) is fixing a "
+            f"bug in {demo.project}, in session {session!r}; watch it in the inspector, "
+            "and approve its commands and writes there\n"
+        )
+    if made_token:
+        streams.stderr.write(
+            f"agent-flow: serving; open the inspector at {address}{fragment}\n"
+            f"agent-flow: API clients send 'Authorization: Bearer {made_token}' (set "
+            f"{TOKEN_VARIABLE} to choose it; --no-token serves without)\n"
+        )
+    else:
+        streams.stderr.write(f"agent-flow: serving; the inspector is at {address}{fragment}\n")
+    streams.stderr.flush()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (uvicorn listens on it), or a usage error saying why."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as err:
+        raise _Failure(EXIT_USAGE, f"--host {host}: no such address ({err.strerror})") from None
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError as err:
+        listening.close()
+        raise _Failure(
+            EXIT_USAGE,
+            f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --port, "
+            "or stop what listens there",
+        ) from None
+    return listening
 
 
 def _demo(args: argparse.Namespace) -> DemoServer:
