@@ -6,6 +6,7 @@ session with a resume hint that could not help.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 import sqlite3
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent_flow.cli import main
 from tests.openai_server import (
     OpenAIServer,
     sse_reply,
@@ -308,3 +310,31 @@ def test_serve_on_a_taken_port_is_a_usage_error_and_shows_no_token(tmp_path: Pat
     assert wrong.err.startswith("agent-flow: error: --port: Input should be less than or equal")
     nowhere = invoke(["serve", "--host", "nosuchhost.invalid", "--token", "t" * 32, "--db", db])
     assert nowhere.code == 2 and "--host nosuchhost.invalid: no such address" in nowhere.err
+
+
+class _ClosedPipe(io.StringIO):
+    """Stdout whose reader leaves after `lines` lines (``| head``): later writes raise."""
+
+    def __init__(self, lines: int) -> None:
+        super().__init__()
+        self.left = lines
+        self.failed_writes = 0
+
+    def write(self, text: str) -> int:
+        if self.left <= 0:
+            self.failed_writes += 1
+            raise BrokenPipeError(32, "Broken pipe")
+        self.left -= text.count("\n")
+        return super().write(text)
+
+
+@pytest.mark.parametrize("view", ["--json", "--trace"])
+async def test_a_reader_that_leaves_stops_the_run_quietly(view: str, tmp_path: Path) -> None:
+    """Before, every later event's hook failed on the closed pipe, each failure an error line."""
+    answer = sse_reply(text_chunks("word " * 400, chunk_size=5))
+    async with OpenAIServer(handler=lambda request: answer) as server:
+        out, err = _ClosedPipe(lines=1), io.StringIO()
+        argv = ["run", "hi", *model_flags(server), view, "--db", str(tmp_path / "s.db")]
+        code = await asyncio.to_thread(main, argv, stdin=io.StringIO(""), stdout=out, stderr=err)
+    assert (code, err.getvalue()) == (1, "")
+    assert out.failed_writes == 1  # then nothing more was tried: the run was stopped

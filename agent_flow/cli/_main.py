@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from agent_flow.cli._exit import (
     EXIT_CANCELLED,
@@ -41,6 +42,9 @@ from agent_flow.errors import (
     StoreError,
     UserError,
 )
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 def main(
@@ -80,16 +84,24 @@ def _run(
 ) -> int:
     import asyncio  # here: ``--help`` and ``--version`` never get this far
 
+    output: _Output | None = None
+
+    async def command() -> int:
+        nonlocal output
+        task = asyncio.current_task()
+        assert task is not None
+        output = _Output(streams.stdout, task)
+        return await handler(args, dataclasses.replace(streams, stdout=cast(IO[str], output)))
+
     try:
-        return asyncio.run(handler(args, streams))
+        return asyncio.run(command())
     except KeyboardInterrupt:
         _error_line(streams, "cancelled")
         return EXIT_CANCELLED
-    except BrokenPipeError:
-        # The reader went away (`agent-flow sessions export ID | head`): stop quietly.
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), streams.stdout.fileno())
-        return EXIT_RUN_FAILED
+    except (BrokenPipeError, asyncio.CancelledError):
+        if output is None or not output.gone:
+            raise
+        return EXIT_RUN_FAILED  # the reader went away (`... | head`): stopped quietly
     except _Failure as failure:
         _error_line(streams, failure.message)
         return failure.code
@@ -176,3 +188,42 @@ class _Logging:
         root.removeHandler(self.handler)
         root.setLevel(self._root_level)
         self.handler.close()
+
+
+class _Output:
+    """A command's stdout, which stops the command once its reader is gone.
+
+    When the reader goes away (`agent-flow run ... --json | head -1`), the command is cancelled
+    once, and what is still written goes nowhere, without an error per event (a write to a
+    closed pipe raised in every event hook that writes).
+    """
+
+    def __init__(self, stream: IO[str], command: asyncio.Task[int]) -> None:
+        self._stream = stream
+        self._command = command
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        # Python flushes stdout at exit too: onto /dev/null, not into a last error.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        self._command.cancel()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
