@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,13 @@ from agent_flow.lab import (
 )
 from agent_flow.lab.candidates import Candidate
 from agent_flow.sessions import SQLiteSessionStore
-from tests.openai_server import OpenAIServer, completion_body, error_reply, json_reply
+from tests.openai_server import (
+    OpenAIServer,
+    Reply,
+    completion_body,
+    error_reply,
+    json_reply,
+)
 from tests.test_cli import invoke_async
 from tests.test_lab import RESERVE, record
 
@@ -305,3 +312,24 @@ async def test_a_failed_re_ask_is_reported_and_the_lab_run_goes_on(
     assert report.candidates[0].steps == 7
     assert "re-asked final question (MODEL-DEPENDENT" in render_table(report)
     assert "Re-asked final question (model-dependent)" in render_html(report)
+
+
+async def test_the_labs_re_ask_takes_the_timeout_its_error_names(
+    recorded: tuple[Path, str, Path],
+    openai_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model that never answers costs --timeout, the flag its error names (it had none)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    _, _, export = recorded
+    openai_server.script(Reply(hang=True))
+    started = time.monotonic()
+    result = await invoke_async(
+        ["lab", str(export), "--budget", "1500", "--strategy", "drop_oldest", "--ask",
+         "--model", "test-model", "--base-url", openai_server.base_url, "--timeout", "1",
+         "--json"]
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert time.monotonic() - started < 30
+    (answer,) = LabReport.model_validate_json(result.out).answers
+    assert answer.answer is None and "--timeout" in (answer.error or "")

@@ -101,7 +101,13 @@ def _model(args: argparse.Namespace, sessions: list[RecordedSession]) -> LLMClie
         raise _Failure(EXIT_USAGE, "--ask needs --model: the sessions do not name their model")
     from agent_flow.llm import OpenAIClient
 
-    return OpenAIClient(model, base_url=args.base_url, api_key_env=args.api_key_env, max_retries=0)
+    return OpenAIClient(
+        model,
+        base_url=args.base_url,
+        api_key_env=args.api_key_env,
+        max_retries=0,
+        timeout=args.timeout,
+    )
 
 
 async def _lab_command(args: argparse.Namespace, streams: _Streams) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent_flow._defaults import PRUNING_STRATEGIES
@@ -13,8 +14,11 @@ if TYPE_CHECKING:
 __all__ = ["add_lab_arguments"]
 
 
-def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``lab`` command's arguments (its ``--db`` and ``--config`` come from the parent)."""
+def add_lab_arguments(parser: argparse.ArgumentParser, *, seconds: Callable[[str], float]) -> None:
+    """The ``lab`` command's arguments (its ``--db`` and ``--config`` come from the parent).
+
+    `seconds` reads a number of seconds (``--timeout``), as the other commands do.
+    """
     parser.add_argument(
         "sessions",
         nargs="+",
@@ -82,6 +86,12 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         default="OPENAI_API_KEY",
         metavar="NAME",
         help="the variable holding the API key (default OPENAI_API_KEY)",
+    )
+    ask.add_argument(
+        "--timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="the most one re-asked prompt may take (default 600)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write the HTML report with plots here")

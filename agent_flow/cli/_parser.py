@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub(
         "lab", "replay recorded sessions under candidate pruning strategies and budgets", [db]
     )
-    add_lab_arguments(lab)
+    add_lab_arguments(lab, seconds=_positive_seconds)
     lab.set_defaults(handler=_handler("agent_flow.cli._lab", "_lab_command"))
 
     serve = sub("serve", "serve sessions over HTTP with live event streams (SSE)", [db])
