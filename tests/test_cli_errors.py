@@ -302,6 +302,9 @@ def test_serve_on_a_taken_port_is_a_usage_error_and_shows_no_token(tmp_path: Pat
         result = invoke(["serve", "--port", str(port), "--db", db])
     assert result.code == 2
     assert result.err == (
+        # Served without a config: said at once, not at the first session it refuses.
+        "agent-flow: warning: no model is configured, so every new session will be refused: "
+        "give --config agent.toml naming one ([agent.llm] or [llms.NAME])\n"
         f"agent-flow: error: cannot listen on 127.0.0.1:{port} (Address already in use); "
         "choose another --port, or stop what listens there\n"
     )  # and no "serving" line with a token, for a server that never ran

@@ -527,3 +527,16 @@ async def test_a_session_made_on_one_server_and_run_on_another_shows_the_run_on_
     assert shown["history"]["entries"] == 2
     assert shown["history"]["kinds"] == {"UserMessage": 1, "AgentMessage": 1}
     assert shown["environment"]["task"]["objective"] == "hi"
+
+
+async def test_a_server_without_any_model_says_how_its_operator_gives_one() -> None:
+    config = AgentConfig(context=ContextConfig(counter="approx"))  # no [agent.llm], no [llms]
+    app = create_app(config, store=InMemorySessionStore())
+    async with serving(app) as client:
+        assert (await client.get("/endpoints")).json()["endpoints"] == []
+        refused = await client.post("/sessions", json={})
+    assert refused.status_code == 422 and refused.json()["field"] == "model"
+    assert refused.json()["message"].endswith(
+        "; this server has no model endpoint: its operator starts it with --config agent.toml "
+        "naming one ([agent.llm] or [llms.NAME])"
+    )

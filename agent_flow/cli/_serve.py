@@ -82,6 +82,14 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
 
     demo = _demo(args) if args.demo else None
     config = demo.config if demo is not None else _load_config(args.config, warn)
+    if demo is None and not settings.allow_client_endpoints:
+        from agent_flow.server._endpoints import operator_endpoints
+
+        if not operator_endpoints(config):
+            warn(
+                "no model is configured, so every new session will be refused: give "
+                "--config agent.toml naming one ([agent.llm] or [llms.NAME])"
+            )
     durable = _durable_client(args.config) if demo is None else None
     on_agent = None
     export = None

@@ -29,7 +29,14 @@ from agent_flow.llm.config import LLMConfig, LLMOverrides
 from agent_flow.server._errors import ApiError
 from agent_flow.server.models import SessionOptions
 
-__all__ = ["DEFAULT_ENDPOINT", "EndpointList", "EndpointView", "endpoints", "session_llm"]
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "EndpointList",
+    "EndpointView",
+    "endpoints",
+    "operator_endpoints",
+    "session_llm",
+]
 
 #: The name of the agent config's own model when it does not refer to a named one.
 DEFAULT_ENDPOINT = "default"
@@ -68,7 +75,7 @@ def _default_name(config: AgentConfig) -> str:
     return config.llm if isinstance(config.llm, str) else DEFAULT_ENDPOINT
 
 
-def _operator_endpoints(config: AgentConfig) -> dict[str, LLMConfig]:
+def operator_endpoints(config: AgentConfig) -> dict[str, LLMConfig]:
     """Every endpoint the operator configured, by name (the agent's own first)."""
     found: dict[str, LLMConfig] = {}
     # Without a model of the agent's own, only the named tables are offered.
@@ -85,7 +92,7 @@ def endpoints(config: AgentConfig, *, client_endpoints: bool) -> EndpointList:
     return EndpointList(
         endpoints=[
             EndpointView(name=name, models=list(llm.allowed_models()), default=name == default)
-            for name, llm in _operator_endpoints(config).items()
+            for name, llm in operator_endpoints(config).items()
         ],
         client_endpoints=client_endpoints,
     )
@@ -104,7 +111,7 @@ def session_llm(
         return _client_endpoint(config, options, allowed=client_endpoints)
     if options.llm is None and options.model is None:
         return None
-    known = _operator_endpoints(config)
+    known = operator_endpoints(config)
     name = options.llm if options.llm is not None else _default_name(config)
     endpoint = known.get(name)
     if endpoint is None:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from agent_flow.config import AgentConfig
 from agent_flow.errors import AgentFlowError
-from agent_flow.server._endpoints import session_llm
+from agent_flow.server._endpoints import operator_endpoints, session_llm
 from agent_flow.server._errors import ApiError
 from agent_flow.server.models import SessionOptions
 from agent_flow.server.settings import ServerSettings
@@ -62,7 +62,13 @@ def session_config(
             # Where its requests go must be known now: never a silent fall-back to OpenAI.
             result.resolved_llm().resolved_base_url()
         except AgentFlowError as err:
-            raise ApiError(422, "invalid_option", str(err), field="model") from None
+            said = str(err)
+            if not operator_endpoints(config):
+                said += (
+                    "; this server has no model endpoint: its operator starts it with "
+                    "--config agent.toml naming one ([agent.llm] or [llms.NAME])"
+                )
+            raise ApiError(422, "invalid_option", said, field="model") from None
     return result
 
 
