@@ -555,8 +555,9 @@ def agent_flow_script() -> str:
     return str(script)
 
 
-async def test_ctrl_c_cancels_the_run_keeps_the_session_and_exits_130(
-    openai_server: OpenAIServer, tmp_path: Path
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+async def test_ctrl_c_or_sigterm_cancels_the_run_keeps_the_session_and_exits_130_or_143(
+    openai_server: OpenAIServer, tmp_path: Path, stop: signal.Signals, code: int
 ) -> None:
     openai_server.script(Reply(hang=True))
     db = tmp_path / "s.db"
@@ -580,13 +581,16 @@ async def test_ctrl_c_cancels_the_run_keeps_the_session_and_exits_130(
             line = await process.stdout.readline()
             assert line, "the run ended before asking the model"
             kinds.append(event_from_json(line.decode()).kind)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         out, err = await process.communicate()
 
-    assert process.returncode == 130, err.decode()
+    assert process.returncode == code, err.decode()
     events = [event_from_json(line) for line in out.decode().splitlines()]
     assert events[-1].kind == "run_finished" and events[-1].stop_reason == "cancelled"  # type: ignore[union-attr]
-    assert "cancelled; the session is kept" in err.decode()
+    if stop == signal.SIGINT:
+        assert "cancelled; the session is kept" in err.decode()
+    else:  # before, the process died at once, its session left "active" for the next claim
+        assert err.decode() == "agent-flow: error: terminated\n"
     with sqlite3.connect(db) as conn:
         (status,) = conn.execute("SELECT status FROM sessions").fetchone()
     assert status == "cancelled"

@@ -29,7 +29,8 @@ Exit codes:
   ``AGENT_FLOW_*`` value (named), no API key, an unknown session, a budget too small for the
   tools, a workspace, store path or MCP server that cannot be used;
 - 3: the model endpoint failed: unreachable, timed out, or it refused the key or the request;
-- 130: cancelled with Ctrl-C; the session is kept.
+- 130: cancelled with Ctrl-C; the session is kept;
+- 143: ``run`` or ``chat`` stopped by SIGTERM; the session is kept, as with Ctrl-C.
 
 Errors are one line on stderr, saying what is wrong and what to do.
 """

@@ -15,6 +15,7 @@ EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_MODEL = 3
 EXIT_CANCELLED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process it ended
 
 
 class _Failure(Exception):

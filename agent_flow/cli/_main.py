@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
@@ -27,6 +28,7 @@ from agent_flow.cli._exit import (
     EXIT_CANCELLED,
     EXIT_MODEL,
     EXIT_RUN_FAILED,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     _error_line,
     _Failure,
@@ -85,12 +87,23 @@ def _run(
     import asyncio  # here: ``--help`` and ``--version`` never get this far
 
     output: _Output | None = None
+    terminated = False
 
     async def command() -> int:
         nonlocal output
         task = asyncio.current_task()
         assert task is not None
         output = _Output(streams.stdout, task)
+        if getattr(args, "stop_on_sigterm", False):
+            # A run stopped by SIGTERM (a supervisor, `timeout`) ends as Ctrl-C ends it: its
+            # session saved as interrupted, not left "active" until someone claims it.
+            def terminate() -> None:
+                nonlocal terminated
+                terminated = True
+                task.cancel()
+
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
         return await handler(args, dataclasses.replace(streams, stdout=cast(IO[str], output)))
 
     try:
@@ -99,6 +112,9 @@ def _run(
         _error_line(streams, "cancelled")
         return EXIT_CANCELLED
     except (BrokenPipeError, asyncio.CancelledError):
+        if terminated:
+            _error_line(streams, "terminated")
+            return EXIT_TERMINATED
         if output is None or not output.gone:
             raise
         return EXIT_RUN_FAILED  # the reader went away (`... | head`): stopped quietly

@@ -31,6 +31,7 @@ exit codes:
        server that cannot be used
   3    the model endpoint failed: unreachable, timed out, refused the key or the request
   130  cancelled with Ctrl-C (the session is kept: continue it with --session ID)
+  143  run or chat stopped by SIGTERM (the session is kept, as with Ctrl-C)
 
 environment:
   OPENAI_API_KEY   the API key (or name another variable with --api-key-env)
@@ -281,11 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the agent should do (or your reply, with --session); text piped into "
         "stdin is added after it, or is the task when none is given",
     )
-    run.set_defaults(handler=_handler("agent_flow.cli._run", "_run_command"))
+    run.set_defaults(handler=_handler("agent_flow.cli._run", "_run_command"), stop_on_sigterm=True)
 
     chat = sub("chat", "talk with an agent over one session, message by message", [agent_options])
     chat.description = f"Talk with an agent over one session. At a terminal: {EDITING_HELP}."
-    chat.set_defaults(handler=_handler("agent_flow.cli._chat", "_chat_command"))
+    chat.set_defaults(
+        handler=_handler("agent_flow.cli._chat", "_chat_command"), stop_on_sigterm=True
+    )
 
     demo = sub("demo", "a complete agent run, offline, with a scripted model and no API key")
     demo.add_argument("--slow", action="store_true", help="stream at a watchable pace")
