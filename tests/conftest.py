@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, settings
 
 from tests.openai_server import OpenAIServer
 
-# The fleet tests' fixtures (`fleet`, `store_url`) live with their harness.
-pytest_plugins = ["pytester", "tests.fleet_harness"]
+# Fixtures that live with their harnesses: `fleet` and `store_url` (two `agent-flow serve`
+# processes on one PostgreSQL store), `private_cluster` (a PostgreSQL server of the test's own).
+pytest_plugins = ["pytester", "tests.fleet_harness", "tests.private_postgres"]
 
 # CI has 2 cores shared with other jobs: no deadlines, and no complaints about slow data.
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])

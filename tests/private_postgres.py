@@ -15,6 +15,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,13 @@ def private_postgres_or_skip(**options: tuple[str, ...]) -> PrivatePostgres:
         server.remove()
         raise
     return server
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[PrivatePostgres]:
+    """A started private cluster for one test, removed after it (a conftest plugin's fixture)."""
+    server = private_postgres_or_skip()
+    try:
+        yield server
+    finally:
+        server.remove()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,18 +27,9 @@ import psycopg
 from agent_flow.durable import DurableClient, DurableConfig
 from agent_flow.sessions import open_store
 from tests.durable_helpers import Workers, assert_each_ran_once, counts_of, until
-from tests.private_postgres import PrivatePostgres, private_postgres_or_skip
+from tests.private_postgres import PrivatePostgres
 
 CALLS = 5  # tool calls per run
-
-
-@pytest.fixture
-def cluster() -> Iterator[PrivatePostgres]:
-    server = private_postgres_or_skip()
-    try:
-        yield server
-    finally:
-        server.remove()
 
 
 def _terminate_some(url: str, how_many: int) -> int:
@@ -60,10 +50,10 @@ def _terminate_some(url: str, how_many: int) -> int:
 
 @pytest.mark.timeout(420)
 async def test_every_run_finishes_once_through_a_restart_cut_connections_and_a_kill(
-    cluster: PrivatePostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    private_cluster: PrivatePostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store_url = cluster.create_database("sessions")
-    system_url = cluster.create_database("dbos")
+    store_url = private_cluster.create_database("sessions")
+    system_url = private_cluster.create_database("dbos")
     monkeypatch.setenv("DURABLE_APP_PAUSE", "0.3")
     durable = DurableConfig(enabled=True, system_database_url=system_url, poll_seconds=0.1)
     group = Workers(store_url, system_url, tmp_path)
@@ -83,14 +73,14 @@ async def test_every_run_finishes_once_through_a_restart_cut_connections_and_a_k
             # Mid-run: at least three runs made a call.
             await until(lambda: sum(1 for _, run in runs if counts_of(tmp_path, run)) >= 3, 120)
             # 1. The database restarts: down for three seconds.
-            cluster.stop("fast")
+            private_cluster.stop("fast")
             await asyncio.sleep(3)
-            cluster.start()
+            private_cluster.start()
             # 2. Connections cut at random, the liveness ones among them.
             cut = 0
             for _ in range(4):
                 await asyncio.sleep(0.5)
-                cut += _terminate_some(cluster.url(), 4)
+                cut += _terminate_some(private_cluster.url(), 4)
             assert cut > 0
             # 3. One worker dies after the outage; its runs go to the other.
             first.kill()

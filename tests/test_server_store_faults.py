@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from agent_flow.llm.base import LLMClient
 from agent_flow.server import create_app
 from agent_flow.sessions import InMemorySessionStore, SessionInfo, SQLiteSessionStore
 from agent_flow.testing import ScriptedLLM, reply
-from tests.private_postgres import PrivatePostgres, private_postgres_or_skip
+from tests.private_postgres import PrivatePostgres
 from tests.server_harness import serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,25 +88,16 @@ async def test_a_session_created_meanwhile_elsewhere_is_409_session_exists(tmp_p
     await store.aclose()
 
 
-@pytest.fixture
-def postgres() -> Iterator[PrivatePostgres]:
-    server = private_postgres_or_skip()
-    try:
-        yield server
-    finally:
-        server.remove()
-
-
 async def test_a_store_that_is_down_is_503_store_unavailable_then_works_again(
-    postgres: PrivatePostgres, caplog: pytest.LogCaptureFixture
+    private_cluster: PrivatePostgres, caplog: pytest.LogCaptureFixture
 ) -> None:
     from agent_flow.sessions import PostgresSessionStore
 
-    store = PostgresSessionStore(postgres.url(), connect_timeout=2)
+    store = PostgresSessionStore(private_cluster.url(), connect_timeout=2)
     app = create_app(_config(), store=store, llm_factory=_scripted)
     async with serving(app) as client:
         sid = (await client.post("/sessions", json={})).json()["id"]
-        postgres.stop()
+        private_cluster.stop()
         for method, path, payload in (
             ("POST", f"/sessions/{sid}/messages", {"message": "hello"}),
             ("POST", "/sessions", {}),
@@ -120,10 +110,10 @@ async def test_a_store_that_is_down_is_503_store_unavailable_then_works_again(
             body: dict[str, Any] = response.json()
             assert body["code"] == "store_unavailable" and body["field"] is None
             # The cause (hosts, ports, databases) is for the log, not for the client.
-            assert str(postgres.port) not in json.dumps(body)
+            assert str(private_cluster.port) not in json.dumps(body)
             assert waited < 30, f"{path} waited {waited:.1f} s for the pool"
         assert any("the session store failed" in r.getMessage() for r in caplog.records)
-        postgres.start()
+        private_cluster.start()
         deadline = time.monotonic() + 30
         while True:
             sent = await client.post(f"/sessions/{sid}/messages", json={"message": "again"})
