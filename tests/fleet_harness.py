@@ -26,7 +26,7 @@ import pytest
 
 from agent_flow.sessions import open_store
 from tests.openai_server import OpenAIServer, RecordedRequest, Reply, sse_reply, text_chunks
-from tests.server_harness import EventStream, free_port, serve_command, stream
+from tests.server_harness import EventStream, free_port, marked, running, serve_command, stream
 from tests.store_helpers.postgres import URL, drop_schema, require_postgres
 
 __all__ = [
@@ -57,30 +57,6 @@ MCP_MARK, SERVE_MARK = "AF_FLEET_MCP", "AF_FLEET_SERVE"
 ANSWER = sse_reply(text_chunks("fine"))
 
 # -- processes -----------------------------------------------------------------------------
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie has exited: only its parent has not reaped it yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def marked(name: str, marker: str) -> list[int]:
-    """The running processes whose environment holds ``name=marker``."""
-    needle = f"{name}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and running(int(entry.name)):
-            found.append(int(entry.name))
-    return found
 
 
 async def exited(pids: list[int], seconds: float) -> list[int]:

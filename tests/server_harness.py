@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -147,3 +148,27 @@ async def stream(
         assert response.status_code == 200, await response.aread()
         assert response.headers["content-type"].startswith("text/event-stream")
         yield EventStream(response)
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has exited: only its parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def marked(name: str, marker: str) -> list[int]:
+    """The running processes whose environment holds ``name=marker``."""
+    needle = f"{name}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and running(int(entry.name)):
+            found.append(int(entry.name))
+    return found

@@ -13,7 +13,6 @@ import asyncio
 import socket
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -39,26 +38,9 @@ from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import FunctionLLM, reply
 from tests.helpers import stdio_server
 from tests.openai_server import OpenAIServer, sse_reply, text_chunks
-from tests.server_harness import serving, stream
+from tests.server_harness import marked, serving, stream
 
 JSON = {"Content-Type": "application/json"}
-
-
-def _marked_processes(marker: str) -> list[int]:
-    """The running processes whose environment carries `marker` (this test's MCP servers)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            status = (entry / "stat").read_text()
-        except OSError:
-            continue
-        zombie = status.rsplit(")", 1)[-1].split()[0] == "Z"
-        if f"AF_OWNERSHIP_MARKER={marker}".encode() in environ and not zombie:
-            found.append(int(entry.name))
-    return found
 
 
 class _Server:
@@ -174,7 +156,7 @@ class Ownership(RuleBasedStateMachine):
         runs = [live for live in self.server.manager._live.values() if live.running]
         if runs:
             return  # a run in flight may be between building and closing; checked when idle
-        assert len(_marked_processes(self.marker)) == self.server.live_agents()
+        assert len(marked("AF_OWNERSHIP_MARKER", self.marker)) == self.server.live_agents()
 
     @invariant()
     def deleted_sessions_are_gone(self) -> None:
@@ -183,7 +165,7 @@ class Ownership(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.server.close()
-        assert _marked_processes(self.marker) == []
+        assert marked("AF_OWNERSHIP_MARKER", self.marker) == []
 
 
 def test_every_change_to_a_live_session_has_one_owner() -> None:
@@ -222,14 +204,14 @@ async def test_idle_sessions_beyond_the_limit_are_evicted_least_recent_first_and
                 await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
                 await events.until("run_finished")
             ids.append(sid)
-        assert len(_marked_processes(marker)) == 3
+        assert len(marked("AF_OWNERSHIP_MARKER", marker)) == 3
         evicted = await manager.evict()
         assert evicted == [ids[0]]  # the least recently used, beyond the two kept
         assert manager.loaded(ids[0]) is None
-        assert len(_marked_processes(marker)) == 2
+        assert len(marked("AF_OWNERSHIP_MARKER", marker)) == 2
         # Unused for longer than idle_seconds: all go.
         assert sorted(await manager.evict(now=float("inf"))) == sorted(ids[1:])
-        assert _marked_processes(marker) == []
+        assert marked("AF_OWNERSHIP_MARKER", marker) == []
         # A later message rebuilds the session from the store, its history whole.
         async with stream(client, f"/sessions/{ids[0]}/events", after=-1) as events:
             again = await client.post(f"/sessions/{ids[0]}/messages", json={"message": "more"})
@@ -238,8 +220,8 @@ async def test_idle_sessions_beyond_the_limit_are_evicted_least_recent_first_and
             await events.until("run_finished")
         view = (await client.get(f"/sessions/{ids[0]}")).json()
         assert view["history"]["entries"] == 4
-        assert len(_marked_processes(marker)) == 1
-    assert _marked_processes(marker) == []
+        assert len(marked("AF_OWNERSHIP_MARKER", marker)) == 1
+    assert marked("AF_OWNERSHIP_MARKER", marker) == []
 
 
 async def test_sessions_on_one_endpoint_share_one_sdk_client(
