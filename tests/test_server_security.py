@@ -470,13 +470,15 @@ def test_serve_makes_a_token_and_prints_the_inspector_address_once(tmp_path: Pat
     try:
         assert process.stderr is not None
         line = process.stderr.readline()
+        assert line.startswith("agent-flow: warning: no model is configured")  # no --config
+        line = process.stderr.readline()
         match = re.search(rf"http://127\.0\.0\.1:{port}/#token=(\S+)", line)
         assert match, line
         token = match.group(1)
         assert f"Bearer {token}" in process.stderr.readline()
         base = f"http://127.0.0.1:{port}"
         with httpx2.Client(base_url=base, timeout=10) as client:
-            for _ in range(200):  # the address is printed just before uvicorn binds
+            for _ in range(200):  # bound before the address is printed; served soon after
                 try:
                     refused = client.get("/sessions")
                     break

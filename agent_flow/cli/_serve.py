@@ -119,9 +119,10 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
             listening = _listen(settings.host, settings.port)
             try:
                 await _announce(streams, app, settings, token if made_token else None, demo)
-                await server.serve(sockets=[listening])
+                await server.serve(sockets=listening)
             finally:
-                listening.close()
+                for bound in listening:
+                    bound.close()
     finally:
         if export is not None:
             export.shutdown()  # flushes what is buffered
@@ -163,26 +164,35 @@ async def _announce(
     streams.stderr.flush()
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A socket bound to `host`:`port` (uvicorn listens on it), or a usage error saying why."""
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address of `host` at `port`, or a usage error saying why not.
+
+    Every address, as uvicorn's own binding takes them: ``localhost`` is 127.0.0.1 and ::1.
+    """
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as err:
         raise _Failure(EXIT_USAGE, f"--host {host}: no such address ({err.strerror})") from None
-    listening = socket.socket(family, kind, proto)
+    addresses = list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+    bound: list[socket.socket] = []
     try:
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listening.bind(address)
+        for family, address in addresses:
+            listening = socket.socket(family, socket.SOCK_STREAM)
+            bound.append(listening)
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and len(addresses) > 1:
+                # Beside an IPv4 socket of its own, the IPv6 one takes IPv6 alone.
+                listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listening.bind(address)
     except OSError as err:
-        listening.close()
+        for listening in bound:
+            listening.close()
         raise _Failure(
             EXIT_USAGE,
             f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --port, "
             "or stop what listens there",
         ) from None
-    return listening
+    return bound
 
 
 def _demo(args: argparse.Namespace) -> DemoServer:
