@@ -125,6 +125,37 @@ def test_importing_a_missing_export_is_a_usage_error(tmp_path: Path) -> None:
     assert directory.code == 2 and "is a directory" in directory.err
 
 
+async def test_exporting_to_a_missing_folder_and_importing_an_id_twice_are_usage_errors(
+    tmp_path: Path,
+) -> None:
+    from agent_flow.sessions import SQLiteSessionStore
+
+    db = tmp_path / "s.db"
+    async with SQLiteSessionStore(db) as store:
+        info = await store.create(agent="agent", title="kept")
+    nowhere = tmp_path / "no" / "x.jsonl"
+    missing = await invoke_async(
+        ["sessions", "export", info.id, "-o", str(nowhere), "--db", str(db)]
+    )
+    assert missing.code == 2
+    assert missing.err == (
+        f"agent-flow: error: -o {nowhere}: the folder {nowhere.parent} does not exist; create "
+        "it first\n"
+    )  # before: exit 1, naming the temporary file the export is written to first
+    export = tmp_path / "x.jsonl"
+    written = await invoke_async(
+        ["sessions", "export", info.id, "-o", str(export), "--db", str(db)]
+    )
+    assert written.code == 0, written.err
+    twice = await invoke_async(["sessions", "import", str(export), "--db", str(db)])
+    assert twice.code == 2, twice.err
+    assert twice.err.endswith("; or import it under another id with --id NEW_ID\n"), twice.err
+    renamed = await invoke_async(
+        ["sessions", "import", str(export), "--id", "copy", "--db", str(db)]
+    )
+    assert renamed.code == 0, renamed.err
+
+
 def test_a_run_without_a_task_is_a_usage_error() -> None:
     result = invoke(["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
     assert result.code == 2

@@ -9,6 +9,7 @@ from pathlib import Path
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli.render import format_cost
 from agent_flow.config import load_store_config
+from agent_flow.errors import SessionExistsError
 from agent_flow.sessions import SessionInfo, SessionStore, open_store, store_location
 
 
@@ -167,6 +168,8 @@ def _entry_line(data: dict[str, object]) -> str:
 
 
 async def _sessions_export(args: argparse.Namespace, streams: _Streams) -> int:
+    if args.output:
+        _check_output_folder(args.output)
     async with _store(args) as store:
         if args.output:
             await store.export(args.id, args.output)
@@ -174,6 +177,15 @@ async def _sessions_export(args: argparse.Namespace, streams: _Streams) -> int:
         else:
             await store.export(args.id, streams.stdout)
     return EXIT_OK
+
+
+def _check_output_folder(file: str) -> None:
+    """Refuse an export path whose folder does not exist (a usage mistake, not the store's)."""
+    folder = Path(file).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise _Failure(
+            EXIT_USAGE, f"-o {file}: the folder {folder} does not exist; create it first"
+        )
 
 
 def _check_export_file(file: str) -> None:
@@ -189,7 +201,12 @@ def _check_export_file(file: str) -> None:
 async def _sessions_import(args: argparse.Namespace, streams: _Streams) -> int:
     _check_export_file(args.file)
     async with _store(args) as store:
-        info = await store.import_(args.file, session_id=args.id)
+        try:
+            info = await store.import_(args.file, session_id=args.id)
+        except SessionExistsError as err:
+            raise _Failure(
+                EXIT_USAGE, f"{err}; or import it under another id with --id NEW_ID"
+            ) from None
     streams.stdout.write(
         f"imported session {info.id} ({info.entry_count} entries) into {store_location(store)}\n"
     )

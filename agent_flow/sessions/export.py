@@ -142,7 +142,10 @@ def _write_lines(lines: Iterable[str], target: str | Path | IO[str]) -> None:
         partial.replace(path)
     except OSError as err:
         partial.unlink(missing_ok=True)
-        raise StoreError(f"cannot write the export to {str(path)!r}: {err}") from err
+        # The reason alone: the error names the temporary file the export is written to first.
+        raise StoreError(
+            f"cannot write the export to {str(path)!r}: {err.strerror or err}"
+        ) from err
 
 
 def _read_lines(source: str | Path | IO[str], label: str) -> list[str]:
