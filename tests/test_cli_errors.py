@@ -342,6 +342,9 @@ def test_serve_on_a_taken_port_is_a_usage_error_and_shows_no_token(tmp_path: Pat
     wrong = invoke(["serve", "--port", "99999", "--db", db])
     assert wrong.code == 2
     assert wrong.err.startswith("agent-flow: error: --port: Input should be less than or equal")
+    no_root = invoke(["serve", "--workspace-root", str(tmp_path / "nope"), "--db", db])
+    assert no_root.code == 2
+    assert no_root.err.endswith(f"--workspace-root {tmp_path / 'nope'} is not a directory\n")
     nowhere = invoke(["serve", "--host", "nosuchhost.invalid", "--token", "t" * 32, "--db", db])
     assert nowhere.code == 2 and "--host nosuchhost.invalid: no such address" in nowhere.err
 

@@ -68,6 +68,9 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
         )
         if tokens_file is not None:
             Users.from_file(Path(tokens_file))  # a broken file is a usage error, now
+        for root in settings.workspace_roots:
+            if not root.is_dir():  # no session could ever choose a workspace under it
+                raise _Failure(EXIT_USAGE, f"--workspace-root {root} is not a directory")
     except ValidationError as err:
         first = err.errors()[0]
         message = str(first["msg"]).removeprefix("Value error, ")
