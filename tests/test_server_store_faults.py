@@ -7,6 +7,7 @@ with an `ErrorBody`: 409 ``session_exists``, 503 ``store_unavailable``, on a rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the server tests need the 'server' extra")
 
 from agent_flow.config import AgentConfig, ContextConfig
-from agent_flow.errors import SessionExistsError, SessionNotFoundError, StoreError
+from agent_flow.errors import SessionExistsError, StoreError
 from agent_flow.llm.base import LLMClient
 from agent_flow.server import create_app
 from agent_flow.sessions import InMemorySessionStore, SessionInfo, SQLiteSessionStore
@@ -37,14 +38,13 @@ def _scripted(config: AgentConfig) -> LLMClient:
 
 
 class _CreatedMeanwhile(SQLiteSessionStore):
-    """A store where another process creates each session right after it was looked up."""
+    """A store where another process creates each session named by id just before this one."""
 
-    async def info(self, session_id: str) -> SessionInfo:
-        try:
-            return await super().info(session_id)
-        except SessionNotFoundError:
-            await super().create(session_id=session_id, agent="agent", title="theirs")
-            raise
+    async def create(self, *, session_id: str | None = None, **fields: Any) -> SessionInfo:
+        if session_id is not None:
+            with contextlib.suppress(SessionExistsError):
+                await super().create(session_id=session_id, agent="agent", title="theirs")
+        return await super().create(session_id=session_id, **fields)
 
 
 @pytest.mark.parametrize("store", ["memory", "sqlite"])

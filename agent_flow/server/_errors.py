@@ -41,6 +41,7 @@ from agent_flow.errors import (
 __all__ = [
     "ApiError",
     "install_error_handlers",
+    "run_in_progress",
     "send_error",
     "session_exists",
     "session_not_found",
@@ -90,6 +91,17 @@ def session_exists(session_id: str | None) -> ApiError:
     """409: a session with the id asked for is already stored."""
     message = f"session {session_id!r} exists; choose another id or omit it"
     return ApiError(409, "session_exists", message, field="session_id")
+
+
+def run_in_progress(session_id: str | None, run_id: str, where: str = "") -> ApiError:
+    """409: the session runs `run_id` (`where`: in which process, when said)."""
+    who = "the session" if session_id is None else f"session {session_id!r}"
+    return ApiError(
+        409,
+        "run_in_progress",
+        f"{who} is running {run_id}{where}; wait for it to finish or cancel it",
+        run_id=run_id,
+    )
 
 
 def _rebuild_api_error(status: int, code: str, message: str, field: str, run_id: str) -> ApiError:
@@ -156,15 +168,9 @@ def install_error_handlers(app: FastAPI) -> None:
         # Routes answer the store's refusals they expect; these come from a race with another
         # request or process, or from the store itself failing.
         if isinstance(err, SessionExistsError):
-            refusal = session_exists(None)
+            refusal = ApiError(409, "session_exists", str(err), field="session_id")
         elif isinstance(err, SessionBusyError):
-            refusal = ApiError(
-                409,
-                "run_in_progress",
-                f"the session is running {err.run_id} (in this or another process); wait for "
-                "it to finish or cancel it",
-                run_id=err.run_id,
-            )
+            refusal = run_in_progress(None, err.run_id, " (in this or another process)")
         else:
             # A dropped connection, a database that is down: the cause stays in the log (it
             # may name hosts and databases); the client learns that it may try again.

@@ -47,7 +47,12 @@ from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMClient
 from agent_flow.server._auth import ADMIN, User, audit_log
 from agent_flow.server._clients import ModelClients
-from agent_flow.server._errors import ApiError, session_exists, session_not_found
+from agent_flow.server._errors import (
+    ApiError,
+    run_in_progress,
+    session_exists,
+    session_not_found,
+)
 from agent_flow.server._live import LiveSession, buffering_recorder
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
@@ -123,10 +128,6 @@ class SessionManager:
             request.model_dump(include=set(SessionOptions.model_fields))
         )
         self.session_config(options)
-        if request.session_id is not None:
-            with contextlib.suppress(SessionNotFoundError):
-                await self.store.info(request.session_id)
-                raise session_exists(request.session_id)
         try:
             info = await self.store.create(
                 session_id=request.session_id,
@@ -135,7 +136,7 @@ class SessionManager:
                 metadata={"server_options": options.model_dump(mode="json", exclude_none=True)},
                 owner=owner,
             )
-        except SessionExistsError:  # created meanwhile, by another request or process
+        except SessionExistsError:  # the store's insert decides, across processes too
             raise session_exists(request.session_id) from None
         self._live[info.id] = self._new_live(info.id, options, owner)
         return info
@@ -358,13 +359,7 @@ class SessionManager:
         """
         async with self.owned(session_id) as live:
             if live.running:
-                raise ApiError(
-                    409,
-                    "run_in_progress",
-                    f"session {session_id!r} is running {live.run_id}; wait for it to finish "
-                    "or cancel it",
-                    run_id=live.run_id or "",
-                )
+                raise run_in_progress(session_id, live.run_id or "")
             if self.durable is not None:
                 return await self._enqueue(live, self.durable, message, trace)
             run_id = uuid.uuid4().hex
@@ -379,13 +374,8 @@ class SessionManager:
                     ttl=SESSION_LEASE_SECONDS,
                 )
             except SessionBusyError as err:
-                raise ApiError(
-                    409,
-                    "run_in_progress",
-                    f"session {session_id!r} is running {err.run_id} (in this or another "
-                    "process); wait for it to finish or cancel it",
-                    run_id=err.run_id,
-                ) from None
+                where = " (in this or another process)"
+                raise run_in_progress(session_id, err.run_id, where) from None
             try:
                 if live.agent is not None and lease.fence != live.fence + 1:
                     # Another process ran the session since this agent was built: its history
@@ -432,13 +422,7 @@ class SessionManager:
         if info.lease_run is not None:
             # Claimed in the store by a run this server does not follow (a worker's, or
             # another server's): answered as a run of its own would be.
-            raise ApiError(
-                409,
-                "run_in_progress",
-                f"session {live.id!r} is running {info.lease_run} (in another process); wait "
-                "for it to finish or cancel it",
-                run_id=info.lease_run,
-            )
+            raise run_in_progress(live.id, info.lease_run, " (in another process)")
         # The queued run carries the requester's trace to the worker that executes it.
         with attached_context(trace):
             handle = await durable.enqueue(live.id, message, config=config, run_id=uuid.uuid4().hex)
