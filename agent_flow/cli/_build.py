@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from agent_flow.agent import AgentExecutor, tool_executor_from_config
-from agent_flow.cli._exit import EXIT_USAGE, _Failure
+from agent_flow.cli._exit import EXIT_USAGE, _Failure, _flag_failure
 from agent_flow.config import AgentConfig, ConfigWarning, load_config
 from agent_flow.errors import ConfigError, ContextBudgetError
 from agent_flow.llm import LLMConfig, LLMOverrides, OpenAIClient, resolve_llm_config
@@ -152,9 +152,7 @@ def _llm_config(config: AgentConfig, args: argparse.Namespace) -> LLMConfig:
             timeout=getattr(args, "timeout", None),
         )
     except ValidationError as err:  # e.g. --model "$MODEL" with MODEL unset
-        first = err.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "a flag"
-        raise _Failure(EXIT_USAGE, f"{flag}: {first['msg']}") from None
+        raise _flag_failure(err) from None
     own = config.llm_overrides
     has_model = config.llm is not None or (own is not None and own.model is not None)
     if has_model:

@@ -8,7 +8,10 @@ line, which `_error_line` writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
@@ -41,3 +44,12 @@ class _Streams:
 def _error_line(streams: _Streams, message: str) -> None:
     streams.stderr.write(f"agent-flow: error: {' '.join(message.split())}\n")
     streams.stderr.flush()
+
+
+def _flag_failure(err: ValidationError) -> _Failure:
+    """The usage error for settings made from flags: the first problem, named by its flag."""
+    first = err.errors()[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if first["loc"]:
+        message = f"--{str(first['loc'][0]).replace('_', '-')}: {message}"
+    return _Failure(EXIT_USAGE, message)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from agent_flow.cli._build import _load_config
-from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
+from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _flag_failure, _Streams
 from agent_flow.cli._run import _OTLP_ENDPOINTS
 from agent_flow.cli._sessions import _check_db, _store
 from agent_flow.errors import ConfigError
@@ -72,11 +72,7 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
             if not root.is_dir():  # no session could ever choose a workspace under it
                 raise _Failure(EXIT_USAGE, f"--workspace-root {root} is not a directory")
     except ValidationError as err:
-        first = err.errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if first["loc"]:
-            message = f"--{str(first['loc'][0]).replace('_', '-')}: {message}"
-        raise _Failure(EXIT_USAGE, message) from None
+        raise _flag_failure(err) from None
     except ConfigError as err:
         raise _Failure(EXIT_USAGE, str(err)) from None
 
