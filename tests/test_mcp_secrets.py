@@ -79,3 +79,7 @@ def test_a_bearer_token_is_redacted_alone_too_and_plain_headers_are_not() -> Non
     assert redactor.redact(f"token={TOKEN}; trace={PLAIN}") == (
         f"token=[REDACTED:web.Authorization]; trace={PLAIN}"
     )
+    # Registered again (an agent's tools are, on every list change): nothing new to compile.
+    compiled = redactor._compiled()
+    redactor.add_server("web", None, {"Authorization": f"Bearer {TOKEN}"})
+    assert redactor._compiled() is compiled

@@ -108,8 +108,9 @@ class SecretRedactor:
         if not value or len(value) < self.min_length:
             return
         with self._lock:
-            self._values.setdefault(value, name)
-            self._pattern = None
+            if value not in self._values:  # one known already keeps the compiled pattern
+                self._values[value] = name
+                self._pattern = None
 
     def add_env(self, *names: str, environ: Mapping[str, str] | None = None) -> None:
         """Treat the values of the environment variables `names` as secrets (unset ones: no-op)."""
