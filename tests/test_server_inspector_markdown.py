@@ -116,7 +116,14 @@ _PLAIN = st.text(alphabet=st.sampled_from("abcdefghijklmnopqrstuvwxyz ABCXYZ,;?'
 
 
 @settings(max_examples=100)
-@given(lines=st.lists(_PLAIN.filter(str.strip), min_size=1, max_size=4))
+# Two trailing spaces are Markdown (a hard break, <br>), not plain prose.
+@given(
+    lines=st.lists(
+        _PLAIN.filter(lambda line: bool(line.strip()) and not line.endswith("  ")),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_plain_prose_comes_out_as_it_went_in(render: Render, lines: list[str]) -> None:
     out = render("\n".join(lines))
     assert out["tags"] == ["p"]
