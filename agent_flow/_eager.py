@@ -1,4 +1,6 @@
-"""`start_eagerly`: start a coroutine in the caller's task, as Python 3.12's eager tasks do.
+"""Running a coroutine in the caller's task where asyncio would give it a task of its own.
+
+`start_eagerly`: start a coroutine in the caller's task, as Python 3.12's eager tasks do.
 
 A new task runs at the loop's next turn, behind every callback already ready: on a busy loop
 that is tens or hundreds of milliseconds. Work that can start at once (a write to a socket
@@ -7,19 +9,31 @@ turn. `start_eagerly` runs the awaitable in the caller's task up to its first wa
 the rest, if any, goes on in a task. Python 3.11 has no ``eager_start``: this is that, for
 one awaitable.
 
-The first part runs in the caller's task, so it must not depend on which task runs it (an
-``asyncio.timeout`` entered there would belong to the caller).
+`in_own_context`: await a coroutine in the caller's task, but in a copy of the caller's
+context, as a task of its own would run it: a context variable it sets stays its own. The
+copy's `OWN_CONTEXT` is a new marker, so code that must reset a context variable's token in
+the context that set it can tell the copy from its task's context (``asyncio.current_task``
+is the same in both).
+
+The first part of `start_eagerly`'s awaitable runs in the caller's task, so it must not depend
+on which task runs it (an ``asyncio.timeout`` entered there would belong to the caller).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Generator
+import contextvars
+from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["start_eagerly"]
+__all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly"]
 
 _T = TypeVar("_T")
+
+#: A marker of the `in_own_context` copy running now (None in a task's own context).
+OWN_CONTEXT: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "agent_flow.own_context", default=None
+)
 
 
 def start_eagerly(awaitable: Awaitable[_T]) -> asyncio.Future[_T]:
@@ -68,3 +82,31 @@ class _Resumed(Awaitable[_T]):
                     waiting = self._steps.send(None)
                 except StopIteration as done:
                     return done.value  # type: ignore[no-any-return]
+
+
+async def in_own_context(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Await `coroutine` in this task, each of its steps in one copy of the current context."""
+    context = contextvars.copy_context()
+    context.run(OWN_CONTEXT.set, object())
+    return await _InContext(coroutine, context)
+
+
+class _InContext(Awaitable[_T]):
+    def __init__(self, coroutine: Coroutine[Any, Any, _T], context: contextvars.Context) -> None:
+        self._coroutine = coroutine
+        self._context = context
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        run, send, throw = self._context.run, self._coroutine.send, self._coroutine.throw
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                waiting = run(send, value) if error is None else run(throw, error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                value = yield waiting
+            except BaseException as err:  # cancellation included: the coroutine handles it
+                error = err

@@ -308,3 +308,31 @@ async def test_a_delegated_childs_lifecycle_and_approval_reach_the_agui_client()
     text = "".join(e["delta"] for e in got if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "parent done"
     assert got[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_events_queued_together_go_out_in_one_write() -> None:
+    # A tool call alone is three AG-UI events; what the stream finds queued is one write.
+    script = [reply("", tool_calls=[call("note", key=f"k{i}", value="v")]) for i in range(4)]
+    model = ScriptedLLM([*script, reply("done")])
+    app = create_app(
+        CONFIG,
+        store=InMemorySessionStore(),
+        llm_factory=lambda config: model,
+        tools_factory=_tools,
+    )
+    writes = 0
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        async def counted(message: dict[str, Any]) -> None:
+            nonlocal writes
+            if scope.get("path") == "/agui" and message.get("body"):
+                writes += 1
+            await send(message)
+
+        await app(scope, receive, counted)
+
+    async with serving(counting) as client:
+        events = await _run(client, _input("batched", "r1", "take notes"))
+    assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+    assert Counter(e["type"] for e in events)["TOOL_CALL_RESULT"] == 4
+    assert writes < len(events) / 2, f"{writes} writes for {len(events)} events"

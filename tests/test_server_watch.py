@@ -280,9 +280,10 @@ async def _never_reading(client: httpx2.AsyncClient, head: str, body: bytes = b"
 
 
 async def _read_until(sock: socket.socket, marker: bytes) -> bytes:
-    """What the stalled client finally reads, up to `marker` (chunk framing left in)."""
+    """What the stalled client finally reads, up to the end of the frame that holds `marker`
+    (chunk framing left in: a frame may span chunks)."""
     received = b""
-    while marker not in received:
+    while marker not in received or b"\n\n" not in received[received.index(marker) :]:
         chunk = await asyncio.get_running_loop().sock_recv(sock, 65536)
         assert chunk, f"the stream ended before {marker!r}"
         received += chunk

@@ -73,6 +73,7 @@ from agent_flow.events import (
 )
 from agent_flow.server._agui_input import APPROVAL_PREFIX, APPROVAL_TOOL
 from agent_flow.server._agui_state import StateReplica
+from agent_flow.server._live import BATCH
 from agent_flow.server.models import SESSION_ID_PATTERN
 
 __all__ = ["EMITTED", "MAPPING", "UNMAPPED", "AgUiInput", "AgUiRun"]
@@ -314,22 +315,36 @@ class AgUiRun:
         return [StepFinishedEvent(step_name=step)]
 
     async def stream(self, subscription: Subscription, agent_run_id: str) -> AsyncIterator[str]:
-        """Encode the run's AG-UI events as SSE frames, until it finishes."""
+        """Encode the run's AG-UI events as SSE frames, until it finishes.
+
+        Whatever is queued when the stream's task gets its turn goes out as one chunk (one
+        write), up to `BATCH` of the run's events: a tool call alone is three AG-UI events.
+        """
         try:
-            for opening in self.opening():
-                yield self.encoder.encode(opening)
-            async for event in subscription:
-                if event.run_id != agent_run_id:
-                    if event.path[:1] == (agent_run_id,) and event.kind in DELEGATED_KINDS:
-                        value = json.loads(event.model_dump_json())
-                        yield self.encoder.encode(CustomEvent(name="delegated", value=value))
-                    continue
-                for out in self.translate(event):
-                    yield self.encoder.encode(out)
-                if isinstance(event, RunFinished):
+            yield "".join(self.encoder.encode(opening) for opening in self.opening())
+            while (event := await anext(subscription, None)) is not None:
+                frames: list[str] = []
+                finished = self._encode(event, agent_run_id, frames)
+                for _ in range(BATCH - 1):
+                    if finished or not subscription.queued:
+                        break  # reading on would wait: send what there is first
+                    finished = self._encode(await anext(subscription), agent_run_id, frames)
+                if frames:
+                    yield "".join(frames)
+                if finished:
                     return
         finally:
             await subscription.aclose()
+
+    def _encode(self, event: AgentEvent, agent_run_id: str, frames: list[str]) -> bool:
+        """Append the frames of `event` to `frames`; whether it ends the run."""
+        if event.run_id != agent_run_id:
+            if event.path[:1] == (agent_run_id,) and event.kind in DELEGATED_KINDS:
+                value = json.loads(event.model_dump_json())
+                frames.append(self.encoder.encode(CustomEvent(name="delegated", value=value)))
+            return False
+        frames.extend(self.encoder.encode(out) for out in self.translate(event))
+        return isinstance(event, RunFinished)
 
 
 def _tool_call(call_id: str, name: str, arguments: str) -> list[BaseEvent]:

@@ -46,6 +46,7 @@ from agent_flow.errors import (
 from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMClient
 from agent_flow.server._auth import ADMIN, User, audit_log
+from agent_flow.server._batching import batched_steps
 from agent_flow.server._clients import ModelClients
 from agent_flow.server._errors import (
     ApiError,
@@ -407,7 +408,7 @@ class SessionManager:
             live.run_id = run_id
             for _, event in ended:
                 await live.bus.publish(event)
-            live.task = asyncio.create_task(_drive(session_id, coroutine, trace))
+            live.task = asyncio.create_task(batched_steps(_drive(session_id, coroutine, trace)))
         return run_id, base
 
     async def _enqueue(

@@ -5,10 +5,13 @@ the watcher's `push` (see `LiveSession.watch`), and its write is started right t
 (`agent_flow._eager.start_eagerly`). Handing the event to the response's own task instead would
 make it wait for that task's turn on the event loop, behind every other ready callback: with a
 hundred busy sessions in one process that wait is tens to hundreds of milliseconds, while the
-write itself takes microseconds. Only when a write cannot finish at once (the client reads
-slowly and the transport pauses) do later events queue, under the watcher's back-pressure
-policy, and the response's task sends them in batches (one write per batch) once that write is
-through; the stored events of a resumed stream come the same way. An empty batch becomes a
+write itself takes microseconds. The events a run publishes in one step of its task (from one
+wait to the next) go out in one write, when the step ends (`agent_flow.server._batching`):
+one system call per step and client, where each event was one. Only when a write cannot
+finish at once (the client reads slowly and the transport pauses) do later events queue,
+under the watcher's back-pressure policy, and the response's task sends them in batches (one
+write per batch) once that write is through; the stored events of a resumed stream come the
+same way. An empty batch becomes a
 keep-alive comment. Every watcher of a session writes the same bytes for an event: it is
 encoded once.
 
@@ -34,9 +37,14 @@ from starlette.types import Send
 
 from agent_flow._eager import start_eagerly
 from agent_flow.events import AgentEvent, BackpressurePolicy
+from agent_flow.server._batching import current as current_batch
 from agent_flow.server._live import LiveSession
 
-__all__ = ["SSE_HEADERS", "EventStreamResponse"]
+__all__ = ["HELD_BYTES", "SSE_HEADERS", "EventStreamResponse"]
+
+#: Most bytes of frames a batched step holds before it writes them: asyncio's transports pause
+#: their writers (a client that reads slowly) once 64 KiB wait in their buffers.
+HELD_BYTES = 64 * 1024
 
 #: Headers of every event stream: no caching, and no buffering by an nginx in front.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -103,22 +111,50 @@ class _Writer:
         #: A pushed write that could not finish at once (it goes on in a task).
         self._pending: asyncio.Future[None] | None = None
         self._failure: Exception | None = None
+        #: Frames pushed in the running batched step (`agent_flow.server._batching`).
+        self._held: list[bytes] = []
+        self._held_bytes = 0
 
     def push(self, event_id: int | None, event: AgentEvent) -> bool:
-        """Write `event` now if nothing is being written (True), else decline it (False)."""
+        """Take `event` if nothing is being written (True), else decline it (False).
+
+        A taken event is written now, or with the rest of its step in a batched step.
+        """
         if self._busy or (self._pending is not None and not self._pending.done()):
             return False
         if self._failure is not None:
             return True  # the stream is broken; its task ends it at its next write
+        frame = _frame(event_id, event)
+        batch = current_batch()
+        if batch is None:
+            self._start(frame)
+            return True
+        if not self._held:
+            batch.hold(self._flush)
+        self._held.append(frame)
+        self._held_bytes += len(frame)
+        if self._held_bytes >= HELD_BYTES:
+            # A step that publishes a lot writes as it goes: a write the client's connection
+            # cannot take at once then declines the next events, which queue under the
+            # watcher's policy, as they do without batches.
+            self._flush()
+        return True
+
+    def _flush(self) -> None:
+        """Write the frames held in the step so far, in one write."""
+        held, self._held, self._held_bytes = self._held, [], 0
+        if held and self._failure is None:
+            self._start(held[0] if len(held) == 1 else b"".join(held))
+
+    def _start(self, chunk: bytes) -> None:
         # Whatever a client's broken connection raises is kept (`_finished`), never raised
         # into the run that publishes.
-        pending = start_eagerly(self._send(_body(_frame(event_id, event))))
+        pending = start_eagerly(self._send(_body(chunk)))
         if pending.done():
             self._finished(pending)
         else:
             self._pending = pending
             pending.add_done_callback(self._finished)
-        return True
 
     def _finished(self, pending: asyncio.Future[None]) -> None:
         if not pending.cancelled() and pending.exception() is not None:
@@ -141,6 +177,7 @@ class _Writer:
 
     def abandon(self) -> None:
         """Stop a pushed write still under way (the stream is over)."""
+        self._held, self._held_bytes = [], 0
         if self._pending is not None and not self._pending.done():
             self._pending.cancel()
 

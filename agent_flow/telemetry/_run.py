@@ -1,11 +1,12 @@
 """One recorded run's state, and the spans it made current.
 
 `RunSpans` holds what the tracer keeps between a run's events: its open spans, the model call
-in flight, the tools offered. `attach` makes a span current in the calling task; `detach`
-undoes it together with whatever that task attached after it (innermost first), and only in
-the task that attached it: a context is never reset from another task (OpenTelemetry would
-log an error, and that task's context would be corrupted), and a task that ended took its
-context with it.
+in flight, the tools offered. `attach` makes a span current in the calling context; `detach`
+undoes it together with whatever that context attached after it (innermost first), and only
+in the context that attached it: a context is never reset from another (OpenTelemetry would
+log an error, and that context would be corrupted), and a task that ended took its context
+with it. A context is its task's, or the copy a turn's only tool call runs in
+(`agent_flow._eager.in_own_context`), which ends with the call.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import set_span_in_context
 
+from agent_flow._eager import OWN_CONTEXT
+
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
@@ -27,15 +30,20 @@ if TYPE_CHECKING:
     from agent_flow.prompt import PromptBreakdown
     from agent_flow.telemetry._metrics import CallAttributes
 
-__all__ = ["RunSpans", "attach", "current_task", "detach"]
+__all__ = ["Place", "RunSpans", "attach", "current_place", "detach"]
+
+#: Where code runs: its task (None outside one: a hook called by hand), and the marker of the
+#: `in_own_context` copy it runs in (None: its task's own context).
+Place = tuple["asyncio.Task[Any] | None", object | None]
 
 
-def current_task() -> asyncio.Task[Any] | None:
-    """The running task (``None`` outside one: a hook called by hand)."""
+def current_place() -> Place:
+    """The context running now (see `Place`)."""
     try:
-        return asyncio.current_task()
+        task = asyncio.current_task()
     except RuntimeError:
-        return None
+        task = None
+    return task, OWN_CONTEXT.get()
 
 
 @dataclass(eq=False)
@@ -75,30 +83,28 @@ class RunSpans:
     iteration: int = 0
     # False when no SDK records spans (the API's no-op tracer): only metrics are kept.
     recording: bool = True
-    # The contexts made current, innermost last: (what, in which task, the token).
-    current: list[tuple[str, asyncio.Task[Any] | None, Token[Context]]] = field(
-        default_factory=list
-    )
+    # The contexts made current, innermost last: (what, where, the token).
+    current: list[tuple[str, Place, Token[Context]]] = field(default_factory=list)
     # The tracer installed as a model-call observer, in the run's task.
-    observing: tuple[asyncio.Task[Any] | None, Token[tuple[ModelCallObserver, ...]]] | None = None
+    observing: tuple[Place, Token[tuple[ModelCallObserver, ...]]] | None = None
 
 
 def attach(run: RunSpans, what: str, span: Span) -> None:
-    """Make `span` current in this task, as `what` (the run, the chat, a tool call's id)."""
+    """Make `span` current in this context, as `what` (the run, the chat, a tool call's id)."""
     token = otel_context.attach(set_span_in_context(span))
-    run.current.append((what, current_task(), token))
+    run.current.append((what, current_place(), token))
 
 
 def detach(run: RunSpans, what: str) -> None:
-    """Stop `what` being current: in this task, with whatever was attached after it."""
-    task = current_task()
+    """Stop `what` being current: in this context, with whatever was attached after it."""
+    place = current_place()
     for index in range(len(run.current) - 1, -1, -1):
         if run.current[index][0] != what:
             continue
-        if run.current[index][1] is task:
+        if run.current[index][1] == place:
             for later in range(len(run.current) - 1, index - 1, -1):
-                if run.current[later][1] is task:
+                if run.current[later][1] == place:
                     otel_context.detach(run.current.pop(later)[2])
         else:
-            del run.current[index]  # its task has the context, and ends with it
+            del run.current[index]  # another context has it, and ends with its task or call
         return

@@ -64,7 +64,7 @@ from agent_flow.telemetry._content import (
 from agent_flow.telemetry._metrics import CallAttributes
 from agent_flow.telemetry._providers import provider_name
 from agent_flow.telemetry._run import RunSpans as _RunSpans
-from agent_flow.telemetry._run import attach, current_task, detach
+from agent_flow.telemetry._run import attach, current_place, detach
 from agent_flow.telemetry._story import ns
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class _EventTracer:
             attach(run, _RUN, span)
         if recording or self._metrics is not None:
             token = MODEL_CALL_OBSERVERS.set((*MODEL_CALL_OBSERVERS.get(), self))
-            run.observing = (current_task(), token)
+            run.observing = (current_place(), token)
 
     def _run_finished(self, run: _RunSpans, event: RunFinished) -> None:
         del self._runs[event.run_id]
@@ -220,7 +220,7 @@ class _EventTracer:
             self._call_failed(run, "run_ended", end=ns(event.timestamp))
         if run.recording:
             self._end_run(run, event)
-        if run.observing is not None and run.observing[0] is current_task():
+        if run.observing is not None and run.observing[0] == current_place():
             MODEL_CALL_OBSERVERS.reset(run.observing[1])
         if self._metrics is not None:
             self._metrics.operation(

@@ -21,7 +21,8 @@ the agent loop. For each `ToolCall` it:
    raises is reported in the outcome, the result is kept.
 
 The calls of one turn run concurrently in an `asyncio.TaskGroup` and the outcomes come back in
-call order. Cancelling `execute` cancels the running tools.
+call order; a turn's only call runs in the caller's task, in a copy of its context as a task
+would be. Cancelling `execute` cancels the running tools.
 
 In a durable run (a step runner is set, see `agent_flow._checkpoints`) each invocation is a
 step recording its `ToolResult`. Recovery matches steps by position, so the calls of a turn
@@ -58,6 +59,7 @@ from agent_flow._defaults import (
     DEFAULT_TOOL_TIMEOUT,
     LARGE_TEXT_CHARS,
 )
+from agent_flow._eager import in_own_context
 from agent_flow._text import truncate_to_tokens
 from agent_flow._types import JsonObject
 from agent_flow._utils import conforms
@@ -309,6 +311,9 @@ class ToolExecutor(ToolRegistry):
         elif runner is not None and runner.sequential_tools:
             for index, call in enumerate(calls):
                 await run(index, call)
+        elif len(calls) == 1:
+            # A task of its own would cost a turn of the event loop; its own context is kept.
+            await in_own_context(run(0, calls[0]))
         else:
             async with asyncio.TaskGroup() as group:
                 for index, call in enumerate(calls):

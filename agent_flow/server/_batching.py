@@ -1,0 +1,118 @@
+"""Step batches: what a run's task writes to its SSE clients in one step goes out in one write.
+
+A task runs in steps: from one wait to the next, without letting any other task in. A run
+publishes several events in most steps (after a tool returns: ``tool_call_completed``,
+``environment_updated``, ``iteration_started``, ``context_built``, then it waits for the
+model), and each was one ``send`` to the client's socket. `batched_steps` wraps the run's
+coroutine so that a step holds the frames its events make (`StepBatch.hold`) and writes them
+when the step ends, as the task waits or finishes: one system call for each client per step,
+not per event. No event waits for anything but the rest of the step it was published in (the
+run's own synchronous work, not other tasks' turns on the event loop, which is what a flush
+scheduled with ``call_soon`` waits for under load).
+
+Writes made outside a batched step (an event published by a request's task, or by a task a
+run starts, such as one of its parallel tool calls) go out at once, as before: `current`
+is None there.
+
+The batch belongs to the thread's running step: `current` is set only while the wrapped
+coroutine runs, and every step flushes its writers before it hands control back, so a held
+frame never waits past the step and never overtakes a write made after it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, TypeVar
+
+__all__ = ["StepBatch", "batched_steps", "current"]
+
+_T = TypeVar("_T")
+
+_state = threading.local()
+
+
+class StepBatch:
+    """The flushes owed at the end of the current step, in the order they were first held."""
+
+    __slots__ = ("_flushes",)
+
+    def __init__(self) -> None:
+        self._flushes: list[Callable[[], None]] = []
+
+    def hold(self, flush: Callable[[], None]) -> None:
+        """Call `flush` when the step ends (a writer holds its first frame of the step)."""
+        self._flushes.append(flush)
+
+    def flush(self) -> None:
+        """Call every held flush once, in order, and start over."""
+        flushes, self._flushes = self._flushes, []
+        for flush in flushes:
+            flush()
+
+
+def current() -> StepBatch | None:
+    """The batch of the step running now, or None outside a batched step."""
+    return getattr(_state, "batch", None)
+
+
+def batched_steps(coroutine: Coroutine[Any, Any, _T]) -> Coroutine[Any, Any, _T]:
+    """`coroutine`, whose every step writes its held frames when it ends (see the module doc).
+
+    Give it to ``asyncio.create_task``: the task steps it as it would the coroutine.
+    """
+    return _Batched(coroutine)
+
+
+class _Batched(Coroutine[Any, Any, _T]):
+    __slots__ = ("_batch", "_coroutine")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, _T]) -> None:
+        self._coroutine = coroutine
+        self._batch = StepBatch()
+
+    def send(self, value: Any) -> Any:
+        previous = getattr(_state, "batch", None)
+        _state.batch = self._batch
+        try:
+            return self._coroutine.send(value)
+        finally:
+            _state.batch = previous
+            self._batch.flush()
+
+    def throw(self, *args: Any) -> Any:
+        previous = getattr(_state, "batch", None)
+        _state.batch = self._batch
+        try:
+            return self._coroutine.throw(*args)
+        finally:
+            _state.batch = previous
+            self._batch.flush()
+
+    def close(self) -> None:
+        self._coroutine.close()
+
+    @property
+    def cr_frame(self) -> Any:
+        """The wrapped coroutine's frame (what ``Task.get_stack`` and ``repr`` show)."""
+        return getattr(self._coroutine, "cr_frame", None)
+
+    @property
+    def cr_await(self) -> Any:
+        """What the wrapped coroutine waits on."""
+        return getattr(self._coroutine, "cr_await", None)
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        # Awaited rather than made a task, it batches the steps of the awaiting task.
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                waiting = self.send(value) if error is None else self.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                value = yield waiting
+            except BaseException as err:  # cancellation included: the coroutine handles it
+                error = err
