@@ -252,3 +252,22 @@ def test_a_step_that_publishes_a_lot_writes_at_the_bound_and_then_meets_back_pre
     asyncio.run(batched_steps(run()))
     assert taken == [True] * fit + [False] * (len(big) - fit)
     assert bodies == [b"".join(_frame(event.seq, event) for event in big[:fit])]
+
+
+def test_a_flush_that_raises_is_logged_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    flushed: list[str] = []
+
+    async def run() -> str:
+        batch = current()
+        assert batch is not None
+        batch.hold(lambda: flushed.append("first"))
+        batch.hold(lambda: 1 / 0)  # type: ignore[func-returns-value]
+        batch.hold(lambda: flushed.append("third"))
+        await asyncio.sleep(0)
+        return "finished"
+
+    assert asyncio.run(batched_steps(run())) == "finished"
+    assert flushed == ["first", "third"]
+    assert "writing a step's events to a client failed" in caplog.text

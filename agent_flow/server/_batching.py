@@ -21,6 +21,7 @@ frame never waits past the step and never overtakes a write made after it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
@@ -28,6 +29,8 @@ from typing import Any, TypeVar
 __all__ = ["StepBatch", "batched_steps", "current"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
 
 _state = threading.local()
 
@@ -45,10 +48,16 @@ class StepBatch:
         self._flushes.append(flush)
 
     def flush(self) -> None:
-        """Call every held flush once, in order, and start over."""
+        """Call every held flush once, in order, and start over.
+
+        A flush that raises is logged: one client's write never fails the run that published.
+        """
         flushes, self._flushes = self._flushes, []
         for flush in flushes:
-            flush()
+            try:
+                flush()
+            except Exception:
+                logger.exception("writing a step's events to a client failed")
 
 
 def current() -> StepBatch | None:
