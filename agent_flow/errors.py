@@ -31,6 +31,7 @@ AgentFlowError
 └── StoreError                  the session store failed
     ├── SessionNotFoundError    no session has the given id
     ├── SessionExistsError      a session with the id asked for is already stored
+    ├── ExportFormatError       a file to import or replay is no readable session export
     └── SessionConflictError    another writer owns or kept changing the session being saved
         ├── SessionBusyError    another run holds the session's lease (its id: `run_id`)
         └── LeaseLostError      a writer's lease (fencing number) is stale: it wrote nothing
@@ -58,6 +59,7 @@ __all__ = [
     "CostLimitError",
     "DuplicateToolError",
     "EnvironmentValidationError",
+    "ExportFormatError",
     "IncompleteStreamError",
     "LeaseLostError",
     "MCPServerError",
@@ -310,6 +312,14 @@ class SessionNotFoundError(StoreError, LookupError):
 
 class SessionExistsError(StoreError):
     """A session was to be created (or imported) under an id that is already stored."""
+
+
+class ExportFormatError(StoreError):
+    """A file given as a session export cannot be read, or is not one.
+
+    Raised by `SessionStore.import_` and `agent_flow.lab.load_export`: the file is at fault,
+    not the store.
+    """
 
 
 class SessionConflictError(StoreError):

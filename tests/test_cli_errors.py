@@ -125,6 +125,27 @@ def test_importing_a_missing_export_is_a_usage_error(tmp_path: Path) -> None:
     assert directory.code == 2 and "is a directory" in directory.err
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"{not json\n", "line 1 of"),
+        (b"", "is empty"),
+        (b"\xff\xfe not UTF-8", "cannot read the export"),
+    ],
+)
+def test_importing_a_file_that_is_no_export_is_a_usage_error_and_stores_nothing(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    db = str(tmp_path / "s.db")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(content)
+    result = invoke(["sessions", "import", str(broken), "--db", db])
+    assert result.code == 2, result.err
+    assert result.err.startswith("agent-flow: error: ") and says in result.err, result.err
+    listed = invoke(["sessions", "list", "--db", db])
+    assert listed.code == 0 and "broken" not in listed.out
+
+
 async def test_exporting_to_a_missing_folder_and_importing_an_id_twice_are_usage_errors(
     tmp_path: Path,
 ) -> None:

@@ -159,7 +159,7 @@ async def test_the_lab_command_names_an_unknown_session_and_a_broken_export(
     broken = tmp_path / "broken.jsonl"
     broken.write_text(export.read_text().splitlines()[0] + "\n{not json\n")
     result = await invoke_async(["lab", str(broken), "--budget", "2000"])
-    assert result.code == 1 and "line 2 of" in result.err and "not a session export" in result.err
+    assert result.code == 2 and "line 2 of" in result.err and "not a session export" in result.err
 
 
 def test_candidates_come_from_a_lab_file_or_an_agent_toml(tmp_path: Path) -> None:

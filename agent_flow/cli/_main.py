@@ -37,6 +37,7 @@ from agent_flow.cli._exit import (
 from agent_flow.cli._parser import build_parser
 from agent_flow.errors import (
     AgentFlowError,
+    ExportFormatError,
     MCPServerError,
     MCPServerTimeoutError,
     ModelError,
@@ -139,6 +140,8 @@ def _describe_error(err: AgentFlowError) -> tuple[int, str]:
         return EXIT_USAGE, str(err)
     if isinstance(err, ModelError):
         return EXIT_MODEL, str(err)
+    if isinstance(err, ExportFormatError):  # the file given is at fault, not the store
+        return EXIT_USAGE, str(err)
     if isinstance(err, StoreError):
         return EXIT_RUN_FAILED, str(err)
     return EXIT_RUN_FAILED, f"{type(err).__name__}: {err}"

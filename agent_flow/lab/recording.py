@@ -30,7 +30,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agent_flow.environment import Environment
-from agent_flow.errors import EnvironmentValidationError, StoreError, UserError
+from agent_flow.errors import EnvironmentValidationError, ExportFormatError, UserError
 from agent_flow.events import (
     AgentEvent,
     ContextBuilt,
@@ -388,14 +388,14 @@ def load_export(path: str | Path) -> RecordedSession:
     """Read a JSON-lines export (`SessionStore.export`) and prepare it for replay.
 
     Raises:
-        StoreError: The file cannot be read or is not an export.
+        ExportFormatError: The file cannot be read or is not an export.
         UserError: The session has no model call to replay.
     """
     label = repr(str(path))
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise StoreError(f"cannot read the export {label}: {err}") from err
+        raise ExportFormatError(f"cannot read the export {label}: {err}") from err
     info: SessionInfo | None = None
     entries: list[HistoryEntry] = []
     environment: Environment | None = None
@@ -406,7 +406,7 @@ def load_export(path: str | Path) -> RecordedSession:
         try:
             item = EXPORT_LINE_ADAPTER.validate_json(line)
         except ValidationError as err:
-            raise StoreError(
+            raise ExportFormatError(
                 f"line {number} of {label} is not a session export line; give the lab a file "
                 "written by `agent-flow sessions export`"
             ) from err
@@ -418,11 +418,11 @@ def load_export(path: str | Path) -> RecordedSession:
             try:
                 environment = Environment.from_json(json.dumps(item.environment))
             except (UserError, EnvironmentValidationError) as err:
-                raise StoreError(f"the environment in {label} is invalid: {err}") from err
+                raise ExportFormatError(f"the environment in {label} is invalid: {err}") from err
         elif isinstance(item, EventLine):
             events.append(item.event)
     if info is None:
-        raise StoreError(f"{label} has no session line; it is not a session export")
+        raise ExportFormatError(f"{label} has no session line; it is not a session export")
     return session_from_state(SessionState(info, tuple(entries), environment), events)
 
 

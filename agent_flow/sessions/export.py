@@ -29,7 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agent_flow._types import JsonObject
 from agent_flow.environment import Environment
-from agent_flow.errors import EnvironmentValidationError, StoreError, UserError
+from agent_flow.errors import (
+    EnvironmentValidationError,
+    ExportFormatError,
+    StoreError,
+    UserError,
+)
 from agent_flow.events import AgentEvent, event_to_json
 from agent_flow.history import HISTORY_ENTRY_ADAPTER, History, HistoryEntry
 from agent_flow.sessions._backend import (
@@ -154,7 +159,7 @@ def _read_lines(source: str | Path | IO[str], label: str) -> list[str]:
     try:
         return Path(source).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise StoreError(f"cannot read the export {label}: {err}") from err
+        raise ExportFormatError(f"cannot read the export {label}: {err}") from err
 
 
 def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _Import:
@@ -168,17 +173,17 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
         if not line.strip():
             continue
         if end is not None:
-            raise StoreError(f"line {number} of {label} follows the end line; remove it")
+            raise ExportFormatError(f"line {number} of {label} follows the end line; remove it")
         try:
             item = EXPORT_LINE_ADAPTER.validate_json(line)
         except ValidationError as err:
-            raise StoreError(
+            raise ExportFormatError(
                 f"line {number} of {label} is not a session export line ({_problem(err)}); "
                 "import only what SessionStore.export wrote"
             ) from err
         if header is None:
             if not isinstance(item, SessionHeaderLine):
-                raise StoreError(
+                raise ExportFormatError(
                     f"{label} starts with a {item.kind!r} line, not a session line; import only "
                     "what SessionStore.export wrote"
                 )
@@ -187,20 +192,20 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
             entries.append(item.entry)
         elif isinstance(item, EnvironmentLine):
             if environment is not None:
-                raise StoreError(f"line {number} of {label} is a second environment line")
+                raise ExportFormatError(f"line {number} of {label} is a second environment line")
             environment = item.environment
         elif isinstance(item, EventLine):
             events.append(item.event)
         elif isinstance(item, EndLine):
             end = item
         else:
-            raise StoreError(f"line {number} of {label} is a second session line")
+            raise ExportFormatError(f"line {number} of {label} is a second session line")
     if header is None:
-        raise StoreError(f"{label} is empty; import only what SessionStore.export wrote")
+        raise ExportFormatError(f"{label} is empty; import only what SessionStore.export wrote")
     if end is None:
-        raise StoreError(f"{label} has no end line: the export is incomplete (cut short?)")
+        raise ExportFormatError(f"{label} has no end line: the export is incomplete (cut short?)")
     if (end.entries, end.events) != (len(entries), len(events)):
-        raise StoreError(
+        raise ExportFormatError(
             f"{label} announces {end.entries} entries and {end.events} events but holds "
             f"{len(entries)} and {len(events)}; the export was altered"
         )
@@ -208,7 +213,7 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
         # Any counter checks the unit rules; the cheapest will do.
         History(entries, counter=ApproxCounter())
     except UserError as err:
-        raise StoreError(f"the history in {label} is inconsistent: {err}") from err
+        raise ExportFormatError(f"the history in {label} is inconsistent: {err}") from err
     base: str | None = None
     changes: tuple[tuple[int, str], ...] = ()
     version = 0
@@ -216,7 +221,7 @@ def _parse_export(lines: Sequence[str], label: str, session_id: str | None) -> _
         try:
             env = Environment.from_json(json.dumps(environment))
         except (UserError, EnvironmentValidationError) as err:
-            raise StoreError(f"the environment in {label} is invalid: {err}") from err
+            raise ExportFormatError(f"the environment in {label} is invalid: {err}") from err
         payload = json.loads(env.to_json())
         changes = tuple(
             (c["version"], json.dumps(c, separators=(",", ":"))) for c in payload.pop("changes")
