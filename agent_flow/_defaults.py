@@ -98,6 +98,11 @@ a tool result (redacted and cut to its token limit there) and a run's user messa
 a megabyte of new text takes most of a second, which every other run on the loop would wait;
 a shorter text costs less than the hand-off."""
 
+MCP_RESTART_WINDOW_SECONDS: Final = 600.0
+"""Seconds a restart of an MCP server (or a new HTTP session) counts against its
+``max_restarts``: a server that crash-loops is given up on, one that restarts now and then (a
+deploy, a nightly restart) keeps its tools for the life of the process."""
+
 MCP_HTTP_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 """The largest message an MCP server may stream over HTTP (one SSE event). The SDK's own
 limit, 1 MiB, read every larger tool result as a lost connection and restarted the server for

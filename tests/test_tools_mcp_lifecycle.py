@@ -45,9 +45,30 @@ async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_us
         assert final.result.error_kind == "server_unavailable"
         assert final.result.content.startswith("MCP server 'crashy' stopped (")
         assert final.result.content.endswith(
-            "and was already restarted 1 time, the limit; it is not restarted again"
+            "and was restarted 1 time in the last 600s, the limit (max_restarts); "
+            "it is tried again in 600s"
         )
         assert connection.restarts == 1
+
+
+async def test_a_restart_counts_against_the_limit_only_within_the_restart_window() -> None:
+    executor = ToolExecutor()
+    config = stdio_server("crashy", "crash_server.py", max_restarts=1, restart_window=1.5)
+    async with MCPServers([config]) as servers:
+        servers.register(executor)
+        connection = servers["crashy"]
+        await executor.execute_one(call("crashy_crash"))
+        assert (
+            await executor.execute_one(call("crashy_echo", '{"text": "a"}'))
+        ).result.content == "a"
+        await executor.execute_one(call("crashy_crash"))
+        refused = await executor.execute_one(call("crashy_echo", '{"text": "b"}'))
+        assert refused.result.error_kind == "server_unavailable"
+        assert "in the last 1.5s, the limit (max_restarts)" in refused.result.content
+        await asyncio.sleep(1.6)  # the first restart leaves the window: one more may be made
+        again = await executor.execute_one(call("crashy_echo", '{"text": "c"}'))
+        assert again.result.content == "c"
+        assert connection.restarts == 2
 
 
 async def test_a_hanging_call_times_out_and_a_frozen_server_is_restarted(tmp_path: Path) -> None:

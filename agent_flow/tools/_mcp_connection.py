@@ -11,10 +11,10 @@ calls are made from any task through the session. Failures:
   pinged before its next use and restarted if it does not answer;
 - a server that crashes or closes the connection fails the calls in flight with a
   ``"server_unavailable"`` error result and is restarted on its next use, at most
-  ``max_restarts`` times over the connection's life; after that every call fails at once
-  with a message saying so. A server that died while idle is noticed when its output
-  stream ends, so the next call restarts it first instead of failing; an HTTP server that no
-  longer knows the session (it restarted) gets a new one at once, and the request again;
+  ``max_restarts`` times within ``restart_window`` seconds (`RestartBudget`); past that every
+  call fails at once, saying when it is tried again. A server that died while idle is noticed
+  when its output stream ends, so the next call restarts it first instead of failing; an HTTP
+  server that no longer knows the session (it restarted) gets a new one and the request again;
 - a server that does not answer its initialization within ``connect_timeout`` is a
   `MCPServerTimeoutError` naming the limit.
 
@@ -40,6 +40,7 @@ from mcp import ClientSession, MCPDeprecationWarning, MCPError
 from agent_flow._types import JsonObject
 from agent_flow.errors import MCPServerError, MCPServerTimeoutError
 from agent_flow.tools._mcp_catalog import Catalog, ListChange, Notices, diff, list_catalog
+from agent_flow.tools._mcp_restarts import RestartBudget
 from agent_flow.tools._mcp_tool import MCPTool, _jsonable, convert_call_result
 from agent_flow.tools._mcp_transport import ServerOutput, _transport
 from agent_flow.tools.base import ProgressCallback
@@ -107,6 +108,7 @@ class MCPConnection:
         self.config = config
         self.name = config.name
         self.restarts = 0
+        self._restarts = RestartBudget(config.max_restarts, config.restart_window)
         self.last_error: str | None = None
         self._session: _Session | None = None
         self._retired: set[asyncio.Task[None]] = set()
@@ -468,13 +470,13 @@ class MCPConnection:
                 self._opened = True
                 self._session = await self._open()
                 return self._session
-            if self.restarts >= self.config.max_restarts:
-                times = "time" if self.restarts == 1 else "times"
+            refused = self._restarts.refusal()
+            if refused is not None:
                 raise MCPServerError(
                     f"MCP server {self.name!r} stopped ({self.last_error or 'no reason given'}) "
-                    f"and was already restarted {self.restarts} {times}, the limit; "
-                    "it is not restarted again"
+                    f"and {refused}"
                 )
+            self._restarts.spend()
             self.restarts += 1
             logger.warning(
                 "restarting MCP server %r (restart %d of at most %d) after: %s",

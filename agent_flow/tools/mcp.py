@@ -9,8 +9,8 @@ timeout, and how often the server may be restarted.
 `MCPConnection` (in `_mcp_connection`) owns one live session, in a task of its own. A call
 never raises for a failure: an error the server reports, a JSON-RPC error, a timeout or a
 lost connection each becomes an error result saying what happened; a server that fails or
-stops answering is restarted on its next use, at most ``max_restarts`` times over the
-connection's life.
+stops answering is restarted on its next use, at most ``max_restarts`` times within
+``restart_window`` seconds (ten minutes by default; None: over the connection's life).
 
 A stdio server's stderr never reaches the terminal: it goes to the file named by
 ``stderr_log`` or, by default, line by line to the ``agent_flow.tools.mcp`` logger

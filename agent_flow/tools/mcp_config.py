@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agent_flow._defaults import DEFAULT_TOOL_TIMEOUT
+from agent_flow._defaults import DEFAULT_TOOL_TIMEOUT, MCP_RESTART_WINDOW_SECONDS
 from agent_flow.tools.policy import RiskLevel, ToolPolicy, matches_any
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class _ServerConfig(BaseModel):
     connect_timeout: float = Field(default=30.0, gt=0)
     ping_timeout: float = Field(default=5.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
+    restart_window: float | None = Field(default=MCP_RESTART_WINDOW_SECONDS, gt=0)
     required: bool = True
     policy: ToolPolicy | None = None
     tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
@@ -107,7 +108,10 @@ class MCPServerStdio(_ServerConfig):
         timeout: Seconds a call may take.
         connect_timeout: Seconds starting and initializing may take.
         ping_timeout: Seconds a liveness ping may take after a call timed out.
-        max_restarts: How often the server may be restarted over the connection's life.
+        max_restarts: How often the server may be restarted within `restart_window`.
+        restart_window: Seconds a restart counts against `max_restarts` (None: for the
+            connection's life). Past the limit, calls fail at once until the oldest restart
+            leaves the window.
         required: Whether `MCPServers` fails when this server cannot start (else it skips it).
         policy: The policy of all its tools (default: from the server's hints).
         tool_policies: Policies of particular tools, by glob.
@@ -134,7 +138,9 @@ class MCPServerHTTP(_ServerConfig):
         timeout: Seconds a call may take.
         connect_timeout: Seconds initializing may take.
         ping_timeout: Seconds a liveness ping may take after a call timed out.
-        max_restarts: How often the session may be re-established.
+        max_restarts: How often the session may be re-established within `restart_window`.
+        restart_window: Seconds a re-establishment counts against `max_restarts` (None: for
+            the connection's life).
         required: Whether `MCPServers` fails when this server cannot be reached.
         policy: The policy of all its tools (default: from the server's hints).
         tool_policies: Policies of particular tools, by glob.
