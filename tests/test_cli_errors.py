@@ -396,3 +396,20 @@ async def test_a_reader_that_leaves_stops_the_run_quietly(view: str, tmp_path: P
         code = await asyncio.to_thread(main, argv, stdin=io.StringIO(""), stdout=out, stderr=err)
     assert (code, err.getvalue()) == (1, "")
     assert out.failed_writes == 1  # then nothing more was tried: the run was stopped
+
+
+def test_commands_that_read_sessions_never_create_a_store(tmp_path: Path) -> None:
+    db = tmp_path / "no" / "such" / "sessions.db"
+    listed = invoke(["sessions", "list", "--db", str(db)])
+    assert listed.code == 0 and listed.out == f"no sessions in {db}\n"
+    assert invoke(["sessions", "list", "--json", "--db", str(db)]).out == ""
+    for command in (
+        ["sessions", "show", "abc"],
+        ["sessions", "export", "abc"],
+        ["sessions", "delete", "abc"],
+        ["lab", "abc", "--budget", "2000"],
+    ):
+        result = invoke([*command, "--db", str(db)])
+        assert result.code == 2, (command, result.err)
+        assert f"no session 'abc': the store {db} does not exist" in result.err, result.err
+    assert not (tmp_path / "no").exists()

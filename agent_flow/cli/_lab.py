@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent_flow.cli._build import _check_base_url
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
-from agent_flow.cli._sessions import _store
+from agent_flow.cli._sessions import _stored
 from agent_flow.config import StrategyName
 from agent_flow.lab import (
     Candidate,
@@ -80,7 +80,7 @@ async def _sessions(args: argparse.Namespace) -> list[RecordedSession]:
     sessions = _exports(args.sessions)
     ids = [name for name, session in zip(args.sessions, sessions, strict=True) if session is None]
     if ids:
-        async with _store(args) as store:
+        async with _stored(args, *ids) as store:
             stored = {sid: await load_session(store, sid) for sid in ids}
         sessions = [
             session if session is not None else stored[name]

@@ -9,7 +9,7 @@ from pathlib import Path
 from agent_flow.cli._exit import EXIT_OK, EXIT_USAGE, _Failure, _Streams
 from agent_flow.cli.render import format_cost
 from agent_flow.config import load_store_config
-from agent_flow.errors import SessionExistsError
+from agent_flow.errors import SessionExistsError, SessionNotFoundError
 from agent_flow.sessions import SessionInfo, SessionStore, open_store, store_location
 
 
@@ -37,8 +37,31 @@ def _store(args: argparse.Namespace) -> SessionStore:
     return open_store(_store_target(args))
 
 
+def _stored(args: argparse.Namespace, *ids: str) -> SessionStore:
+    """`_store` for a command that reads stored sessions (or deletes one): never made by it.
+
+    A SQLite file that does not exist holds no session: asking it for one is the usage error
+    of an unknown id (exit 2), not a store to create (with its folders) on the way.
+
+    Raises:
+        SessionNotFoundError: The store's file does not exist (naming the first of `ids`).
+    """
+    store = _store(args)
+    path = getattr(store, "path", None)
+    if isinstance(path, Path) and not path.exists():
+        name = f"session {ids[0]!r}" if ids else "session"
+        raise SessionNotFoundError(f"no {name}: the store {path} does not exist")
+    return store
+
+
 async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
-    async with _store(args) as store:
+    store = _store(args)
+    path = getattr(store, "path", None)
+    if isinstance(path, Path) and not path.exists():  # nothing was ever saved there
+        if not args.json:
+            streams.stdout.write(f"no sessions in {path}\n")
+        return EXIT_OK
+    async with store:
         infos = await store.list(limit=args.limit)
     out = streams.stdout
     if args.json:
@@ -96,7 +119,7 @@ def _one_line(text: str, limit: int) -> str:
 
 
 async def _sessions_show(args: argparse.Namespace, streams: _Streams) -> int:
-    async with _store(args) as store:
+    async with _stored(args, args.id) as store:
         state = await store.load(args.id)
         events = await store.events(args.id)
     info, out = state.info, streams.stdout
@@ -170,7 +193,7 @@ def _entry_line(data: dict[str, object]) -> str:
 async def _sessions_export(args: argparse.Namespace, streams: _Streams) -> int:
     if args.output:
         _check_output_folder(args.output)
-    async with _store(args) as store:
+    async with _stored(args, args.id) as store:
         if args.output:
             await store.export(args.id, args.output)
             streams.stderr.write(f"exported session {args.id} to {args.output}\n")
@@ -214,7 +237,7 @@ async def _sessions_import(args: argparse.Namespace, streams: _Streams) -> int:
 
 
 async def _sessions_delete(args: argparse.Namespace, streams: _Streams) -> int:
-    async with _store(args) as store:
+    async with _stored(args, args.id) as store:
         await store.delete(args.id)
     streams.stdout.write(f"deleted session {args.id}\n")
     return EXIT_OK

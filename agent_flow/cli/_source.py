@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_flow.cli._exit import EXIT_USAGE, _Failure
-from agent_flow.cli._sessions import _store
+from agent_flow.cli._sessions import _stored
 from agent_flow.errors import StoreError
 from agent_flow.events import AgentEvent
 from agent_flow.sessions import InMemorySessionStore, SessionState
@@ -55,7 +55,7 @@ async def _load_session(source: str, args: argparse.Namespace) -> _Loaded:
             state = await memory.load(info.id)
             events = await memory.events(info.id)
         return _Loaded(state, events, source)
-    async with _store(args) as store:
+    async with _stored(args, source) as store:
         state = await store.load(source)
         events = await store.events(source)
     return _Loaded(state, events, f"session {source}")
