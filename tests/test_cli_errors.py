@@ -337,12 +337,17 @@ def test_a_config_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     assert result.code == 0, result.err
 
 
-@pytest.mark.parametrize("flag", ["--model"])
-def test_an_empty_flag_value_is_a_usage_error_naming_the_flag(flag: str) -> None:
+@pytest.mark.parametrize(
+    "flag", ["--model", "--base-url", "--session", "--workspace", "--db", "--config", "--agent"]
+)
+def test_an_empty_flag_value_is_a_usage_error_naming_the_flag(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Taken as the flag left out, `--session "$ID"` with ID unset would start a new session.
     argv = ["run", "t", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", flag, ""]
-    result = invoke(argv)
-    assert result.code == 2, result.err
-    assert result.err.count("\n") == 1 and result.err.startswith(f"agent-flow: error: {flag}")
+    assert invoke(argv).code == 2
+    assert f"error: argument {flag}: an empty value" in capsys.readouterr().err  # argparse's
+    assert invoke(["sessions", "list", "--db", " "]).code == 2
 
 
 def test_serve_on_a_taken_port_is_a_usage_error_and_shows_no_token(tmp_path: Path) -> None:

@@ -462,7 +462,36 @@ def build_parser() -> argparse.ArgumentParser:
         [_tools_options()],
     )
     tools.set_defaults(handler=_handler("agent_flow.cli._tools", "_tools_command"))
+    _refuse_empty_values(parser)
     return parser
+
+
+def _given(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty value (an unset shell variable?); give one, or leave the flag out"
+        )
+    return text
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser) -> None:
+    """Make every flag that takes free text refuse an empty one, in every command.
+
+    No flag means anything by an empty value, and taking it as the flag left out hides a
+    mistake: ``--session "$ID"`` with ``ID`` unset would start a new session.
+    """
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                _refuse_empty_values(command)
+        elif (
+            isinstance(action, argparse._StoreAction)
+            and action.option_strings
+            and action.nargs is None
+            and action.type is None
+            and action.choices is None
+        ):
+            action.type = _given
 
 
 def _tools_options() -> _Parser:
