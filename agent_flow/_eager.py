@@ -85,10 +85,21 @@ class _Resumed(Awaitable[_T]):
 
 
 async def in_own_context(coroutine: Coroutine[Any, Any, _T]) -> _T:
-    """Await `coroutine` in this task, each of its steps in one copy of the current context."""
+    """Await `coroutine` in this task, each of its steps in one copy of the current context.
+
+    As with a task of its own awaited in a `asyncio.TaskGroup`, a cancellation of this task
+    delivered meanwhile is not lost when the coroutine swallows it and returns: it is raised
+    here. (Code that cancels the task it runs in cancels the caller's: run only coroutines
+    that do not.)
+    """
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
     context = contextvars.copy_context()
     context.run(OWN_CONTEXT.set, object())
-    return await _InContext(coroutine, context)
+    result = await _InContext(coroutine, context)
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+    return result
 
 
 class _InContext(Awaitable[_T]):

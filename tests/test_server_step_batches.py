@@ -271,3 +271,47 @@ def test_a_flush_that_raises_is_logged_and_the_run_goes_on(
     assert asyncio.run(batched_steps(run())) == "finished"
     assert flushed == ["first", "third"]
     assert "writing a step's events to a client failed" in caplog.text
+
+
+class _Fatal(BaseException):
+    """What no handler of `Exception` catches (a KeyboardInterrupt, say)."""
+
+
+def test_every_flush_runs_even_when_one_raises_what_is_no_exception() -> None:
+    from agent_flow.server._batching import StepBatch
+
+    batch = StepBatch()
+    flushed: list[str] = []
+
+    def fatal() -> None:
+        raise _Fatal
+
+    batch.hold(lambda: flushed.append("first"))
+    batch.hold(fatal)
+    batch.hold(lambda: flushed.append("third"))
+    with pytest.raises(_Fatal):
+        batch.flush()
+    assert flushed == ["first", "third"]
+    batch.flush()  # started over: nothing is called twice
+    assert flushed == ["first", "third"]
+
+
+def test_a_write_cancelled_at_once_breaks_its_stream_not_the_run() -> None:
+    async def cancelled_send(message: dict[str, Any]) -> None:
+        raise asyncio.CancelledError  # before its first wait: in the publisher's step
+
+    writer = _Writer(cancelled_send)
+
+    async def run() -> str:
+        writer.push(1, _event(1))
+        await asyncio.sleep(0)  # the step ends: its write is cancelled
+        assert writer.push(2, _event(2))  # taken and dropped: the stream is broken
+        await asyncio.sleep(0)
+        return "the run went on"
+
+    async def scenario() -> None:
+        assert await asyncio.create_task(batched_steps(run())) == "the run went on"
+        with pytest.raises(RuntimeError, match="write was cancelled"):
+            await writer.write(b"")  # the response's task ends the stream
+
+    asyncio.run(scenario())

@@ -51,13 +51,20 @@ class StepBatch:
         """Call every held flush once, in order, and start over.
 
         A flush that raises is logged: one client's write never fails the run that published.
+        Every flush is called even when one raises what is no `Exception` (which is raised
+        again after them).
         """
         flushes, self._flushes = self._flushes, []
+        fatal: BaseException | None = None
         for flush in flushes:
             try:
                 flush()
             except Exception:
                 logger.exception("writing a step's events to a client failed")
+            except BaseException as err:  # KeyboardInterrupt, say: the other clients first
+                fatal = fatal or err
+        if fatal is not None:
+            raise fatal
 
 
 def current() -> StepBatch | None:
@@ -74,7 +81,7 @@ def batched_steps(coroutine: Coroutine[Any, Any, _T]) -> Coroutine[Any, Any, _T]
 
 
 class _Batched(Coroutine[Any, Any, _T]):
-    __slots__ = ("_batch", "_coroutine")
+    __slots__ = ("__weakref__", "_batch", "_coroutine")
 
     def __init__(self, coroutine: Coroutine[Any, Any, _T]) -> None:
         self._coroutine = coroutine
@@ -100,6 +107,26 @@ class _Batched(Coroutine[Any, Any, _T]):
 
     def close(self) -> None:
         self._coroutine.close()
+
+    @property
+    def __name__(self) -> str:
+        """The wrapped coroutine's qualified name (what ``repr`` of its task shows)."""
+        return str(getattr(self._coroutine, "__qualname__", type(self._coroutine).__name__))
+
+    @property
+    def cr_code(self) -> Any:
+        """The wrapped coroutine's code."""
+        return getattr(self._coroutine, "cr_code", None)
+
+    @property
+    def cr_running(self) -> bool:
+        """Whether the wrapped coroutine is running."""
+        return bool(getattr(self._coroutine, "cr_running", False))
+
+    @property
+    def cr_suspended(self) -> bool:
+        """Whether the wrapped coroutine is suspended (waiting)."""
+        return bool(getattr(self._coroutine, "cr_suspended", False))
 
     @property
     def cr_frame(self) -> Any:

@@ -149,7 +149,11 @@ class _Writer:
     def _start(self, chunk: bytes) -> None:
         # Whatever a client's broken connection raises is kept (`_finished`), never raised
         # into the run that publishes.
-        pending = start_eagerly(self._send(_body(chunk)))
+        try:
+            pending = start_eagerly(self._send(_body(chunk)))
+        except asyncio.CancelledError as err:  # the response's send, not the run, cancelled
+            self._failure = RuntimeError(f"the stream's write was cancelled: {err}")
+            return
         if pending.done():
             self._finished(pending)
         else:

@@ -13,6 +13,7 @@ registered, so a broken schema fails there, not on the model's first call.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -287,3 +288,14 @@ class ToolRegistry:
                 f"registered: {', '.join(self._tools) or '(none)'}"
             )
         return [r.definition for n, r in self._tools.items() if n in wanted]
+
+    def unknown_tool_message(self, name: str) -> str:
+        """What the model is told when it calls `name` and no tool has that name."""
+        available = list(self._tools)
+        if not available:
+            return f"unknown tool {name!r}; no tools are available"
+        close = difflib.get_close_matches(name, available, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        listed = ", ".join(available[:40])
+        more = f" and {len(available) - 40} more" if len(available) > 40 else ""
+        return f"unknown tool {name!r}; {hint}available: {listed}{more}"

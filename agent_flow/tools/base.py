@@ -335,6 +335,11 @@ class FunctionTool(Generic[P, R]):
         self.parameters = cleaned
         self.__doc__ = function.__doc__
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is a coroutine function (else a tool thread runs it)."""
+        return self._is_async
+
     def _build_model(
         self,
         function: Callable[..., object],

@@ -21,8 +21,10 @@ the agent loop. For each `ToolCall` it:
    raises is reported in the outcome, the result is kept.
 
 The calls of one turn run concurrently in an `asyncio.TaskGroup` and the outcomes come back in
-call order; a turn's only call runs in the caller's task, in a copy of its context as a task
-would be. Cancelling `execute` cancels the running tools.
+call order. A turn's only call runs in the caller's task (in a copy of its context, as in a
+task) when its tool has no async code of its own (a sync function, which runs on a tool
+thread): the task would cost a turn of the event loop. Cancelling `execute` cancels the
+running tools.
 
 In a durable run (a step runner is set, see `agent_flow._checkpoints`) each invocation is a
 step recording its `ToolResult`. Recovery matches steps by position, so the calls of a turn
@@ -44,7 +46,6 @@ approval flow in `_approval` and `ToolHooks` in `_hooks`. This module runs the c
 from __future__ import annotations
 
 import asyncio
-import difflib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -79,7 +80,13 @@ from agent_flow.tools._secrets import SecretRedactor
 from agent_flow.tools._threads import tool_threads
 from agent_flow.tools._truncation import MIN_OUTPUT_TOKENS, _check_limit, cut_marker
 from agent_flow.tools._validation import _schema_problems
-from agent_flow.tools.base import Tool, ToolArgumentsError, ToolContext, to_tool_result
+from agent_flow.tools.base import (
+    FunctionTool,
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    to_tool_result,
+)
 from agent_flow.tools.handlers import HandlerError, HandlerRegistry
 from agent_flow.tools.policy import (
     ApprovalCallback,
@@ -311,7 +318,7 @@ class ToolExecutor(ToolRegistry):
         elif runner is not None and runner.sequential_tools:
             for index, call in enumerate(calls):
                 await run(index, call)
-        elif len(calls) == 1:
+        elif len(calls) == 1 and self._needs_no_task(calls[0]):
             # A task of its own would cost a turn of the event loop; its own context is kept.
             await in_own_context(run(0, calls[0]))
         else:
@@ -321,6 +328,17 @@ class ToolExecutor(ToolRegistry):
         return [
             self._finish(call, record, environment) for call, record in zip(calls, ran, strict=True)
         ]
+
+    def _needs_no_task(self, call: ToolCall) -> bool:
+        """Whether `call` may run in the caller's task: no async code of its tool's runs.
+
+        A sync function tool (or an unknown name): nothing of its could cancel the task it
+        runs in, or swallow that task's cancellation.
+        """
+        registered = self._tools.get(call.name)
+        return registered is None or (
+            isinstance(registered.tool, FunctionTool) and not registered.tool.is_async
+        )
 
     async def execute_one(
         self,
@@ -416,7 +434,7 @@ class ToolExecutor(ToolRegistry):
             return _Ran(self._error(call, str(call.parse_error), "invalid_json"))
         registered = self._tools.get(call.name)
         if registered is None or arguments is None:
-            return _Ran(self._error(call, self._unknown_tool_message(call.name), "unknown_tool"))
+            return _Ran(self._error(call, self.unknown_tool_message(call.name), "unknown_tool"))
         problems = _schema_problems(registered, arguments)
         if problems:
             return _Ran(self._error(call, problems, "invalid_arguments"))
@@ -571,16 +589,6 @@ class ToolExecutor(ToolRegistry):
             call_id=call.id,
             tool_name=call.name,
         )
-
-    def _unknown_tool_message(self, name: str) -> str:
-        available = list(self._tools)
-        if not available:
-            return f"unknown tool {name!r}; no tools are available"
-        close = difflib.get_close_matches(name, available, n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-        listed = ", ".join(available[:40])
-        more = f" and {len(available) - 40} more" if len(available) > 40 else ""
-        return f"unknown tool {name!r}; {hint}available: {listed}{more}"
 
 
 async def _started() -> str:
