@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly"]
+__all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly", "stepped"]
 
 _T = TypeVar("_T")
 
@@ -109,15 +109,27 @@ class _InContext(Awaitable[_T]):
 
     def __await__(self) -> Generator[Any, None, _T]:
         run, send, throw = self._context.run, self._coroutine.send, self._coroutine.throw
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                waiting = run(send, value) if error is None else run(throw, error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            value, error = None, None
-            try:
-                value = yield waiting
-            except BaseException as err:  # cancellation included: the coroutine handles it
-                error = err
+        return stepped(lambda value: run(send, value), lambda error: run(throw, error))
+
+
+def stepped(
+    send: Callable[[Any], Any], throw: Callable[[BaseException], Any]
+) -> Generator[Any, None, _T]:
+    """What an ``__await__`` returns to step a coroutine through `send` and `throw`.
+
+    For awaitables that wrap each step of a coroutine (`in_own_context`'s context, a step
+    batch): every value the awaiting task sends in goes to `send`, every exception thrown in
+    (cancellation included: the coroutine handles it) to `throw`, until the coroutine returns.
+    """
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            waiting = send(value) if error is None else throw(error)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            value = yield waiting
+        except BaseException as err:
+            error = err

@@ -74,6 +74,28 @@ async def serving(app: Any, *, send_buffer: int | None = None) -> AsyncIterator[
         sock.close()
 
 
+class BodyWrites:
+    """`app`, counting the response body writes (ASGI ``http.response.body`` messages with a
+    body: one ``send`` each) of requests whose path ends with `path`."""
+
+    def __init__(self, app: Any, path: str) -> None:
+        self.app = app
+        self.path = path
+        self.count = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not scope.get("path", "").endswith(self.path):
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: dict[str, Any]) -> None:
+            if message.get("body"):
+                self.count += 1
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
 @dataclass
 class Frame:
     """One SSE event as received."""

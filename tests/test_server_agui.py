@@ -25,7 +25,7 @@ from agent_flow.server._agui import MAPPING, UNMAPPED, AgUiRun
 from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import ToolContext, ToolExecutor, tool
-from tests.server_harness import frames, serving
+from tests.server_harness import BodyWrites, frames, serving
 
 EVENT = TypeAdapter(Event)
 CONFIG = AgentConfig(context=ContextConfig(counter="approx"))
@@ -320,19 +320,9 @@ async def test_events_queued_together_go_out_in_one_write() -> None:
         llm_factory=lambda config: model,
         tools_factory=_tools,
     )
-    writes = 0
-
-    async def counting(scope: Any, receive: Any, send: Any) -> None:
-        async def counted(message: dict[str, Any]) -> None:
-            nonlocal writes
-            if scope.get("path") == "/agui" and message.get("body"):
-                writes += 1
-            await send(message)
-
-        await app(scope, receive, counted)
-
-    async with serving(counting) as client:
+    writes = BodyWrites(app, "/agui")
+    async with serving(writes) as client:
         events = await _run(client, _input("batched", "r1", "take notes"))
     assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
     assert Counter(e["type"] for e in events)["TOOL_CALL_RESULT"] == 4
-    assert writes < len(events) / 2, f"{writes} writes for {len(events)} events"
+    assert writes.count < len(events) / 2, f"{writes.count} writes for {len(events)} events"

@@ -27,7 +27,7 @@ from agent_flow.server._sse import HELD_BYTES, _frame, _Writer
 from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import ScriptedLLM, call, reply
 from agent_flow.tools import ToolExecutor, tool
-from tests.server_harness import serving, stream
+from tests.server_harness import BodyWrites, serving, stream
 
 
 @functools.cache  # one event per seq: its frame (with its timestamp) is the same every time
@@ -205,18 +205,8 @@ async def test_over_http_a_runs_events_come_in_fewer_writes_than_events_in_order
         llm_factory=lambda config: model,
         tools_factory=_tools,
     )
-    bodies = 0
-
-    async def counting(scope: Any, receive: Any, send: Any) -> None:
-        async def counted(message: dict[str, Any]) -> None:
-            nonlocal bodies
-            if scope.get("path", "").endswith("/events") and message.get("body"):
-                bodies += 1
-            await send(message)
-
-        await app(scope, receive, counted)
-
-    async with serving(counting) as client:
+    writes = BodyWrites(app, "/events")
+    async with serving(writes) as client:
         sid = (await client.post("/sessions", json={})).json()["id"]
         async with stream(client, f"/sessions/{sid}/events") as events:
             posted = await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
@@ -226,7 +216,7 @@ async def test_over_http_a_runs_events_come_in_fewer_writes_than_events_in_order
     stored = await store.events(sid)
     assert ids == list(range(ids[0], ids[0] + len(stored)))
     assert [frame.event for frame in frames] == [event.kind for event in stored]
-    assert bodies < len(frames)  # one write per event before step batches
+    assert writes.count < len(frames)  # one write per event before step batches
 
 
 def test_a_step_that_publishes_a_lot_writes_at_the_bound_and_then_meets_back_pressure() -> None:

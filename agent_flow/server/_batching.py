@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+from agent_flow._eager import stepped
+
 __all__ = ["StepBatch", "batched_steps", "current"]
 
 _T = TypeVar("_T")
@@ -140,15 +142,4 @@ class _Batched(Coroutine[Any, Any, _T]):
 
     def __await__(self) -> Generator[Any, None, _T]:
         # Awaited rather than made a task, it batches the steps of the awaiting task.
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                waiting = self.send(value) if error is None else self.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            value, error = None, None
-            try:
-                value = yield waiting
-            except BaseException as err:  # cancellation included: the coroutine handles it
-                error = err
+        return stepped(self.send, self.throw)
