@@ -56,6 +56,8 @@ class StepBatch:
         Every flush is called even when one raises what is no `Exception` (which is raised
         again after them).
         """
+        if not self._flushes:
+            return  # most steps: nothing was pushed to a client
         flushes, self._flushes = self._flushes, []
         fatal: BaseException | None = None
         for flush in flushes:
