@@ -45,6 +45,8 @@ class _Socket:
         self.bodies.append(message["body"])
 
 
+_POLICIES = st.sampled_from(["wait", "drop_oldest", "drop_deltas_first"])
+
 # A plan: the run's steps, each the number of events it publishes before it waits; after
 # some steps another task (not batched) publishes a few.
 _PLANS = st.lists(
@@ -305,3 +307,63 @@ def test_a_write_cancelled_at_once_breaks_its_stream_not_the_run() -> None:
             await writer.write(b"")  # the response's task ends the stream
 
     asyncio.run(scenario())
+
+
+@tool
+async def wait_a_little(text: str) -> str:
+    """Wait a moment, then say it back (an async tool: its call gets a task of its own).
+
+    Args:
+        text: What to say.
+    """
+    await asyncio.sleep(0.001)
+    return text
+
+
+def _shape_tools(config: AgentConfig) -> ToolExecutor:
+    executor = ToolExecutor()
+    executor.register(echo)
+    executor.register(wait_a_little)
+    return executor
+
+
+# A run: per model turn, the calls it makes (each to the sync or the async tool), then text.
+_TURNS = st.lists(st.lists(st.sampled_from(["echo", "wait_a_little"]), max_size=3), max_size=4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(turns=_TURNS, words=st.integers(1, 40), policies=st.lists(_POLICIES, min_size=1, max_size=3))
+async def test_every_stream_gets_every_stored_event_once_in_order_whatever_the_runs_shape(
+    turns: list[list[str]], words: int, policies: list[str]
+) -> None:
+    script = [
+        reply(
+            " ".join(["word"] * words),
+            tool_calls=[call(name, text=f"{i}.{j}") for j, name in enumerate(names)],
+        )
+        for i, names in enumerate(turns)
+    ]
+    model = ScriptedLLM([*script, reply("done " * words)], chunk_size=3)
+    store = InMemorySessionStore()
+    app = create_app(
+        AgentConfig(context=ContextConfig(counter="approx"), max_iterations=20),
+        store=store,
+        llm_factory=lambda config: model,
+        tools_factory=_shape_tools,
+    )
+    async with serving(app) as client:
+        sid = (await client.post("/sessions", json={})).json()["id"]
+        async with contextlib.AsyncExitStack() as streams:
+            opened = [
+                await streams.enter_async_context(
+                    stream(client, f"/sessions/{sid}/events", policy=policy)
+                )
+                for policy in policies
+            ]
+            posted = await client.post(f"/sessions/{sid}/messages", json={"message": "go"})
+            assert posted.status_code == 202, posted.text
+            received = [await reading.until("run_finished") for reading in opened]
+    stored = await store.events_with_ids(sid)
+    expected = [(str(event_id), event.kind) for event_id, event in stored]
+    for frames in received:
+        assert [(frame.id, frame.event) for frame in frames] == expected
