@@ -22,7 +22,9 @@ neither the model server's nor the clients' CPU is counted), the median of the r
 delivery latency p50/p99 over all rounds (the event's timestamp to the moment the chunk that
 carries it was read by the client); and whether every stream was complete and in order (the
 run's ids, its first id plus 0..n-1: no gap, no duplicate, ending with ``run_finished``).
-The overhead is the median of each round's HTTP / in-process ratio.
+The overhead is the median of each round's HTTP / in-process ratio; beside it, the event
+streams' body writes per turn over HTTP (each one ``send``: a step's events go out in one,
+`agent_flow.server._batching`) against the events per turn.
 
 ``--sample DIR`` records the agents' process with `attribute.py`'s sampler, each mode's waves
 apart (``DIR/in_process_N.txt``, ``DIR/http_N.txt``; read them with ``attribute.py FILE
@@ -275,15 +277,21 @@ async def serve(
         if sampler is not None:
             sampler.stacks = samples[name]
 
+    writes = _StreamWrites(app)
+
+    async def written() -> int:
+        return writes.count
+
     app.add_api_route("/_bench/in-process", in_process, methods=["POST"])
     app.add_api_route("/_bench/mode", mode, methods=["POST"])
+    app.add_api_route("/_bench/writes", written, methods=["GET"])
     diagnosis = Diagnosis() if diagnose else None
     if diagnosis is not None:
         diagnosis.install()
     sock = _listening_socket()
     Path(port_file).write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240 (once, tiny)
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", backlog=4096, timeout_keep_alive=60)
+        uvicorn.Config(writes, log_level="warning", backlog=4096, timeout_keep_alive=60)
     )
     # CPU time, not wall time: on a loaded machine other processes' turns are not ours.
     profiler = cProfile.Profile(time.process_time) if profile else None
@@ -304,6 +312,26 @@ async def serve(
             profiler.dump_stats(profile)
         if diagnosis is not None and diagnose:
             Path(diagnose).write_text(json.dumps(diagnosis.report()))  # noqa: ASYNC240
+
+
+class _StreamWrites:
+    """The app, counting the body writes of its event streams (one ``send`` each)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not scope.get("path", "").endswith("/events"):
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: dict[str, Any]) -> None:
+            if message.get("body"):
+                self.count += 1
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 async def drive(base: str, pid: int, n: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
@@ -363,10 +391,12 @@ async def drive(base: str, pid: int, n: int, rounds: int) -> dict[str, list[dict
                 (
                     await client.post("/_bench/mode", params={"name": mode}, json={})
                 ).raise_for_status()
+                writes0 = (await client.get("/_bench/writes")).json()
                 (user0, sys0), start = _cpu_seconds(pid), time.perf_counter()
                 reads = [await wave(mode, first + w) for w in range(per_round)]
                 elapsed = time.perf_counter() - start
                 user, system = _cpu_seconds(pid)
+                writes = (await client.get("/_bench/writes")).json() - writes0
                 records[mode].append(
                     {
                         "latencies": [value for read in reads for value in read["latencies"]],
@@ -375,6 +405,7 @@ async def drive(base: str, pid: int, n: int, rounds: int) -> dict[str, list[dict
                         "cpu": user - user0 + system - sys0,
                         "kernel": system - sys0,
                         "elapsed": elapsed,
+                        "writes": writes,
                     }
                 )
         clients.stdin.write(b"end\n")
@@ -428,6 +459,7 @@ def cell(
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One mode's rounds: runs/s, the median CPU per turn, latencies over all rounds."""
     ordered = sorted(latency for r in rounds for latency in r["latencies"])
+    turns = sum(r["runs"] * TURNS for r in rounds)
     return {
         "runs_per_s": sum(r["runs"] for r in rounds) / sum(r["elapsed"] for r in rounds),
         "cpu_ms_per_turn": statistics.median(r["cpu"] * 1e3 / (r["runs"] * TURNS) for r in rounds),
@@ -438,6 +470,8 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
         "events": len(ordered),
         "complete": all(r["complete"] for r in rounds),
+        "writes_per_turn": sum(r["writes"] for r in rounds) / turns,
+        "events_per_turn": len(ordered) / turns,
     }
 
 
@@ -523,7 +557,8 @@ def main() -> None:
                 f"{'':>4} {'':>10}   HTTP+SSE CPU overhead per turn: {overhead['ratio']:+.0%}"
                 f" (median of {rounds} paired rounds; in the kernel:"
                 f" {baseline['sys_ms_per_turn']:.2f} ms in-process,"
-                f" {http['sys_ms_per_turn']:.2f} ms http)",
+                f" {http['sys_ms_per_turn']:.2f} ms http; stream writes per turn:"
+                f" {http['writes_per_turn']:.1f} for {http['events_per_turn']:.1f} events)",
                 flush=True,
             )
             if args.diagnose:
