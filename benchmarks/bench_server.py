@@ -67,6 +67,7 @@ from _bench_sse_reader import Reader, client_for, read_streams
 from attribute import Sampler
 
 from tests.openai_server import OpenAIServer, Reply, sse_reply, text_chunks, tool_call_chunks
+from tests.server_harness import BodyWrites
 
 K = 10
 TURNS = K + 1
@@ -277,7 +278,7 @@ async def serve(
         if sampler is not None:
             sampler.stacks = samples[name]
 
-    writes = _StreamWrites(app)
+    writes = BodyWrites(app, "/events")
 
     async def written() -> int:
         return writes.count
@@ -312,26 +313,6 @@ async def serve(
             profiler.dump_stats(profile)
         if diagnosis is not None and diagnose:
             Path(diagnose).write_text(json.dumps(diagnosis.report()))  # noqa: ASYNC240
-
-
-class _StreamWrites:
-    """The app, counting the body writes of its event streams (one ``send`` each)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.count = 0
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if not scope.get("path", "").endswith("/events"):
-            await self.app(scope, receive, send)
-            return
-
-        async def counted(message: dict[str, Any]) -> None:
-            if message.get("body"):
-                self.count += 1
-            await send(message)
-
-        await self.app(scope, receive, counted)
 
 
 async def drive(base: str, pid: int, n: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
