@@ -30,6 +30,8 @@ __all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly", "stepped"]
 
 _T = TypeVar("_T")
 
+_NOT_STARTED = object()
+
 #: A marker of the `in_own_context` copy running now (None in a task's own context).
 OWN_CONTEXT: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "agent_flow.own_context", default=None
@@ -68,20 +70,7 @@ class _Resumed(Awaitable[_T]):
         self._waiting = waiting
 
     def __await__(self) -> Generator[Any, None, _T]:
-        waiting = self._waiting
-        while True:
-            try:
-                yield waiting
-            except BaseException as err:  # cancellation included: the steps handle it
-                try:
-                    waiting = self._steps.throw(err)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-            else:
-                try:
-                    waiting = self._steps.send(None)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
+        return stepped(self._steps.send, self._steps.throw, self._waiting)
 
 
 async def in_own_context(coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -113,23 +102,27 @@ class _InContext(Awaitable[_T]):
 
 
 def stepped(
-    send: Callable[[Any], Any], throw: Callable[[BaseException], Any]
+    send: Callable[[Any], Any],
+    throw: Callable[[BaseException], Any],
+    waiting: object = _NOT_STARTED,
 ) -> Generator[Any, None, _T]:
     """What an ``__await__`` returns to step a coroutine through `send` and `throw`.
 
-    For awaitables that wrap each step of a coroutine (`in_own_context`'s context, a step
-    batch): every value the awaiting task sends in goes to `send`, every exception thrown in
-    (cancellation included: the coroutine handles it) to `throw`, until the coroutine returns.
+    For awaitables that go on with a coroutine, or wrap each of its steps (`start_eagerly`'s
+    rest, `in_own_context`'s context, a step batch): every value the awaiting task sends in
+    goes to `send`, every exception thrown in (cancellation included: the coroutine handles
+    it) to `throw`, until the coroutine returns. `waiting`: what a coroutine started elsewhere
+    waits on now (else it is started with ``send(None)``).
     """
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            waiting = send(value) if error is None else throw(error)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        value, error = None, None
-        try:
-            value = yield waiting
-        except BaseException as err:
-            error = err
+    try:
+        if waiting is _NOT_STARTED:
+            waiting = send(None)
+        while True:
+            try:
+                value = yield waiting
+            except BaseException as err:
+                waiting = throw(err)
+            else:
+                waiting = send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]

@@ -92,19 +92,17 @@ class _Batched(Coroutine[Any, Any, _T]):
         self._batch = StepBatch()
 
     def send(self, value: Any) -> Any:
-        previous = getattr(_state, "batch", None)
-        _state.batch = self._batch
-        try:
-            return self._coroutine.send(value)
-        finally:
-            _state.batch = previous
-            self._batch.flush()
+        return self._step(self._coroutine.send, value)
 
     def throw(self, *args: Any) -> Any:
+        return self._step(self._coroutine.throw, *args)
+
+    def _step(self, step: Callable[..., Any], *args: Any) -> Any:
+        """One step of the coroutine with this batch current, then its flushes."""
         previous = getattr(_state, "batch", None)
         _state.batch = self._batch
         try:
-            return self._coroutine.throw(*args)
+            return step(*args)
         finally:
             _state.batch = previous
             self._batch.flush()

@@ -144,7 +144,7 @@ class _Writer:
         """Write the frames held in the step so far, in one write."""
         held, self._held, self._held_bytes = self._held, [], 0
         if held and self._failure is None:
-            self._start(held[0] if len(held) == 1 else b"".join(held))
+            self._start(b"".join(held))  # one frame: joined, it is that frame itself
 
     def _start(self, chunk: bytes) -> None:
         # Whatever a client's broken connection raises is kept (`_finished`), never raised
