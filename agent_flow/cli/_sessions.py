@@ -47,19 +47,25 @@ def _stored(args: argparse.Namespace, *ids: str) -> SessionStore:
         SessionNotFoundError: The store's file does not exist (naming the first of `ids`).
     """
     store = _store(args)
-    path = getattr(store, "path", None)
-    if isinstance(path, Path) and not path.exists():
+    missing = _missing_file(store)
+    if missing is not None:
         name = f"session {ids[0]!r}" if ids else "session"
-        raise SessionNotFoundError(f"no {name}: the store {path} does not exist")
+        raise SessionNotFoundError(f"no {name}: the store {missing} does not exist")
     return store
+
+
+def _missing_file(store: SessionStore) -> Path | None:
+    """The file of a SQLite `store` that does not exist (nothing was ever saved there)."""
+    path = getattr(store, "path", None)
+    return path if isinstance(path, Path) and not path.exists() else None
 
 
 async def _sessions_list(args: argparse.Namespace, streams: _Streams) -> int:
     store = _store(args)
-    path = getattr(store, "path", None)
-    if isinstance(path, Path) and not path.exists():  # nothing was ever saved there
+    missing = _missing_file(store)
+    if missing is not None:
         if not args.json:
-            streams.stdout.write(f"no sessions in {path}\n")
+            streams.stdout.write(f"no sessions in {missing}\n")
         return EXIT_OK
     async with store:
         infos = await store.list(limit=args.limit)

@@ -65,6 +65,7 @@ from agent_flow.sessions.export import (
     EnvironmentLine,
     EventLine,
     SessionHeaderLine,
+    read_export_lines,
 )
 from agent_flow.sessions.models import SessionInfo, SessionState
 from agent_flow.sessions.protocol import SessionStore
@@ -392,10 +393,7 @@ def load_export(path: str | Path) -> RecordedSession:
         UserError: The session has no model call to replay.
     """
     label = repr(str(path))
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ExportFormatError(f"cannot read the export {label}: {err}") from err
+    lines = read_export_lines(path, label)
     info: SessionInfo | None = None
     entries: list[HistoryEntry] = []
     environment: Environment | None = None

@@ -43,7 +43,12 @@ from agent_flow.sessions._changes import _Changes
 from agent_flow.sessions._follow import _EventReads
 from agent_flow.sessions._lease import _check_ttl
 from agent_flow.sessions._planner import _environment_write, _kept_entries, _Tracked
-from agent_flow.sessions.export import _export_lines, _parse_export, _read_lines, _write_lines
+from agent_flow.sessions.export import (
+    _export_lines,
+    _parse_export,
+    _write_lines,
+    read_export_lines,
+)
 from agent_flow.sessions.models import (
     _STATUSES,
     Checkpoint,
@@ -541,7 +546,7 @@ class _StoreBase(_EventReads):
             _check_id(session_id)
         name = getattr(source, "name", None) if not isinstance(source, str | Path) else source
         label = repr(str(name)) if name is not None else "the stream"
-        lines = await asyncio.to_thread(_read_lines, source, label)
+        lines = await asyncio.to_thread(read_export_lines, source, label)
         session = _parse_export(lines, label, session_id)
         async with self._lock(session.info.id):
             await self._run(self._backend.insert, session)

@@ -58,6 +58,7 @@ __all__ = [
     "EventLine",
     "ExportLine",
     "SessionHeaderLine",
+    "read_export_lines",
 ]
 
 #: The version of the format `SessionStore.export` writes.
@@ -153,7 +154,12 @@ def _write_lines(lines: Iterable[str], target: str | Path | IO[str]) -> None:
         ) from err
 
 
-def _read_lines(source: str | Path | IO[str], label: str) -> list[str]:
+def read_export_lines(source: str | Path | IO[str], label: str) -> list[str]:
+    """The lines of an export file or stream (`label` names it in the error).
+
+    Raises:
+        ExportFormatError: The file cannot be read, or is not UTF-8.
+    """
     if not isinstance(source, str | Path):
         return source.read().splitlines()
     try:
