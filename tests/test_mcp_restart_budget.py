@@ -47,6 +47,7 @@ def test_a_restart_is_allowed_exactly_when_fewer_than_the_limit_fall_in_the_wind
             assert wait >= 1 and wait >= min(recent) + window - clock.now - 1e-9
         elif window is None:
             assert refused.endswith("it is not restarted again")
+    assert budget.spent == len(made)
 
 
 def test_a_refusal_names_the_count_the_window_and_the_wait() -> None:

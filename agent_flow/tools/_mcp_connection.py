@@ -107,7 +107,6 @@ class MCPConnection:
     def __init__(self, config: MCPServerConfig) -> None:
         self.config = config
         self.name = config.name
-        self.restarts = 0
         self._restarts = RestartBudget(config.max_restarts, config.restart_window)
         self.last_error: str | None = None
         self._session: _Session | None = None
@@ -127,6 +126,11 @@ class MCPConnection:
         self.notices = Notices()
         #: How many refreshes changed what the server offers.
         self.generation = 0
+
+    @property
+    def restarts(self) -> int:
+        """How often the server was restarted (or an HTTP session made anew) so far."""
+        return self._restarts.spent
 
     def __repr__(self) -> str:
         return f"MCPConnection({self.name!r})"
@@ -477,7 +481,6 @@ class MCPConnection:
                     f"and {refused}"
                 )
             self._restarts.spend()
-            self.restarts += 1
             logger.warning(
                 "restarting MCP server %r (restart %d of at most %d) after: %s",
                 self.name,

@@ -41,6 +41,8 @@ class RestartBudget:
         self._clock = clock
         #: When each restart still counted was made, oldest first.
         self._made: deque[float] = deque()
+        #: Every restart made, counted or not any more.
+        self.spent = 0
 
     def refusal(self) -> str | None:
         """Why no restart may be made now (the end of a sentence), or None if one may."""
@@ -65,3 +67,4 @@ class RestartBudget:
     def spend(self) -> None:
         """Count a restart made now."""
         self._made.append(self._clock())
+        self.spent += 1
