@@ -152,6 +152,17 @@ class Fleet:
                 await asyncio.sleep(0.025)  # a subprocess has no event to say it listens
         raise AssertionError(f"no server answered on port {port}: {server.output()}")
 
+    async def two_watching_one_session(self, watchers: Watchers) -> tuple[Server, Server, str]:
+        """Two new servers, a session made on the first, and a stream of it open on each."""
+        a = await self.start()
+        b = await self.start()
+        created = await a.http.post("/sessions", json={})
+        assert created.status_code == 201, created.text
+        sid: str = created.json()["id"]
+        for server in (a, b):
+            await watchers.open(server, sid)
+        return a, b, sid
+
     async def kill(self, server: Server) -> None:
         server.process.send_signal(signal.SIGKILL)
         # Reaped: a dead process that is still a zombie looks alive to the next claimant.

@@ -308,13 +308,7 @@ async def test_turns_sent_through_both_servers_are_all_kept_and_all_in_the_promp
     openai_server.handler = lambda request: ANSWER
     watchers = Watchers()
     async with asyncio.timeout(100), watchers.stack:
-        a = await fleet.start()
-        b = await fleet.start()
-        created = await a.http.post("/sessions", json={})
-        assert created.status_code == 201, created.text
-        sid = created.json()["id"]
-        for server in (a, b):
-            await watchers.open(server, sid)
+        a, b, sid = await fleet.two_watching_one_session(watchers)
         for server, message in ((a, "one"), (b, "two"), (a, "three")):
             answer = await send(server, sid, message)
             assert answer.status_code == 202, answer.text

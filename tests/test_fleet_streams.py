@@ -39,11 +39,7 @@ async def test_every_server_streams_and_replays_the_runs_of_the_other(
     openai_server.handler = lambda request: ANSWER
     watchers = Watchers()
     async with asyncio.timeout(100), watchers.stack:
-        a = await fleet.start()
-        b = await fleet.start()
-        sid = (await a.http.post("/sessions", json={})).json()["id"]
-        for server in (a, b):
-            await watchers.open(server, sid)
+        a, b, sid = await fleet.two_watching_one_session(watchers)
         runs: list[str] = []
         for server, message in ((a, "one"), (b, "two"), (a, "three"), (b, "four")):
             answer = await send(server, sid, message)
