@@ -149,6 +149,23 @@ class PromptTap:
         # Only called for what this class lacks: the wrapped client answers.
         return getattr(self.inner, name)
 
+    # What a run asks of its client on every turn, answered without `__getattr__`'s detour
+    # (a failed lookup first): the same answers, or the same `AttributeError`.
+    @property
+    def model(self) -> object:
+        """The wrapped client's model."""
+        return self.inner.model  # type: ignore[attr-defined]
+
+    @property
+    def prompt_format(self) -> object:
+        """The wrapped client's prompt format."""
+        return self.inner.prompt_format  # type: ignore[attr-defined]
+
+    @property
+    def base_url(self) -> object:
+        """The wrapped client's base URL."""
+        return self.inner.base_url  # type: ignore[attr-defined]
+
     async def complete(self, request: LLMRequest) -> Completion:
         """Keep the step's prompt, then ask the wrapped client."""
         self._keep(request)
