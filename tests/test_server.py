@@ -540,3 +540,58 @@ async def test_a_server_without_any_model_says_how_its_operator_gives_one() -> N
         "; this server has no model endpoint: its operator starts it with --config agent.toml "
         "naming one ([agent.llm] or [llms.NAME])"
     )
+
+
+def _dependency_calls(dependant: object) -> list[object]:
+    calls: list[object] = []
+    for sub in getattr(dependant, "dependencies", []):
+        calls.append(sub.call)
+        calls.extend(_dependency_calls(sub))
+    return calls
+
+
+def test_every_route_and_dependency_is_a_coroutine_so_no_request_hops_to_a_thread() -> None:
+    # FastAPI runs a plain function's route or dependency on a worker thread: a hand-off per
+    # request (two context switches and anyio's thread machinery) for a few lookups.
+    from fastapi.routing import APIRoute
+
+    app = create_app(_config(), store=InMemorySessionStore(), llm_factory=Models())
+    routes = [route for route in app.routes if isinstance(route, APIRoute)]
+    assert len(routes) >= 10
+    for route in routes:
+        for function in (route.endpoint, *_dependency_calls(route.dependant)):
+            assert asyncio.iscoroutinefunction(function), f"{route.path}: {function!r} is not async"
+
+
+async def test_a_whole_session_over_http_never_waits_for_a_worker_thread(
+    store: InMemorySessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fastapi.dependencies.utils
+    import fastapi.routing
+    from starlette.concurrency import run_in_threadpool
+
+    hops: list[str] = []
+
+    async def counted(func: object, *args: object, **kwargs: object) -> object:
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await run_in_threadpool(func, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fastapi.dependencies.utils, "run_in_threadpool", counted)
+    monkeypatch.setattr(fastapi.routing, "run_in_threadpool", counted)
+    app = create_app(
+        _config(), store=store, llm_factory=Models(_approving_script()), tools_factory=_tools
+    )
+    async with serving(app) as client:
+        sid = await _create(client, title="deploy")
+        async with stream(client, f"/sessions/{sid}/events?after=-1") as events:
+            sent = await client.post(f"/sessions/{sid}/messages", json={"message": "deploy it"})
+            assert sent.status_code == 202
+            await events.until("approval_required")
+            assert (await client.get(f"/sessions/{sid}/approvals")).status_code == 200
+            ok = await client.post(f"/sessions/{sid}/approvals/c1", json={"approved": True})
+            assert ok.status_code == 204
+            await events.until("run_finished")
+        assert (await client.get("/sessions")).status_code == 200
+        assert (await client.get(f"/sessions/{sid}/export")).status_code == 200
+        assert (await client.delete(f"/sessions/{sid}")).status_code == 204
+    assert hops == []

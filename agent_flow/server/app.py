@@ -91,7 +91,9 @@ async def _live_session(request: Request, session_id: SessionId) -> LiveSession:
     return await manager.live(session_id, request_user(request.scope))
 
 
-def _user(request: Request) -> User:
+async def _user(request: Request) -> User:
+    # Dependencies are coroutines: FastAPI runs a plain function's on a worker thread, a
+    # thread hand-off per request for a dictionary lookup.
     return request_user(request.scope)
 
 
@@ -461,7 +463,7 @@ def _static(name: str) -> str:
     return (importlib.resources.files("agent_flow.server") / "static" / name).read_text("utf-8")
 
 
-def _resume_point(
+async def _resume_point(
     last_event_id: Annotated[
         str | None,
         Header(description="Resume after this event id (-1: from the first event)."),
