@@ -127,6 +127,15 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def _rss_mb(pid: int) -> float:
+    """The resident memory of process `pid` in MB (`bench_process_memory`, `_bench_idle` and
+    `bench_first_messages` read it through here)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def _listening_socket() -> socket.socket:
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto
     # says TCP, and without it Nagle's algorithm meets the client's delayed ACK (~40 ms).
