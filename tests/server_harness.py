@@ -45,11 +45,14 @@ def serve_command(config: str, db: str, port: int) -> list[str]:
 
 
 @asynccontextmanager
-async def serving(app: Any, *, send_buffer: int | None = None) -> AsyncIterator[httpx2.AsyncClient]:
+async def serving(
+    app: Any, *, send_buffer: int | None = None, http: Any = "auto"
+) -> AsyncIterator[httpx2.AsyncClient]:
     """Run `app` on a real uvicorn on 127.0.0.1; yield a client pointed at it.
 
-    `send_buffer` bounds the kernel's send buffer of every accepted connection (they inherit
-    it from the listening socket), so a client that stops reading stalls writes soon.
+    `http` is uvicorn's HTTP protocol (a name, or a class). `send_buffer` bounds the kernel's
+    send buffer of every accepted connection (they inherit it from the listening socket), so
+    a client that stops reading stalls writes soon.
     """
     # IPPROTO_TCP: asyncio sets TCP_NODELAY only where the socket's proto says TCP.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -60,7 +63,9 @@ async def serving(app: Any, *, send_buffer: int | None = None) -> AsyncIterator[
     sock.listen(128)
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, http=http
+        )
     )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -35,8 +35,9 @@ TOKENS_FILE_VARIABLE = "AGENT_FLOW_SERVER_TOKENS_FILE"
 async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
     try:
         import uvicorn
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-        from agent_flow.server import ServerSettings, create_app
+        from agent_flow.server import ServerSettings, create_app, with_json_400
         from agent_flow.server._auth import Users
     except ImportError as err:
         raise _Failure(
@@ -110,7 +111,12 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
             # Event streams stay open until their client leaves: give them 5 s on shutdown.
             server = uvicorn.Server(
                 uvicorn.Config(
-                    app, host=settings.host, port=settings.port, timeout_graceful_shutdown=5
+                    app,
+                    host=settings.host,
+                    port=settings.port,
+                    timeout_graceful_shutdown=5,
+                    # Bytes that are no HTTP request get an ErrorBody, as every refusal does.
+                    http=with_json_400(AutoHTTPProtocol),
                 )
             )
             # Bound before anything is said: an address in use is a usage error, and no token

@@ -40,6 +40,7 @@ from agent_flow.errors import (
 
 __all__ = [
     "ApiError",
+    "error_body",
     "install_error_handlers",
     "run_in_progress",
     "send_error",
@@ -108,7 +109,10 @@ def _rebuild_api_error(status: int, code: str, message: str, field: str, run_id:
     return ApiError(status, code, message, field=field, run_id=run_id)
 
 
-def _body(code: str, message: str, field: str | None = None, run_id: str | None = None) -> bytes:
+def error_body(
+    code: str, message: str, field: str | None = None, run_id: str | None = None
+) -> bytes:
+    """An `ErrorBody` as JSON bytes."""
     return json.dumps(
         {"code": code, "message": message, "field": field, "run_id": run_id}, ensure_ascii=False
     ).encode()
@@ -123,7 +127,7 @@ async def send_error(
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """Answer with `status` and an `ErrorBody` (for middleware, before any route runs)."""
-    body = _body(code, message)
+    body = error_body(code, message)
     all_headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
