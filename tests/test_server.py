@@ -7,6 +7,7 @@ talking to the scripted OpenAI-compatible server.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import re
 import socket
@@ -560,7 +561,7 @@ def test_every_route_and_dependency_is_a_coroutine_so_no_request_hops_to_a_threa
     assert len(routes) >= 10
     for route in routes:
         for function in (route.endpoint, *_dependency_calls(route.dependant)):
-            assert asyncio.iscoroutinefunction(function), f"{route.path}: {function!r} is not async"
+            assert inspect.iscoroutinefunction(function), f"{route.path}: {function!r} is not async"
 
 
 async def test_a_whole_session_over_http_never_waits_for_a_worker_thread(

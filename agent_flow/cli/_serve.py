@@ -117,6 +117,9 @@ async def _serve_command(args: argparse.Namespace, streams: _Streams) -> int:
                     timeout_graceful_shutdown=5,
                     # Bytes that are no HTTP request get an ErrorBody, as every refusal does.
                     http=with_json_400(AutoHTTPProtocol),
+                    # No WebSocket route: an upgrade request is answered as HTTP (JSON), not
+                    # by a WebSocket library (plain text, or a 403 past the token check).
+                    ws="none",
                 )
             )
             # Bound before anything is said: an address in use is a usage error, and no token
