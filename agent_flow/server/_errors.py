@@ -150,7 +150,11 @@ def _allowed_methods(request: Request) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every `ApiError`, validation error and Starlette refusal with an `ErrorBody`."""
+    """Answer every refusal and failure of a request with an `ErrorBody`.
+
+    `ApiError`, validation errors and Starlette's refusals with their own codes; a failure
+    nothing expects with 500 ``internal_error``, its cause in the server's log only.
+    """
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
@@ -187,6 +191,28 @@ def install_error_handlers(app: FastAPI) -> None:
                 "the session store failed while answering (the server's log says why); try again",
             )
         return await api_error(request, refusal)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception) -> JSONResponse:
+        # A bug, or a failure nothing above expects: Starlette's answer would be plain text.
+        # The cause stays in the server's log, as it may name hosts, paths or secrets: one
+        # line here, and the traceback from uvicorn (Starlette raises it again after this).
+        logger.error(
+            "%s %s: answered 500 internal_error: %s: %s",
+            request.method,
+            request.url.path,
+            type(err).__name__,
+            err,
+        )
+        return JSONResponse(
+            {
+                "code": "internal_error",
+                "message": "the server failed while answering (its log says why)",
+                "field": None,
+                "run_id": None,
+            },
+            status_code=500,
+        )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
