@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -12,12 +13,43 @@ import pytest
 
 from agent_flow.errors import MCPServerError, MCPServerTimeoutError, ToolDefinitionError
 from agent_flow.messages import ToolCall
-from agent_flow.tools import MCPConnection, MCPServers, MCPServerStdio, ToolExecutor, ToolHooks
+from agent_flow.tools import (
+    MCPConnection,
+    MCPServers,
+    MCPServerStdio,
+    ToolExecutor,
+    ToolHooks,
+    _mcp_connection,
+)
+from agent_flow.tools._mcp_restarts import RestartBudget
 from tests.helpers import stdio_server
 from tests.helpers import tool_call as call
 
 
-async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_use() -> None:
+class _Clock:
+    """Monotonic seconds the test moves: a restart's window measured without waiting for it
+    (and without a slow machine's calls eating into it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    """The restart budgets of the connections made in the test read this clock."""
+    made = _Clock()
+    monkeypatch.setattr(
+        _mcp_connection, "RestartBudget", functools.partial(RestartBudget, clock=made)
+    )
+    return made
+
+
+async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_use(
+    clock: _Clock,
+) -> None:
     executor = ToolExecutor()
     async with MCPServers([stdio_server("crashy", "crash_server.py", max_restarts=1)]) as servers:
         servers.register(executor)
@@ -51,7 +83,9 @@ async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_us
         assert connection.restarts == 1
 
 
-async def test_a_restart_counts_against_the_limit_only_within_the_restart_window() -> None:
+async def test_a_restart_counts_against_the_limit_only_within_the_restart_window(
+    clock: _Clock,
+) -> None:
     executor = ToolExecutor()
     config = stdio_server("crashy", "crash_server.py", max_restarts=1, restart_window=1.5)
     async with MCPServers([config]) as servers:
@@ -65,7 +99,7 @@ async def test_a_restart_counts_against_the_limit_only_within_the_restart_window
         refused = await executor.execute_one(call("crashy_echo", '{"text": "b"}'))
         assert refused.result.error_kind == "server_unavailable"
         assert "in the last 1.5s, the limit (max_restarts)" in refused.result.content
-        await asyncio.sleep(1.6)  # the first restart leaves the window: one more may be made
+        clock.now += 1.6  # the first restart leaves the window: one more may be made
         again = await executor.execute_one(call("crashy_echo", '{"text": "c"}'))
         assert again.result.content == "c"
         assert connection.restarts == 2
