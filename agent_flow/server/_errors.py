@@ -204,15 +204,10 @@ def install_error_handlers(app: FastAPI) -> None:
             type(err).__name__,
             err,
         )
-        return JSONResponse(
-            {
-                "code": "internal_error",
-                "message": "the server failed while answering (its log says why)",
-                "field": None,
-                "run_id": None,
-            },
-            status_code=500,
+        refusal = ApiError(
+            500, "internal_error", "the server failed while answering (its log says why)"
         )
+        return await api_error(request, refusal)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
