@@ -33,6 +33,17 @@ def tool_call(name: str, arguments: str | JsonValue = "{}", call_id: str = "1") 
     return ToolCall(id=call_id, name=name, arguments=raw)
 
 
+class FakeClock:
+    """Monotonic seconds a test moves itself (``clock.now += 1.6``): a time window measured
+    without waiting for it, and without a slow machine's calls eating into it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def stdio_server(name: str, script: str, **options: Any) -> MCPServerStdio:
     """The config of one of the test MCP servers, run over stdio with this Python.
 

@@ -13,14 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_flow.tools._mcp_restarts import RestartBudget
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import FakeClock
 
 
 @given(
@@ -31,7 +24,7 @@ class _Clock:
 def test_a_restart_is_allowed_exactly_when_fewer_than_the_limit_fall_in_the_window(
     max_restarts: int, window: float | None, steps: list[float]
 ) -> None:
-    clock = _Clock()
+    clock = FakeClock()
     budget = RestartBudget(max_restarts, window, clock=clock)
     made: list[float] = []
     for step in steps:
@@ -51,7 +44,7 @@ def test_a_restart_is_allowed_exactly_when_fewer_than_the_limit_fall_in_the_wind
 
 
 def test_a_refusal_names_the_count_the_window_and_the_wait() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     budget = RestartBudget(2, 600.0, clock=clock)
     budget.spend()
     clock.now += 100

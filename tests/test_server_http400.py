@@ -39,12 +39,9 @@ MALFORMED = [
 
 
 def _protocols() -> list[type[asyncio.Protocol]]:
+    """uvicorn's HTTP/1.1 protocols installed here (the ones `_http400` knows by name)."""
     found = []
-    for module, name in (
-        ("uvicorn.protocols.http.h11_impl", "H11Protocol"),
-        ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol"),
-        ("uvicorn.protocols.http.zttp_impl", "ZttpProtocol"),
-    ):
+    for name, module in _http400._UVICORN_PROTOCOLS.items():
         try:
             found.append(getattr(importlib.import_module(module), name))
         except (ImportError, AttributeError):  # not installed here (httptools, zttp)

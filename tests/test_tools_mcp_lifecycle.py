@@ -22,25 +22,14 @@ from agent_flow.tools import (
     _mcp_connection,
 )
 from agent_flow.tools._mcp_restarts import RestartBudget
-from tests.helpers import stdio_server
+from tests.helpers import FakeClock, stdio_server
 from tests.helpers import tool_call as call
 
 
-class _Clock:
-    """Monotonic seconds the test moves: a restart's window measured without waiting for it
-    (and without a slow machine's calls eating into it)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """The restart budgets of the connections made in the test read this clock."""
-    made = _Clock()
+    made = FakeClock()
     monkeypatch.setattr(
         _mcp_connection, "RestartBudget", functools.partial(RestartBudget, clock=made)
     )
@@ -48,7 +37,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
 
 
 async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_use(
-    clock: _Clock,
+    clock: FakeClock,
 ) -> None:
     executor = ToolExecutor()
     async with MCPServers([stdio_server("crashy", "crash_server.py", max_restarts=1)]) as servers:
@@ -84,7 +73,7 @@ async def test_a_crashed_server_fails_the_call_in_flight_and_restarts_on_next_us
 
 
 async def test_a_restart_counts_against_the_limit_only_within_the_restart_window(
-    clock: _Clock,
+    clock: FakeClock,
 ) -> None:
     executor = ToolExecutor()
     config = stdio_server("crashy", "crash_server.py", max_restarts=1, restart_window=1.5)
