@@ -37,6 +37,12 @@ def _pool(llm: OpenAIClient) -> Any:
     return llm.sdk_client._client._transport._pool
 
 
+def _backends(sdk: AsyncOpenAI) -> list[Any]:
+    """The network backend of each pool of `sdk`'s transport (one per shard)."""
+    pool = sdk._client._transport._pool
+    return [shard._network_backend for shard in getattr(pool, "pools", [pool])]
+
+
 def _streams(llm: OpenAIClient) -> list[Any]:
     """The network streams of the pool's open HTTP/1.1 connections."""
     return [c._connection._network_stream for c in _pool(llm).connections if c._connection]
@@ -87,7 +93,8 @@ def test_the_check_says_readable_for_data_the_end_and_a_gone_socket() -> None:
 async def test_an_openai_client_of_its_own_gets_the_check_once() -> None:
     llm = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", api_key="k")
     async with llm:
-        assert isinstance(_pool(llm)._network_backend, _Backend)
+        assert all(isinstance(backend, _Backend) for backend in _backends(llm.sdk_client))
+        assert len(_backends(llm.sdk_client)) > 1  # and the pool split (its own test file)
         assert quicken(llm.sdk_client) == 0  # already done, not wrapped twice
     async with AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k") as sdk:
         assert not isinstance(sdk._client._transport._pool._network_backend, _Backend)
@@ -221,7 +228,7 @@ async def test_a_servers_shared_clients_get_the_check() -> None:
     config = LLMConfig(model="m", base_url="http://127.0.0.1:9/v1")  # a local server: no key
     session = clients.client(config)
     assert quicken(session.sdk_client) == 0  # the shared SDK client already has it
-    assert isinstance(session.sdk_client._client._transport._pool._network_backend, _Backend)
+    assert all(isinstance(backend, _Backend) for backend in _backends(session.sdk_client))
     await session.aclose()
     await clients.aclose()
 

@@ -62,6 +62,7 @@ from agent_flow.llm._openai_stream import (
     refused_in_stream,
 )
 from agent_flow.llm._openai_wire import Assembler, messages_to_wire
+from agent_flow.llm._pool_shards import shard
 from agent_flow.llm.base import (
     NATIVE_FORMAT,
     RETRY_LISTENER,
@@ -129,7 +130,8 @@ class OpenAIClient:
         sdk_client: A ready `AsyncOpenAI` (e.g. `AsyncAzureOpenAI`) to use instead of
             building one; the connection arguments must then be left unset. It is used as
             it is; one built here checks its idle pooled connections more cheaply
-            (`agent_flow.llm._idle_probe`).
+            (`agent_flow.llm._idle_probe`) and splits its pool in shards, so that a
+            request's cost does not grow with the runs at once (`agent_flow.llm._pool_shards`).
 
     Raises:
         ConfigError: No API key was found for OpenAI's own endpoint, or `sdk_client` was
@@ -231,6 +233,7 @@ class OpenAIClient:
             max_retries=0,
         )
         quicken(self._sdk)
+        shard(self._sdk)  # after quicken: the shards share its backend
         self._owns_sdk = True
         self._post = ChatPost(self._sdk)
 
