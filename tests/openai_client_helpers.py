@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from httpcore2._utils import is_socket_readable
 
 from agent_flow.llm import (
     LLMRequest,
@@ -12,6 +15,7 @@ from agent_flow.llm import (
     StreamEvent,
     TextChunk,
 )
+from agent_flow.llm._idle_probe import _Stream
 from agent_flow.messages import ChatMessage, ToolDefinition
 from tests.openai_server import (
     OpenAIServer,
@@ -42,3 +46,22 @@ async def collect(events: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
 
 def texts(events: list[StreamEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextChunk))
+
+
+def pool_streams(llm: OpenAIClient) -> list[Any]:
+    """The network streams of the open HTTP/1.1 connections of `llm`'s SDK pool (its shards')."""
+    pool = llm.sdk_client._client._transport._pool
+    return [c._connection._network_stream for c in pool.connections if c._connection]
+
+
+async def closed_by_server(server: OpenAIServer, llm: OpenAIClient) -> None:
+    """The server closes its idle connections; wait until the client's sockets see the end."""
+    streams = pool_streams(llm)
+    assert streams and all(isinstance(s, _Stream) for s in streams)
+    await server.close_idle()
+    for _ in range(400):
+        # httpcore2's own check on each socket: the oracle, not the check under test.
+        if all(is_socket_readable(s.get_extra_info("socket")) for s in streams):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the client never saw the server close its connections")

@@ -7,7 +7,6 @@ for the next request, and TLS, proxies and a user's own HTTP client must be left
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import socket
@@ -26,8 +25,8 @@ from hypothesis import strategies as st
 from openai import AsyncOpenAI
 
 from agent_flow.llm import OpenAIClient
-from agent_flow.llm._idle_probe import _Backend, _Stream, is_readable, quicken
-from tests.openai_client_helpers import HELLO
+from agent_flow.llm._idle_probe import _Backend, is_readable, quicken
+from tests.openai_client_helpers import HELLO, closed_by_server, pool_streams
 from tests.openai_server import OpenAIServer, completion_body, json_reply
 
 ANSWER = json_reply(completion_body("hello"))
@@ -41,11 +40,6 @@ def _backends(sdk: AsyncOpenAI) -> list[Any]:
     """The network backend of each pool of `sdk`'s transport (one per shard)."""
     pool = sdk._client._transport._pool
     return [shard._network_backend for shard in getattr(pool, "pools", [pool])]
-
-
-def _streams(llm: OpenAIClient) -> list[Any]:
-    """The network streams of the pool's open HTTP/1.1 connections."""
-    return [c._connection._network_stream for c in _pool(llm).connections if c._connection]
 
 
 # -- the check itself ----------------------------------------------------------------------
@@ -134,19 +128,6 @@ async def test_a_users_own_http_client_is_left_alone() -> None:
 # -- real connections ----------------------------------------------------------------------
 
 
-async def _closed_by_server(server: OpenAIServer, llm: OpenAIClient) -> None:
-    """The server closes its idle connections; wait until the client's socket sees the end."""
-    streams = _streams(llm)
-    assert streams and all(isinstance(s, _Stream) for s in streams)
-    await server.close_idle()
-    for _ in range(200):
-        # httpcore2's own check on each socket: the oracle, not the check under test.
-        if all(is_socket_readable(s.get_extra_info("socket")) for s in streams):
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the client never saw the server close its connection")
-
-
 async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> None:
     async with OpenAIServer(handler=lambda request: ANSWER) as server:
         llm = OpenAIClient("m", base_url=server.base_url, api_key="k", max_retries=0)
@@ -154,23 +135,10 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> 
             assert (await llm.complete(HELLO)).text == "hello"
             assert (await llm.complete(HELLO)).text == "hello"
             assert server.connections == 1  # kept alive and reused
-            await _closed_by_server(server, llm)
+            await closed_by_server(server, llm)
             # No retries allowed: a request sent on the dead connection would fail.
             assert (await llm.complete(HELLO)).text == "hello"
             assert server.connections == 2
-
-
-async def test_many_runs_at_once_each_get_their_answer() -> None:
-    async with OpenAIServer(handler=lambda request: ANSWER) as server:
-        llm = OpenAIClient("m", base_url=server.base_url, api_key="k", max_retries=0)
-        async with llm:
-            for _ in range(3):
-                answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(50)))
-                assert {a.text for a in answers} == {"hello"}
-            assert server.connections <= 50
-            await _closed_by_server(server, llm)
-            answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(50)))
-            assert {a.text for a in answers} == {"hello"}
 
 
 @pytest.fixture
@@ -212,10 +180,10 @@ async def test_tls_connections_are_checked_on_their_own_socket(tls_server: OpenA
         assert (await llm.complete(HELLO)).text == "hello"
         assert (await llm.complete(HELLO)).text == "hello"
         assert tls_server.connections == 1
-        (stream,) = _streams(llm)
+        (stream,) = pool_streams(llm)
         assert stream.get_extra_info("ssl_object") is not None  # TLS, through the wrapper
         assert stream.get_extra_info("is_readable") is False
-        await _closed_by_server(tls_server, llm)
+        await closed_by_server(tls_server, llm)
         assert (await llm.complete(HELLO)).text == "hello"
         assert tls_server.connections == 2
 

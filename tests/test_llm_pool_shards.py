@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 
 from agent_flow.llm import OpenAIClient
 from agent_flow.llm._pool_shards import MIN_PER_SHARD, SHARDS, ShardedPool, shard
-from tests.openai_client_helpers import HELLO
+from tests.openai_client_helpers import HELLO, closed_by_server
 from tests.openai_server import OpenAIServer, completion_body, json_reply
 
 ANSWER = json_reply(completion_body("hello"))
@@ -167,25 +167,11 @@ async def test_many_at_once_make_no_more_connections_than_one_pool_and_spread_th
             held = _held(_pool(llm.sdk_client))
             assert sum(held) == 64 and max(held) - min(held) <= 1, held
             # The server closes them while idle: none is used again (no retries allowed).
-            await server.close_idle()
-            await _until_seen_closed(llm)
+            await closed_by_server(server, llm)
             answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(64)))
             assert [a.text for a in answers] == ["hello"] * 64
             assert server.connections == 128
         assert _held(_pool(llm.sdk_client)) == [0] * SHARDS  # closed with the client
-
-
-async def _until_seen_closed(llm: OpenAIClient) -> None:
-    for _ in range(400):
-        streams = [
-            c._connection._network_stream
-            for c in _pool(llm.sdk_client).connections
-            if c._connection is not None
-        ]
-        if all(stream.get_extra_info("is_readable") for stream in streams):
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the client never saw the server close its connections")
 
 
 async def test_the_connection_limit_holds_across_the_shards() -> None:

@@ -27,18 +27,26 @@ import httpcore2
 
 from agent_flow._utils import readable
 
-__all__ = ["quicken"]
+__all__ = ["quicken", "sdk_transports"]
+
+
+def sdk_transports(sdk_client: Any) -> list[Any]:
+    """The transports of `sdk_client`'s HTTP client: its own, then those mounted for proxies.
+
+    Entries may be None or of any type (a user's own HTTP client): callers check each.
+    """
+    http = getattr(sdk_client, "_client", None)
+    transports: list[Any] = [getattr(http, "_transport", None)]
+    mounts = getattr(http, "_mounts", None)
+    if isinstance(mounts, dict):
+        transports.extend(mounts.values())
+    return transports
 
 
 def quicken(sdk_client: Any) -> int:
     """Give the pools of `sdk_client` the cheaper idle check; return how many were changed."""
-    http = getattr(sdk_client, "_client", None)
-    transports = [getattr(http, "_transport", None)]
-    mounts = getattr(http, "_mounts", None)
-    if isinstance(mounts, dict):
-        transports.extend(mounts.values())
     changed = 0
-    for transport in transports:
+    for transport in sdk_transports(sdk_client):
         pool = getattr(transport, "_pool", None)
         if not isinstance(pool, httpcore2.AsyncConnectionPool):
             continue

@@ -29,6 +29,8 @@ from typing import Any
 
 import httpcore2
 
+from agent_flow.llm._idle_probe import sdk_transports
+
 __all__ = ["MIN_PER_SHARD", "SHARDS", "ShardedPool", "shard"]
 
 #: How many pools a client's one pool becomes.
@@ -40,13 +42,8 @@ MIN_PER_SHARD = 8
 
 def shard(sdk_client: Any, shards: int = SHARDS) -> int:
     """Split the connection pools of `sdk_client` (see the module); return how many were split."""
-    http = getattr(sdk_client, "_client", None)
-    transports: list[Any] = [getattr(http, "_transport", None)]
-    mounts = getattr(http, "_mounts", None)
-    if isinstance(mounts, dict):
-        transports.extend(mounts.values())
     split = 0
-    for transport in transports:
+    for transport in sdk_transports(sdk_client):
         pool = getattr(transport, "_pool", None)
         if type(pool) is not httpcore2.AsyncConnectionPool:  # a proxy's pool, or already split
             continue
