@@ -409,8 +409,9 @@ class OpenAIServer:
     ) -> None:
         self.handler = handler
         self.ssl = ssl
-        #: Connections accepted so far.
+        #: Connections accepted so far, and the most open at once.
         self.connections = 0
+        self.most_open = 0
         self.requests: list[RecordedRequest] = []
         self.unexpected: list[RecordedRequest] = []
         #: Answers to requests other than chat completions, by (method, path without query).
@@ -509,6 +510,7 @@ class OpenAIServer:
         self._tasks.add(task)
         self._writers.add(writer)
         self.connections += 1
+        self.most_open = max(self.most_open, len(self._writers))
         try:
             while True:
                 try:

@@ -9,6 +9,8 @@ while idle is never used again, and pools it cannot split are left as they are.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from openai import AsyncOpenAI
 
 from agent_flow.llm import OpenAIClient
-from agent_flow.llm._pool_shards import MIN_PER_SHARD, SHARDS, ShardedPool, shard
+from agent_flow.llm._pool_shards import MIN_KEPT_PER_SHARD, SHARDS, ShardedPool, shard
 from tests.openai_client_helpers import HELLO, closed_by_server
 from tests.openai_server import OpenAIServer, completion_body, json_reply
 
@@ -45,7 +47,7 @@ async def test_an_openai_client_of_its_own_splits_its_pool_once_keeping_the_sdks
     async with llm:
         pool = _pool(llm.sdk_client)
         assert isinstance(pool, ShardedPool) and len(pool.pools) == SHARDS
-        assert sum(s._max_connections for s in pool.pools) == single._max_connections
+        assert pool.limit == single._max_connections  # held across the shards
         assert sum(s._max_keepalive_connections for s in pool.pools) == (
             single._max_keepalive_connections
         )
@@ -75,7 +77,7 @@ def _sdk_with(pool: object) -> Any:
     "pool",
     [
         httpcore2.AsyncConnectionPool(http2=True),  # one connection serves many requests
-        httpcore2.AsyncConnectionPool(max_connections=2 * MIN_PER_SHARD - 1),  # too small
+        httpcore2.AsyncConnectionPool(max_keepalive_connections=2 * MIN_KEPT_PER_SHARD - 1),
         httpcore2.AsyncConnectionPool(max_connections=None, proxy=httpcore2.Proxy("http://p:1")),
         httpcore2.AsyncHTTPProxy(proxy_url="http://127.0.0.1:9"),
         object(),  # not a pool this knows
@@ -106,41 +108,55 @@ async def test_a_users_own_http_client_and_mock_transport_are_left_alone() -> No
     await sdk.close()
 
 
-@pytest.mark.parametrize(("connections", "keepalive"), [(32, 20), (1000, 100), (17, 3), (130, 7)])
-def test_the_shares_add_up_to_each_limit(connections: int, keepalive: int) -> None:
+@pytest.mark.parametrize(("connections", "keepalive"), [(32, 20), (1000, 100), (17, 8), (130, 70)])
+def test_the_shares_of_the_connections_kept_alive_add_up_to_the_limit(
+    connections: int, keepalive: int
+) -> None:
     pool = httpcore2.AsyncConnectionPool(
         max_connections=connections, max_keepalive_connections=keepalive
     )
     sdk = _sdk_with(pool)
     assert shard(sdk) == 1
-    shards = _pool(sdk).pools
-    assert len(shards) == min(SHARDS, connections // MIN_PER_SHARD)
-    assert sum(s._max_connections for s in shards) == connections
-    assert sum(s._max_keepalive_connections for s in shards) == keepalive
-    assert max(s._max_connections for s in shards) - min(s._max_connections for s in shards) <= 1
+    sharded = _pool(sdk)
+    shares = [s._max_keepalive_connections for s in sharded.pools]
+    assert len(shares) == min(SHARDS, keepalive // MIN_KEPT_PER_SHARD)
+    assert sum(shares) == keepalive and max(shares) - min(shares) <= 1
+    assert min(shares) >= MIN_KEPT_PER_SHARD
+    assert sharded.limit == connections
+    assert all(s._max_connections == connections for s in sharded.pools)
 
 
 # -- which shard a request goes to -----------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 8)), min_size=2, max_size=SHARDS))
-def test_a_request_goes_to_the_first_shard_with_a_connection_idle_else_the_emptiest(
-    shards: list[tuple[int, int]],
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 8), st.integers(1, 7)), min_size=2, max_size=8
+    ),
+    st.integers(0, 100),
+)
+def test_a_request_goes_to_a_shard_with_a_connection_idle_else_where_most_may_be_kept(
+    shards: list[tuple[int, int, int]], requests_before: int
 ) -> None:
     pools = []
-    for held, requests in shards:
-        pool = httpcore2.AsyncConnectionPool(max_connections=MIN_PER_SHARD)
+    for held, requests, kept in shards:
+        pool = httpcore2.AsyncConnectionPool(max_keepalive_connections=kept)
         pool._connections.extend([object()] * held)  # type: ignore[list-item]
         pool._requests.extend([object()] * requests)  # type: ignore[list-item]
         pools.append(pool)
-    chosen = pools.index(ShardedPool(pools).choose())
-    idle = [index for index, (held, requests) in enumerate(shards) if requests < held]
+    sharded = ShardedPool(pools, limit=1000)
+    for _ in range(requests_before):  # the shard looked at first turns with each request
+        sharded.choose()
+    chosen = pools.index(sharded.choose())
+    first = requests_before % len(shards)
+    in_turn = [(first + offset) % len(shards) for offset in range(len(shards))]
+    idle = [index for index in in_turn if shards[index][1] < shards[index][0]]
     if idle:
         assert chosen == idle[0], shards
     else:
-        fewest = min(held for held, _ in shards)
-        assert chosen == [held for held, _ in shards].index(fewest), shards
+        rooms = [kept - held for held, _, kept in shards]
+        assert chosen == rooms.index(max(rooms)), shards
 
 
 # -- real connections ------------------------------------------------------------------------
@@ -164,8 +180,10 @@ async def test_many_at_once_make_no_more_connections_than_one_pool_and_spread_th
                 answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(64)))
                 assert [a.text for a in answers] == ["hello"] * 64
             assert server.connections == 64  # made once, then reused: as the single pool
-            held = _held(_pool(llm.sdk_client))
-            assert sum(held) == 64 and max(held) - min(held) <= 1, held
+            shards = _pool(llm.sdk_client).pools
+            room = [s._max_keepalive_connections - len(s._connections) for s in shards]
+            assert sum(_held(_pool(llm.sdk_client))) == 64
+            assert max(room) - min(room) <= 1, room  # spread by each shard's share
             # The server closes them while idle: none is used again (no retries allowed).
             await closed_by_server(server, llm)
             answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(64)))
@@ -183,11 +201,145 @@ async def test_the_connection_limit_holds_across_the_shards() -> None:
             max_retries=0,
             http_client=httpx2.AsyncClient(limits=limits),
         )
-        assert shard(sdk) == 1 and len(_pool(sdk).pools) == 4
+        assert shard(sdk) == 1 and len(_pool(sdk).pools) == 5
         llm = OpenAIClient("m", sdk_client=sdk)
         answers = await asyncio.gather(*(llm.complete(HELLO) for _ in range(80)))
         assert [a.text for a in answers] == ["hello"] * 80
-        assert server.connections <= 32
+        assert server.most_open <= 32
         assert sum(_held(_pool(sdk))) <= 20  # idle ones kept: the keep-alive limit in total
         await llm.aclose()
         await sdk.close()
+
+
+async def test_requests_over_the_limit_wait_in_order_for_a_place_in_any_shard() -> None:
+    """32 streams held open fill the limit; 8 more wait, and each gets the place of a closed
+    stream whichever shard it was in (none waits behind one shard's own connections)."""
+    limits = httpx2.Limits(max_connections=32, max_keepalive_connections=20)
+    async with OpenAIServer(handler=lambda request: ANSWER) as server:
+        http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(30.0, pool=20.0))
+        assert shard(SimpleNamespace(_client=http)) == 1
+        url = f"{server.base_url}/chat/completions"
+        async with contextlib.AsyncExitStack() as held:
+            streams = [
+                await held.enter_async_context(http.stream("POST", url, json={})) for _ in range(32)
+            ]
+            waiting = [asyncio.create_task(http.post(url, json={})) for _ in range(8)]
+            await asyncio.sleep(0.2)
+            assert not any(task.done() for task in waiting)
+            assert server.connections == 32
+            # Close the streams of every shard but the one the first waiter would have
+            # queued in: the waiters are served all the same.
+            for stream in streams[8:16]:
+                await stream.aread()  # read whole: its connection can be used again
+                await stream.aclose()
+            answers = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+            assert [answer.status_code for answer in answers] == [200] * 8
+            assert server.connections == 32  # the waiters used the connections freed
+        await http.aclose()
+
+
+async def test_a_request_that_finds_no_place_within_the_pool_timeout_fails_as_a_full_pool() -> None:
+    limits = httpx2.Limits(max_connections=16, max_keepalive_connections=8)
+    async with OpenAIServer(handler=lambda request: ANSWER) as server:
+        http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(30.0, pool=0.2))
+        assert shard(SimpleNamespace(_client=http)) == 1
+        url = f"{server.base_url}/chat/completions"
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(16):
+                await held.enter_async_context(http.stream("POST", url, json={}))
+            with pytest.raises(httpx2.PoolTimeout):
+                await http.post(url, json={})
+        # Its place was not lost: all 16 again, then one more.
+        answers = await asyncio.gather(*(http.post(url, json={}) for _ in range(17)))
+        assert [answer.status_code for answer in answers] == [200] * 17
+        await http.aclose()
+
+
+class _Instant:
+    """A shard that answers at once, its responses open until closed."""
+
+    def __init__(self) -> None:
+        self._requests: list[object] = []
+        self._connections: list[object] = []
+        self._max_keepalive_connections = 1
+        self.open = 0
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        self.open += 1
+        shard = self
+
+        class Body:
+            def __aiter__(self) -> Any:
+                return self
+
+            async def __anext__(self) -> bytes:
+                raise StopAsyncIteration
+
+            async def aclose(self) -> None:
+                shard.open -= 1
+
+        return httpcore2.Response(200, content=Body())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.lists(st.sampled_from(["request", "close", "cancel", "settle"]), max_size=40),
+)
+def test_never_more_than_the_limit_open_and_waiters_served_in_order(
+    limit: int, steps: list[str]
+) -> None:
+    async def run() -> None:
+        shard_ = _Instant()
+        pool = ShardedPool([shard_, shard_], limit)  # type: ignore[list-item]
+        request = httpcore2.Request("POST", "http://127.0.0.1:9/")
+        started: list[asyncio.Task[httpcore2.Response]] = []
+        served: list[int] = []
+        closed: set[int] = set()
+        for step in steps:
+            if step == "request":
+                index = len(started)
+                task = asyncio.create_task(pool.handle_async_request(request))
+                task.add_done_callback(
+                    lambda t, i=index: None if t.cancelled() else served.append(i)
+                )
+                started.append(task)
+            elif step == "close":
+                for index in served:
+                    if index not in closed:
+                        closed.add(index)
+                        await started[index].result().stream.aclose()  # type: ignore[union-attr]
+                        break
+            elif step == "cancel":
+                for task in started:
+                    if not task.done():
+                        task.cancel()
+                        break
+            await asyncio.sleep(0)
+            assert shard_.open <= limit
+            assert len(served) - len(closed) <= limit
+        for task in started:
+            task.cancel()
+        await asyncio.gather(*started, return_exceptions=True)
+        # Served in the order they came, but for those cancelled while waiting.
+        assert served == sorted(served)
+        for index in served:
+            if index not in closed:
+                await started[index].result().stream.aclose()  # type: ignore[union-attr]
+        assert pool._free == limit and not pool._waiting  # every place given back
+
+    asyncio.run(run())
+
+
+async def test_a_request_that_fails_gives_its_place_back() -> None:
+    limits = httpx2.Limits(max_connections=16, max_keepalive_connections=8)
+    http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(5.0, pool=0.5))
+    assert shard(SimpleNamespace(_client=http)) == 1
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{unused.getsockname()[1]}/"  # bound, never listening
+        for _ in range(20):  # more than the limit: each refused, its place given back
+            with pytest.raises(httpx2.ConnectError):
+                await http.post(dead, json={})
+    assert _pool(SimpleNamespace(_client=http))._free == 16
+    await http.aclose()
