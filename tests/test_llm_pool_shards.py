@@ -211,13 +211,19 @@ async def test_the_connection_limit_holds_across_the_shards() -> None:
         await sdk.close()
 
 
+def _sharded_http(connections: int, kept: int, pool_timeout: float) -> httpx2.AsyncClient:
+    """An HTTP client with these limits, its pool split."""
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=kept)
+    http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(30.0, pool=pool_timeout))
+    assert shard(SimpleNamespace(_client=http)) == 1
+    return http
+
+
 async def test_requests_over_the_limit_wait_in_order_for_a_place_in_any_shard() -> None:
     """32 streams held open fill the limit; 8 more wait, and each gets the place of a closed
     stream whichever shard it was in (none waits behind one shard's own connections)."""
-    limits = httpx2.Limits(max_connections=32, max_keepalive_connections=20)
     async with OpenAIServer(handler=lambda request: ANSWER) as server:
-        http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(30.0, pool=20.0))
-        assert shard(SimpleNamespace(_client=http)) == 1
+        http = _sharded_http(32, 20, pool_timeout=20.0)
         url = f"{server.base_url}/chat/completions"
         async with contextlib.AsyncExitStack() as held:
             streams = [
@@ -227,8 +233,8 @@ async def test_requests_over_the_limit_wait_in_order_for_a_place_in_any_shard() 
             await asyncio.sleep(0.2)
             assert not any(task.done() for task in waiting)
             assert server.connections == 32
-            # Close the streams of every shard but the one the first waiter would have
-            # queued in: the waiters are served all the same.
+            # Eight streams end, in whichever shards they are: the eight waiters take their
+            # places and their connections.
             for stream in streams[8:16]:
                 await stream.aread()  # read whole: its connection can be used again
                 await stream.aclose()
@@ -239,10 +245,8 @@ async def test_requests_over_the_limit_wait_in_order_for_a_place_in_any_shard() 
 
 
 async def test_a_request_that_finds_no_place_within_the_pool_timeout_fails_as_a_full_pool() -> None:
-    limits = httpx2.Limits(max_connections=16, max_keepalive_connections=8)
     async with OpenAIServer(handler=lambda request: ANSWER) as server:
-        http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(30.0, pool=0.2))
-        assert shard(SimpleNamespace(_client=http)) == 1
+        http = _sharded_http(16, 8, pool_timeout=0.2)
         url = f"{server.base_url}/chat/completions"
         async with contextlib.AsyncExitStack() as held:
             for _ in range(16):
@@ -332,9 +336,7 @@ def test_never_more_than_the_limit_open_and_waiters_served_in_order(
 
 
 async def test_a_request_that_fails_gives_its_place_back() -> None:
-    limits = httpx2.Limits(max_connections=16, max_keepalive_connections=8)
-    http = httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(5.0, pool=0.5))
-    assert shard(SimpleNamespace(_client=http)) == 1
+    http = _sharded_http(16, 8, pool_timeout=0.5)
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{unused.getsockname()[1]}/"  # bound, never listening
