@@ -32,10 +32,6 @@ from tests.openai_server import OpenAIServer, completion_body, json_reply
 ANSWER = json_reply(completion_body("hello"))
 
 
-def _pool(llm: OpenAIClient) -> Any:
-    return llm.sdk_client._client._transport._pool
-
-
 def _backends(sdk: AsyncOpenAI) -> list[Any]:
     """The network backend of each pool of `sdk`'s transport (one per shard)."""
     pool = sdk._client._transport._pool
