@@ -30,6 +30,10 @@ the user never set. An explicit reserve is taken as given.
 DEFAULT_ENVIRONMENT_ALLOCATION: Final = 0.3
 """The environment's share of what the fixed costs leave of the budget."""
 
+DEFAULT_ENVIRONMENT_PLACEMENT: Final = "system"
+"""Where the rendered environment goes in a prompt: at the system template's ``{environment}``
+(``"last"``: a system message of its own after the history; see `ContextConfig`)."""
+
 DEFAULT_PRUNE_TARGET: Final = 0.8
 """Pruning shrinks the history to this fraction of its budget, so it does not run every step."""
 

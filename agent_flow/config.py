@@ -52,6 +52,7 @@ from pydantic import (
 
 from agent_flow._defaults import (
     DEFAULT_ENVIRONMENT_ALLOCATION,
+    DEFAULT_ENVIRONMENT_PLACEMENT,
     DEFAULT_MAX_ITERATIONS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_MAX_TOOL_CALLS_PER_TURN,
@@ -63,6 +64,7 @@ from agent_flow._defaults import (
     MIN_OUTPUT_TOKENS,
     default_reserve_output_tokens,
 )
+from agent_flow._prompt_environment import EnvironmentPlacement
 from agent_flow._toml_file import read_toml
 from agent_flow._types import JsonObject, JsonValue
 from agent_flow.errors import ConfigError
@@ -103,6 +105,10 @@ class ContextConfig(BaseModel):
         window_turns: Turns kept by ``sliding_window``.
         prune_target: Pruning shrinks history to this fraction of its budget.
         counter: ``tiktoken`` (exact, offline) or ``approx`` (characters / 4).
+        environment_placement: Where the rendered environment goes: ``system``, at the
+            system prompt's ``{environment}``; ``last``, in a system message of its own after
+            the history, so that a provider's prompt cache serves the system message and the
+            history before the newest step (see the README's "Prompt caching").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -117,6 +123,7 @@ class ContextConfig(BaseModel):
     window_turns: int = Field(default=DEFAULT_WINDOW_TURNS, ge=1)
     prune_target: float = Field(default=DEFAULT_PRUNE_TARGET, gt=0.0, le=1.0)
     counter: Literal["tiktoken", "approx"] = "tiktoken"
+    environment_placement: EnvironmentPlacement = DEFAULT_ENVIRONMENT_PLACEMENT
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> ContextConfig:

@@ -44,9 +44,15 @@ from collections.abc import Sequence
 
 from agent_flow._defaults import (
     DEFAULT_ENVIRONMENT_ALLOCATION,
+    DEFAULT_ENVIRONMENT_PLACEMENT,
     DEFAULT_PRUNE_TARGET,
     DEFAULT_SYSTEM_PROMPT_TEMPLATE,
     default_reserve_output_tokens,
+)
+from agent_flow._prompt_environment import (
+    EnvironmentPlacement,
+    PlacedEnvironment,
+    checked_placement,
 )
 from agent_flow._wire_count import WireCounter
 from agent_flow.environment import Environment
@@ -67,22 +73,17 @@ from agent_flow.messages import ChatMessage, ToolDefinition
 from agent_flow.prompt import Prompt, PromptBreakdown
 from agent_flow.tokens import (
     REPLY_PRIMING_TOKENS,
-    TOKENS_PER_MESSAGE,
-    BaseTokenCounter,
     TokenCounter,
-    splits_at_headings,
 )
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT_TEMPLATE",
     "ContextManager",
+    "EnvironmentPlacement",
 ]
 
 # The longest task line taken from the environment's objective (see `ContextManager._task`).
 _TASK_LINE_CHARS = 300
-
-# Large enough that the environment never degrades when only its full size is wanted.
-_UNBOUNDED = 1 << 40
 
 # How often prune_if_needed prunes again when the rendered history still does not fit (the
 # strategies count the history as stored, which a rewriting format renders larger).
@@ -118,6 +119,10 @@ class ContextManager:
             the next steps do not each prune again.
         prompt_format: How the client sends the prompt (`agent_flow.llm.base.prompt_format_of`
             reads a client's); the budget counts that rendering. ``None``: native, as is.
+        environment_placement: Where the rendered environment goes: ``"system"``, at the
+            template's ``{environment}``; ``"last"``, in a system message of its own after
+            the history, so that a provider's prompt cache serves everything before it (see
+            `agent_flow._prompt_environment`).
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class ContextManager:
         strategy: PruningStrategy | SummarizeOldest | None = None,
         prune_target: float = DEFAULT_PRUNE_TARGET,
         prompt_format: PromptFormat | None = None,
+        environment_placement: EnvironmentPlacement = DEFAULT_ENVIRONMENT_PLACEMENT,
     ) -> None:
         if max_tokens <= 0:
             raise UserError(f"max_tokens must be positive, got {max_tokens}")
@@ -166,11 +172,9 @@ class ContextManager:
         )
         self.prune_target = prune_target
         self._tools_cache: tuple[tuple[ToolDefinition, ...], int] | None = None
-        self._template_cache: dict[tuple[str, str], tuple[str, str, int]] = {}
-        self._env_full: tuple[int, str, int] | None = None
-        self._env_shrunk: dict[tuple[int, int], tuple[str, int]] = {}
-        # The system template's text before the environment → its count.
-        self._head_tokens: dict[str, int] = {}
+        self._template_cache: dict[tuple[str, str, str], tuple[str, str, int]] = {}
+        self.environment_placement = checked_placement(environment_placement)
+        self._placed = PlacedEnvironment(self.counter)
         self._wire: WireCounter | None = None
         self.prompt_format = prompt_format
 
@@ -228,13 +232,17 @@ class ContextManager:
     def _template(self, current_task: str | None) -> tuple[str, str, int]:
         """Return the system text before and after the environment, and their fixed cost."""
         current_task = self._task(current_task)
-        key = (self.system_prompt_template, current_task)
+        key = (self.system_prompt_template, current_task, self.environment_placement)
         cached = self._template_cache.get(key)
         if cached is not None:
             return cached
         task_line = f"Current task: {current_task}\n" if current_task else ""
         template = self.system_prompt_template.replace("{task}", task_line)
-        if "{environment}" in template:
+        if self.environment_placement == "last":
+            # The environment has a message of its own: the marker goes, and the blank
+            # lines that led to it.
+            head, tail = template.replace("{environment}", "").rstrip(), ""
+        elif "{environment}" in template:
             head, _, tail = template.partition("{environment}")
         else:
             head, tail = template.rstrip() + "\n\n", ""
@@ -294,57 +302,31 @@ class ContextManager:
 
     # -- environment -------------------------------------------------------------------
 
-    def _environment_full(self) -> tuple[str, int]:
-        version = self.environment.version
-        if self._env_full is None or self._env_full[0] != version:
-            # The report carries the text's count: no second pass of the tokenizer over it.
-            report = self.environment.render_report(_UNBOUNDED, self.counter)
-            self._env_full = (version, report.text, report.tokens)
-            self._env_shrunk.clear()
-        return self._env_full[1], self._env_full[2]
+    def _place_environment(
+        self, head: str, tail: str, template_tokens: int, budget: int
+    ) -> tuple[str, int, bool]:
+        """The environment rendered to cost at most `budget` tokens in its place.
 
-    def _environment_text(self, budget: int) -> tuple[str, int, bool]:
-        """Return the environment rendered within `budget`, its tokens, and whether it degraded."""
-        text, tokens = self._environment_full()
-        if tokens <= budget:
-            return text, tokens, False
-        key = (self.environment.version, budget)
-        shrunk = self._env_shrunk.get(key)
-        if shrunk is None:
-            report = self.environment.render_report(max(budget, 0), self.counter)
-            shrunk = (report.text, report.tokens)
-            if len(self._env_shrunk) > 32:
-                self._env_shrunk.clear()
-            self._env_shrunk[key] = shrunk
-        return shrunk[0], shrunk[1], True
+        `head` and `tail` are the system template's text around it, `template_tokens` their
+        cost as the system message.
 
-    def _system_tokens(self, head: str, env_text: str, env_tokens: int, tail: str) -> int:
-        """Return what the system message ``head + env_text + tail`` costs.
-
-        With a counter that splits at headings (`splits_at_headings`) and counts messages by
-        the base rules, the environment's count is reused: every block of it starts with
-        ``## `` after a line break, so only the template around it and the seam with what
-        follows it (the last block and `tail`) are counted. Otherwise, the whole message.
+        Returns:
+            Its text, what it adds to the prompt, and whether it had to shrink.
         """
-        counter = self.counter
-        if not (
-            env_text
-            and (not head or head.endswith("\n"))
-            and splits_at_headings(counter)
-            and type(counter).count_message is BaseTokenCounter.count_message
-        ):
-            return counter.count_message(ChatMessage(role="system", content=head + env_text + tail))
-        head_tokens = self._head_tokens.get(head)
-        if head_tokens is None:
-            if len(self._head_tokens) > 64:
-                self._head_tokens.clear()
-            head_tokens = self._head_tokens[head] = counter.count(head)
-        content = head_tokens + env_tokens
-        if tail:
-            # Blocks are joined by a blank line and hold none: the last starts after the last.
-            last = env_text[env_text.rfind("\n\n") + 2 :] if "\n\n" in env_text else env_text
-            content += counter.count(last + tail) - counter.count(last)
-        return TOKENS_PER_MESSAGE + content
+        placed, environment = self._placed, self.environment
+        last = self.environment_placement == "last"
+        room = budget - placed.message_overhead() if last else budget
+        for _ in range(5):
+            text, tokens, degraded = placed.text(environment, room)
+            if last:
+                cost = placed.own_message_tokens(text, tokens)
+            else:
+                cost = placed.system_tokens(head, text, tokens, tail) - template_tokens
+            # Tokens can merge across the seams of template and environment; shrink until exact.
+            if cost <= budget:
+                return text, cost, degraded
+            room -= cost - budget
+        return "", 0, True
 
     # -- prompts -----------------------------------------------------------------------
 
@@ -362,13 +344,18 @@ class ContextManager:
         """Return the tokens the history may use when the environment takes its full share."""
         usable = self._usable(current_task, tuple(tools))
         env_share = int(usable * self.environment_allocation)
-        _, env_tokens = self._environment_full()
-        return usable - min(env_tokens, env_share)
+        text, tokens = self._placed.full(self.environment)
+        if self.environment_placement == "last":
+            tokens = self._placed.own_message_tokens(text, tokens)
+        return usable - min(tokens, env_share)
 
     def build_prompt(
         self, current_task: str | None = None, *, tools: Sequence[ToolDefinition] = ()
     ) -> Prompt:
-        """Assemble the prompt: system message with the environment, then the history.
+        """Assemble the prompt: the system message, the history, and the environment in its place.
+
+        The environment is inside the system message, or a system message of its own after
+        the history (``environment_placement="last"``; none when it renders empty).
 
         Args:
             current_task: The task the system message names (``{task}`` becomes
@@ -402,21 +389,13 @@ class ContextManager:
         # The environment may take its share, or more when the history leaves room.
         env_share = int(usable * self.environment_allocation)
         env_budget = min(max(env_share, usable - history_tokens), usable - pinned_tokens)
-        env_text, env_tokens, degraded = self._environment_text(env_budget)
-        system_tokens = self._system_tokens(head, env_text, env_tokens, tail)
-        # Tokens can merge across the seams of template and environment; shrink until exact.
-        for _ in range(4):
-            over = system_tokens - template_tokens - env_budget
-            if over <= 0:
-                break
-            env_budget -= over
-            env_text, env_tokens, degraded = self._environment_text(env_budget)
-            system_tokens = self._system_tokens(head, env_text, env_tokens, tail)
-        else:
-            env_text, degraded = "", True
-            system_tokens = template_tokens
-        system = ChatMessage(role="system", content=head + env_text + tail)
-        environment_tokens = system_tokens - template_tokens
+        env_text, environment_tokens, degraded = self._place_environment(
+            head, tail, template_tokens, env_budget
+        )
+        last = self.environment_placement == "last"
+        system = ChatMessage(role="system", content=head + tail if last else head + env_text + tail)
+        trailer = ChatMessage(role="system", content=env_text) if last and env_text else None
+        system_tokens = template_tokens + (0 if last else environment_tokens)
 
         history_budget = usable - environment_tokens
         everything = history_tokens <= history_budget
@@ -435,11 +414,19 @@ class ContextManager:
                 if everything
                 else [m for u in chosen for m in u.messages]
             )
-            total = system_tokens + sent_tokens + tools_tokens + REPLY_PRIMING_TOKENS
+            total = (
+                system_tokens
+                + (environment_tokens if last else 0)
+                + sent_tokens
+                + tools_tokens
+                + REPLY_PRIMING_TOKENS
+            )
         else:
             chosen = list(chosen)
-            system, total = self._fit_on_wire(system, chosen, tool_tuple, head + tail)
-            if system.content == head + tail and env_text:
+            system, trailer, total = self._fit_on_wire(
+                system, trailer, chosen, tool_tuple, head + tail
+            )
+            if env_text and (trailer is None if last else system.content == head + tail):
                 env_text, degraded, environment_tokens = "", True, 0
             history_messages = [m for u in chosen for m in u.messages]
             # The remainder, so that the parts add up to the exact count of what is sent. Texts
@@ -466,7 +453,9 @@ class ContextManager:
             history_units_omitted=len(units) - len(chosen),
         )
         return Prompt(
-            messages=(system, *history_messages),
+            messages=(system, *history_messages, trailer)
+            if trailer is not None
+            else (system, *history_messages),
             tools=tool_tuple,
             total_tokens=total,
             breakdown=breakdown,
@@ -475,10 +464,11 @@ class ContextManager:
     def _fit_on_wire(
         self,
         system: ChatMessage,
+        trailer: ChatMessage | None,
         chosen: list[Unit],
         tools: tuple[ToolDefinition, ...],
         template_text: str,
-    ) -> tuple[ChatMessage, int]:
+    ) -> tuple[ChatMessage, ChatMessage | None, int]:
         """Count the rendered prompt exactly; leave out units (then the environment) until it fits.
 
         The estimate counts each unit rendered alone; the rendered prompt merges neighbours and
@@ -486,18 +476,23 @@ class ContextManager:
         invariant exact. `chosen` is shortened in place.
 
         Returns:
-            The system message and the exact count of the prompt as sent.
+            The system message, the environment's own message (``None``: left out, or in the
+            system message), and the exact count of the prompt as sent.
         """
         assert self._wire is not None
         available = self.max_tokens - self.reserve_output_tokens
         while True:
             messages = [system, *(m for u in chosen for m in u.messages)]
+            if trailer is not None:
+                messages.append(trailer)
             total = self._wire.count(messages, tools)
             if total <= available:
-                return system, total
+                return system, trailer, total
             oldest = next((i for i, unit in enumerate(chosen) if not unit.pinned), None)
             if oldest is not None:
                 del chosen[oldest]
+            elif trailer is not None:
+                trailer = None
             elif system.content != template_text:
                 system = ChatMessage(role="system", content=template_text)
             else:

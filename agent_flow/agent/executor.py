@@ -145,6 +145,7 @@ class AgentExecutor:
                 reserve_output_tokens=self.config.context.reserve_output_tokens,
                 strategy=_strategy(self.config, self.llm, counter),
                 prune_target=self.config.context.prune_target,
+                environment_placement=self.config.context.environment_placement,
             )
         # The budget counts the prompt as this client sends it (XML tool mode rewrites it).
         self.context.prompt_format = prompt_format_of(llm)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
+from agent_flow._prompt_environment import PLACEMENTS, EnvironmentPlacement
 from agent_flow._types import JsonValue
 from agent_flow.context import ContextManager
 from agent_flow.environment import Environment
@@ -169,6 +170,7 @@ def context_managers(
     | st.SearchStrategy[PruningStrategy | SummarizeOldest]
     | None = None,
     prompt_format: PromptFormat | None = None,
+    environment_placement: st.SearchStrategy[EnvironmentPlacement] | None = None,
 ) -> ContextManager:
     """A whole `ContextManager` setup: environment, history, budget, reserve, allocation.
 
@@ -182,6 +184,8 @@ def context_managers(
         strategy: The pruning strategy or summarizing step (or a strategy of them);
             default the manager's own.
         prompt_format: How the client sends the prompt (default native).
+        environment_placement: Where the environment goes (default either: ``"system"`` or
+            ``"last"``).
     """
     counter = counter if counter is not None else ApproxCounter()
     # The history first: drawn after a large environment, hypothesis leaves most histories
@@ -200,4 +204,10 @@ def context_managers(
         reserve_output_tokens=reserve,
         strategy=chosen,
         prompt_format=prompt_format,
+        environment_placement=draw(
+            environment_placement
+            if environment_placement is not None
+            else st.sampled_from(PLACEMENTS),
+            label="environment_placement",
+        ),
     )
