@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
@@ -85,9 +85,19 @@ class Served:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Served]:
+    yield from _serve("system")
+
+
+@pytest.fixture(scope="module")
+def server_environment_last() -> Iterator[Served]:
+    yield from _serve("last")
+
+
+def _serve(placement: Literal["system", "last"]) -> Iterator[Served]:
     models = _Models()
     config = AgentConfig(
-        context=ContextConfig(counter="approx", max_tokens=4000), max_iterations=40
+        context=ContextConfig(counter="approx", max_tokens=4000, environment_placement=placement),
+        max_iterations=40,
     )
     app = create_app(config, store=InMemorySessionStore(), llm_factory=models)
     # The port listens before uvicorn starts: the kernel queues the first connections.
@@ -136,6 +146,30 @@ def _run(
                 break
             frame = {}
     return session, built
+
+
+@settings(max_examples=10)
+@given(script=scripts())
+def test_with_the_environment_last_the_inspector_marks_the_last_message(
+    server_environment_last: Served, script: list[ScriptStep]
+) -> None:
+    client, models = server_environment_last.client, server_environment_last.models
+    session, built = _run(client, models, script)
+    assert built
+    for event_id, _ in built:
+        prompt = client.get(f"/sessions/{session}/prompts/{event_id}").json()
+        messages, breakdown = prompt["messages"], prompt["breakdown"]
+        assert (
+            sum(m["tokens"] for m in messages) + breakdown["tools"] + breakdown["priming"]
+            == breakdown["total"]
+        )
+        last = messages[-1]
+        assert last["role"] == "system"
+        assert last["environment"] == last["content"]
+        assert '"objective":"do the task"' in last["environment"]
+        assert last["tokens"] == breakdown["environment"]
+        assert all(m["environment"] is None for m in messages[:-1])
+        assert "## task" not in messages[0]["content"]
 
 
 @settings(max_examples=25)

@@ -58,7 +58,8 @@ class PromptMessage(BaseModel):
     environment: str | None = Field(
         default=None,
         description="The rendered environment inside this (system) message's content, when "
-        "it has one; the rest of the content is the system prompt template.",
+        "it has one: the first message's (the rest of it is the system prompt template), or, "
+        'with environment_placement "last", the whole content of the last message.',
     )
     name: str | None = None
     tool_call_id: str | None = None
@@ -85,8 +86,8 @@ class KeptPrompt:
     event_id: int
     event: ContextBuilt
     request: LLMRequest
-    #: Where the environment is in the system message's content (start, end), if found.
-    environment: tuple[int, int] | None
+    #: Where the environment is: the message's index and its (start, end) in its content.
+    environment: tuple[int, int, int] | None
     chars: int
 
 
@@ -200,9 +201,14 @@ class PromptTap:
                 return event_id, event
         return None
 
-    def _environment_span(self, messages: tuple[ChatMessage, ...]) -> tuple[int, int] | None:
+    def _environment_span(self, messages: tuple[ChatMessage, ...]) -> tuple[int, int, int] | None:
         if self.context is None or not messages or messages[0].role != "system":
             return None
+        if self.context.environment_placement == "last":
+            last = len(messages) - 1
+            if last == 0 or messages[last].role != "system":
+                return None  # it rendered empty, or did not fit
+            return last, 0, len(messages[last].content)
         # The same head and tail `build_prompt` put around the environment just now.
         head, tail, _ = self.context._template(None)
         content = messages[0].content
@@ -210,7 +216,7 @@ class PromptTap:
             return None
         if not (content.startswith(head) and content.endswith(tail)):
             return None  # rewritten on the way (XML tool mode fits it to the wire)
-        return len(head), len(content) - len(tail)
+        return 0, len(head), len(content) - len(tail)
 
 
 def _chars(messages: tuple[ChatMessage, ...]) -> int:
@@ -245,12 +251,14 @@ def prompt_of(live: LiveSession, event_id: int) -> PromptView:
         )
     form = prompt_format_of(tap.inner)
     wire, _ = form.render(kept.request.messages, kept.request.tools)
-    environment = None
+    environment, at = None, -1
     if kept.environment is not None:
-        start, end = kept.environment
-        text = kept.request.messages[0].content[start:end]
+        at, start, end = kept.environment
+        text = kept.request.messages[at].content[start:end]
         # The client may add to the system message (the XML tools prompt); find it there.
-        environment = text if wire and text and text in wire[0].content else None
+        at = 0 if at == 0 else len(wire) - 1  # the same message as sent (XML merges others)
+        found = wire and text and text in wire[at].content
+        environment = text if found else None
     counter = tap.context.counter
     return PromptView(
         event_id=kept.event_id,
@@ -262,7 +270,7 @@ def prompt_of(live: LiveSession, event_id: int) -> PromptView:
             PromptMessage(
                 role=message.role,
                 content=message.content,
-                environment=environment if index == 0 and message.role == "system" else None,
+                environment=environment if index == at and message.role == "system" else None,
                 name=message.name,
                 tool_call_id=message.tool_call_id,
                 tool_calls=[

@@ -241,7 +241,8 @@ export class Steps {
         body.append(element("span", { class: "call" }, `\n→ ${call.name}(${call.arguments})  [${call.id}]`));
       }
       const who = message.role === "tool" ? `tool ${message.name || ""} (${message.tool_call_id || ""})` : message.role;
-      const parts = at >= 0 ? ` · template ${number(b.system_template)}, environment ${number(b.environment)}` : "";
+      const parts = at < 0 ? "" : env === message.content ? " · the environment"
+        : ` · template ${number(b.system_template)}, environment ${number(b.environment)}`;
       return element("details", { class: `prompt-message ${message.role}`, "data-index": index, open: index === 0 && at >= 0 ? "" : null },
         element("summary", {}, element("span", { class: "role" }, who), " ",
           element("span", { class: "tokens" }, `${number(message.tokens)} tokens${parts}`), " ",
