@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -148,8 +149,14 @@ def input_cost(model: str, sent: int, cached: int) -> float | None:
     return price_usage(model, usage, base_url="https://api.openai.com/v1")
 
 
-def llama_replay(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
-    """Seconds the real llama-cpp-python server takes per request, each run's prompts in order."""
+def llama_replay(
+    runs: dict[str, list[dict[str, Any]]],
+) -> dict[str, tuple[list[float], list[tuple[int, int]]]]:
+    """The real llama-cpp-python server on each run's prompts, in order.
+
+    Returns, per placement, the seconds each request took, and for each the server's own
+    counts from its log: the tokens it matched in its cache and the tokens it evaluated.
+    """
     import httpx2
 
     from agent_flow.llm.xml_tools import XML_FORMAT
@@ -174,17 +181,20 @@ def llama_replay(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]
         rendered, _ = XML_FORMAT.render(messages, ())
         return [{"role": m.role, "content": m.content} for m in rendered]
 
-    seconds: dict[str, list[float]] = {}
+    seconds: dict[str, tuple[list[float], list[tuple[int, int]]]] = {}
     with (
         tempfile.TemporaryDirectory() as work,
         start_llama_server(Path(work)) as server,
         httpx2.Client(timeout=600) as http,
     ):
         for placement, bodies in runs.items():
-            times = seconds[placement] = []
+            times: list[float] = []
+            counts: list[tuple[int, int]] = []
+            seconds[placement] = (times, counts)
             # A first request unrelated to both runs: neither starts with a warm cache.
             for body in [{"messages": [{"role": "user", "content": "Hello."}]}, *bodies]:
                 messages = body["messages"] if "tools" not in body else text_messages(body)
+                logged = len(server.log.read_text(errors="replace"))
                 start = time.perf_counter()
                 answer = http.post(
                     f"{server.base_url}/chat/completions",
@@ -192,7 +202,12 @@ def llama_replay(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]
                 )
                 answer.raise_for_status()
                 times.append(time.perf_counter() - start)
-            del times[0]
+                found = re.search(
+                    r"(\d+) prefix-match hit, remaining (\d+) prompt tokens",
+                    server.log.read_text(errors="replace")[logged:],
+                )
+                counts.append((int(found[1]), int(found[2])) if found else (0, -1))
+            del times[0], counts[0]
     return seconds
 
 
@@ -232,11 +247,14 @@ def main() -> None:
     if args.llama:
         seconds = llama_replay(runs)
         print("llama-cpp-python, SmolLM2-135M, 2 threads: seconds per request (one answer token)")
-        for placement, times in seconds.items():
+        for placement, (times, counts) in seconds.items():
             median = statistics.median(times)
+            matched = sum(c[0] for c in counts)
+            evaluated = sum(c[1] for c in counts)
             print(
                 f"{placement:>9} | total {sum(times):7.2f} s | median {median:.3f} s | "
-                f"last {times[-1]:.3f} s"
+                f"last {times[-1]:.3f} s | tokens matched in its cache {matched}, "
+                f"evaluated {evaluated}"
             )
 
 

@@ -12,7 +12,9 @@ The model is asked at temperature 0 (greedy, so the same answers every run) for 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -22,9 +24,13 @@ import pytest
 from openai import AsyncOpenAI
 
 from agent_flow.agent import ExecutionOutcome, StopReason
+from agent_flow.context import ContextManager
+from agent_flow.environment import Environment
 from agent_flow.events import AgentEvent, ModelResponded, ModelRetrying, WarningRaised
+from agent_flow.history import History, ToolCallEntry, ToolResultEntry, UserMessage
 from agent_flow.llm import LLMRequest, OpenAIClient
-from agent_flow.messages import ChatMessage, ToolDefinition
+from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
+from agent_flow.tokens import ApproxCounter
 from tests.helpers import make_agent
 from tests.real_llm import MODEL, HttpLog, LlamaServer, start_llama_server
 
@@ -41,6 +47,15 @@ PICK_COLOR = ToolDefinition(
         "type": "object",
         "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}},
         "required": ["color"],
+    },
+)
+ADD = ToolDefinition(
+    name="add",
+    description="Add two integers.",
+    parameters={
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
     },
 )
 # With a system message: llama-cpp-python's chatml-function-calling template lists the tools
@@ -252,3 +267,59 @@ async def test_a_delegated_researcher_runs_on_the_real_model(llama_server: Llama
     # The child's calls roll up (counted from its events: one call may take two requests).
     child_calls = [e for e in child if isinstance(e, ModelResponded)]
     assert child_calls and len(outcome.usage_per_call) == 2 + len(child_calls)  # 2: the parent
+
+
+def _prefix_hits(log_text: str) -> list[int]:
+    """llama-cpp-python's "N prefix-match hit" counts, one per request that reused its cache."""
+    return [int(m) for m in re.findall(r"(\d+) prefix-match hit", log_text)]
+
+
+@pytest.mark.parametrize("tool_mode", ["native", "xml"])
+async def test_with_the_environment_last_the_real_server_reuses_the_previous_prompt(
+    llama_server: LlamaServer, tool_mode: Literal["native", "xml"]
+) -> None:
+    """Four steps of one run, per placement, on the real server: what its prompt cache reuses.
+
+    llama.cpp keeps the previous prompt's computed state and reports, per request, how many
+    tokens of the new prompt it matched ("N prefix-match hit"). With the environment in the
+    system message, a step matches the previous prompt only up to the environment's first
+    change; with the environment last, up to the environment's message, so what is matched
+    grows with the history.
+    """
+    log = HttpLog()
+    hits: dict[str, list[int]] = {}
+    async with real_client(llama_server, log, tool_mode=tool_mode, max_tokens=1) as llm:
+        for placement in ("system", "last"):
+            context = ContextManager(
+                Environment(),
+                History(counter=ApproxCounter()),
+                6000,
+                system_prompt_template="You are a calculator.\n{environment}",
+                environment_placement=placement,
+            )
+            context.environment.set("/task/objective", "Add the numbers one by one.")
+            context.history.add(UserMessage(content="Add the numbers one by one."))
+            hits[placement] = []
+            for step in range(4):
+                before = llama_server.log.read_text(errors="replace")
+                prompt = context.build_prompt(tools=[ADD])
+                await llm.complete(LLMRequest(messages=prompt.messages, tools=[ADD]))
+                new = llama_server.log.read_text(errors="replace")[len(before) :]
+                # The request's first generation: with tools, llama-cpp-python may generate
+                # again on top of it (for the call's arguments), matching its own prompt.
+                found = _prefix_hits(new)
+                assert found, new[-2000:]
+                hits[placement].append(found[0])
+                call = ToolCall(id=f"call_{step}", name="add", arguments=f'{{"a": {step}, "b": 1}}')
+                context.history.add(ToolCallEntry(call=call))
+                context.history.add(
+                    ToolResultEntry(call_id=call.id, tool_name="add", content=str(step + 1))
+                )
+                context.environment.set("/knowledge/discovered_facts/-", f"{step} + 1 = {step + 1}")
+    assert_every_request_accepted(log, llama_server)
+    system, last = hits["system"][1:], hits["last"][1:]  # the first request follows another run
+    # In the system message, a step reuses the template and the environment's text up to its
+    # first change (here the new fact, at the end of its block); last, the whole history too.
+    assert all(b > a for a, b in itertools.pairwise(last)), hits
+    assert all(ours > theirs for ours, theirs in zip(last, system, strict=True)), hits
+    assert last[-1] - last[0] > system[-1] - system[0], hits
