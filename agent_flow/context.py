@@ -395,7 +395,6 @@ class ContextManager:
         last = self.environment_placement == "last"
         system = ChatMessage(role="system", content=head + tail if last else head + env_text + tail)
         trailer = ChatMessage(role="system", content=env_text) if last and env_text else None
-        system_tokens = template_tokens + (0 if last else environment_tokens)
 
         history_budget = usable - environment_tokens
         everything = history_tokens <= history_budget
@@ -414,13 +413,8 @@ class ContextManager:
                 if everything
                 else [m for u in chosen for m in u.messages]
             )
-            total = (
-                system_tokens
-                + (environment_tokens if last else 0)
-                + sent_tokens
-                + tools_tokens
-                + REPLY_PRIMING_TOKENS
-            )
+            fixed = template_tokens + tools_tokens + REPLY_PRIMING_TOKENS
+            total = fixed + environment_tokens + sent_tokens
         else:
             chosen = list(chosen)
             system, trailer, total = self._fit_on_wire(

@@ -26,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent_flow._defaults import (
     DEFAULT_ENVIRONMENT_ALLOCATION,
+    DEFAULT_ENVIRONMENT_PLACEMENT,
     DEFAULT_PRUNE_TARGET,
     DEFAULT_SYSTEM_PROMPT_TEMPLATE,
     PRUNING_STRATEGIES,
 )
+from agent_flow._prompt_environment import EnvironmentPlacement, checked_placement
 from agent_flow._toml_file import read_toml
 from agent_flow.config import ContextConfig, StrategyName, load_config
 from agent_flow.errors import ConfigError, UserError
@@ -86,6 +88,8 @@ class Candidate:
         prune_target: Pruning shrinks the history to this fraction of its budget.
         counter: ``"tiktoken"`` or ``"approx"``: how tokens are counted.
         system_prompt_template: The system message template.
+        environment_placement: Where the environment goes: in the system message, or in a
+            message of its own after the history (``"last"``; see `ContextManager`).
     """
 
     name: str
@@ -96,10 +100,12 @@ class Candidate:
     prune_target: float = DEFAULT_PRUNE_TARGET
     counter: Literal["tiktoken", "approx"] = "tiktoken"
     system_prompt_template: str = DEFAULT_SYSTEM_PROMPT_TEMPLATE
+    environment_placement: EnvironmentPlacement = DEFAULT_ENVIRONMENT_PLACEMENT
 
     def __post_init__(self) -> None:
         if not self.name:
             raise UserError("a candidate needs a non-empty name")
+        checked_placement(self.environment_placement)
         if self.max_tokens < 1:
             raise UserError(
                 f"candidate {self.name!r} has max_tokens={self.max_tokens}; give a positive budget"
@@ -139,6 +145,7 @@ class Candidate:
             prune_target=config.prune_target,
             counter=config.counter,
             system_prompt_template=system_prompt_template,
+            environment_placement=config.environment_placement,
         )
 
 

@@ -176,9 +176,32 @@ def _price(
     prompt: int,
     completion: int,
     pricing: Pricing | None,
+    cached: int | None = None,
 ) -> float | None:
-    usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
     return price_usage(model, usage, pricing=pricing, base_url=base_url)
+
+
+def _repeated_tokens(
+    previous: Sequence[ChatMessage] | None,
+    messages: Sequence[ChatMessage],
+    counter: TokenCounter,
+    tool_tokens: int,
+) -> int:
+    """Tokens at the start of `messages` that repeat `previous`: what a prefix cache serves.
+
+    The tool schemas (the recorded ones, the same every step) and each whole message sent
+    again unchanged, in order, from the first; a message that differs ends it (whatever of it
+    matches is not counted). Nothing before the first step.
+    """
+    if previous is None:
+        return 0
+    repeated = tool_tokens
+    for before, now in zip(previous, messages, strict=False):
+        if before != now:
+            break
+        repeated += counter.count_message(now)
+    return repeated
 
 
 def _count(report: PruneReport | None) -> tuple[bool, bool, int, int, int]:
@@ -228,6 +251,7 @@ async def replay_session(
     steps: list[StepResult] = []
     notes = list(session.notes)
     added = 0
+    previous: Sequence[ChatMessage] | None = None
     fits = reserve + session.tool_tokens < candidate.max_tokens
     if not fits:
         notes.append(
@@ -251,6 +275,7 @@ async def replay_session(
                 reserve_output_tokens=reserve + session.tool_tokens,
                 strategy=candidate.strategy,
                 prune_target=candidate.prune_target,
+                environment_placement=candidate.environment_placement,
             )
             report = await context.prune_if_needed() if step.index > 1 else None
             prompt = context.build_prompt()
@@ -268,6 +293,8 @@ async def replay_session(
             }
         )
         available, visible = facts.check(step.environment, counter, prompt.messages)
+        cached = _repeated_tokens(previous, prompt.messages, counter, session.tool_tokens)
+        previous = prompt.messages
         steps.append(
             StepResult(
                 step=step.index,
@@ -286,6 +313,15 @@ async def replay_session(
                     breakdown.total,
                     step.completion_tokens,
                     pricing,
+                ),
+                cached_tokens=cached,
+                cost_cached_usd=_price(
+                    priced_model,
+                    session.base_url,
+                    breakdown.total,
+                    step.completion_tokens,
+                    pricing,
+                    cached,
                 ),
                 available=available,
                 visible=visible,
@@ -345,6 +381,10 @@ def _candidate_result(
             else sum(c for c in costs if c is not None)
         ),
         prunes=sum(s.pruned for s in steps),
+        cached_tokens=sum(s.cached_tokens for s in steps),
+        cost_cached_known_usd=sum(
+            s.cost_cached_usd for s in steps if s.cost_cached_usd is not None
+        ),
         summaries=sum(s.summarized for s in steps),
         units_omitted=sum(s.units_omitted for s in steps),
         retention_final=_mean([s.final_retention for s in sessions]),
@@ -398,6 +438,12 @@ async def run_lab(
         "cost: the candidate's prompt tokens plus the completion tokens each step recorded, "
         "priced from genai-prices' data (or --pricing); unknown means the model has no price, "
         "and '≥ $x + unknown' that some sessions' model has none ($x is the priced part)",
+        "cacheable: the share of the tokens sent that repeat the start of the step before (the "
+        "tool schemas and whole messages sent again unchanged), which a provider's prefix "
+        "cache could serve; 'cost if cached' bills them at the cache-read price (a provider's "
+        "minimum cacheable size aside). With the environment in the system message, a step "
+        'that changed it repeats only the tool schemas; environment_placement = "last" keeps '
+        "the history before the newest step",
     ]
     if any(c.summarizes for c in candidates):
         names = sorted({c.summarizer or "" for c in candidates if c.summarizes})

@@ -73,6 +73,10 @@ class StepResult(BaseModel):
         folded: Entries folded into a summary by it.
         units_omitted: History units the prompt left out to fit.
         cost_usd: The step's estimated price (None: the model's price is unknown).
+        cached_tokens: Tokens at the start of the prompt that repeat the previous step's
+            prompt (the tool schemas and whole messages sent again unchanged): what a
+            provider's prefix cache could serve (its minimum sizes aside).
+        cost_cached_usd: The price with `cached_tokens` billed at the cache-read price.
         available: Ids of the facts the full context held.
         visible: Ids of the facts the prompt held.
     """
@@ -92,6 +96,8 @@ class StepResult(BaseModel):
     cost_usd: float | None
     available: tuple[str, ...]
     visible: tuple[str, ...]
+    cached_tokens: int = 0
+    cost_cached_usd: float | None = None
 
     @computed_field  # type: ignore[prop-decorator]  # in the JSON too
     @property
@@ -199,6 +205,9 @@ class CandidateResult(BaseModel):
             of which fit counts 0).
         retention_mean: Mean over all steps of their retention (0.0 with no step).
         probes: Each probe of the run, in order.
+        cached_tokens: Of `tokens`, those a prefix cache could serve (see `StepResult`).
+        cost_cached_known_usd: The priced steps' cost with those tokens billed at the
+            cache-read price.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -221,6 +230,8 @@ class CandidateResult(BaseModel):
     cost_known_usd: float = 0.0
     unpriced_steps: int = 0
     probes: tuple[ProbeResult, ...] = ()
+    cached_tokens: int = 0
+    cost_cached_known_usd: float = 0.0
 
 
 class ReaskedAnswer(BaseModel):
@@ -342,6 +353,13 @@ def render_table(report: LabReport) -> str:
         for c in report.candidates
     ]
     lines = _table([header, *rows])
+    # Below the table, whose columns scripts may read by position.
+    lines.extend(
+        f"{c.name}: cacheable {c.cached_tokens / c.tokens:.0%} of the tokens sent; cost if "
+        f"cached {format_cost(c.cost_cached_known_usd, c.unpriced_steps, c.steps)}"
+        for c in report.candidates
+        if c.tokens
+    )
     if report.probes and report.candidates:
         # One row per probe: is it still in the prompt under each candidate?
         probe_rows: list[tuple[str, ...]] = [("PROBE", *(c.name for c in report.candidates))]
