@@ -33,7 +33,7 @@ from agent_flow.messages import ChatMessage, ToolCall, ToolDefinition
 from agent_flow.testing import assert_pinned_kept, assert_prompt_within_budget, assert_units_intact
 from agent_flow.testing.strategies import context_managers, tool_sets
 from agent_flow.tokens import ApproxCounter, TiktokenCounter
-from agent_flow.tools import tool
+from tests.helpers import add
 from tests.openai_server import (
     OpenAIServer,
     completion_body,
@@ -233,7 +233,7 @@ async def test_an_agent_with_the_environment_last_sends_each_prompt_as_the_next_
     )
     async with OpenAIClient("m", base_url=openai_server.base_url, api_key="k") as llm:
         agent = AgentExecutor(llm, config=config, stream=stream)
-        agent.tools.register(tool(add))
+        agent.tools.register(add)
         outcome = await agent.run("Add the numbers.")
     assert outcome.final_text == "Done."
     sent = [json.loads(r.raw_body)["messages"] for r in openai_server.requests]
@@ -246,13 +246,3 @@ async def test_an_agent_with_the_environment_last_sends_each_prompt_as_the_next_
         assert after[-1]["role"] == "system" and after[-1]["content"].startswith("## task")
     # The environment the model reads last is the current one: the latest result is in it.
     assert '"call_id":"call_3"' in sent[-1][-1]["content"]
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
