@@ -108,7 +108,8 @@ class ContextConfig(BaseModel):
         environment_placement: Where the rendered environment goes: ``system``, at the
             system prompt's ``{environment}``; ``last``, in a system message of its own after
             the history, so that a provider's prompt cache serves the system message and the
-            history before the newest step (see the README's "Prompt caching").
+            history before the newest step (README: "Where the environment goes: prompt
+            caches").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -33,6 +33,7 @@ async def test_with_the_environment_last_the_history_is_cacheable_and_the_cost_d
         ],
     )
     system, last = report.candidates
+    assert (system.environment_placement, last.environment_placement) == ("system", "last")
     # Each step's fact handler changes the environment: in the system message, a step repeats
     # only the tool schemas; last, the whole history before the newest step.
     steps = system.sessions[0].steps

@@ -382,6 +382,7 @@ def _candidate_result(
         ),
         prunes=sum(s.pruned for s in steps),
         cached_tokens=sum(s.cached_tokens for s in steps),
+        environment_placement=candidate.environment_placement,
         cost_cached_known_usd=sum(
             s.cost_cached_usd for s in steps if s.cost_cached_usd is not None
         ),

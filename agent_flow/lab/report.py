@@ -208,6 +208,7 @@ class CandidateResult(BaseModel):
         cached_tokens: Of `tokens`, those a prefix cache could serve (see `StepResult`).
         cost_cached_known_usd: The priced steps' cost with those tokens billed at the
             cache-read price.
+        environment_placement: Where its prompts put the environment (``system``, ``last``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -232,6 +233,7 @@ class CandidateResult(BaseModel):
     probes: tuple[ProbeResult, ...] = ()
     cached_tokens: int = 0
     cost_cached_known_usd: float = 0.0
+    environment_placement: str = "system"
 
 
 class ReaskedAnswer(BaseModel):
