@@ -28,7 +28,7 @@ from agent_flow.errors import UserError
 from agent_flow.messages import ChatMessage
 from agent_flow.tokens import TOKENS_PER_MESSAGE, BaseTokenCounter, TokenCounter, splits_at_headings
 
-__all__ = ["PLACEMENTS", "EnvironmentPlacement", "PlacedEnvironment"]
+__all__ = ["PLACEMENTS", "EnvironmentPlacement", "PlacedEnvironment", "checked_placement"]
 
 #: Where the rendered environment goes in a prompt (see the module).
 EnvironmentPlacement: TypeAlias = Literal["system", "last"]

@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent_flow._prompt_environment import PLACEMENTS
 from tests.openai_server import OpenAIServer, Reply, completion_body, json_reply
 
-PLACEMENTS = ("system", "last")
 _TEXT = (
     "the ledger shows quarterly revenue rising while costs held steady across regions and "
     "the team noted three open risks in supply contracts with two vendors pending review"

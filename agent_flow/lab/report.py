@@ -23,6 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from agent_flow._defaults import DEFAULT_ENVIRONMENT_PLACEMENT
+from agent_flow._prompt_environment import EnvironmentPlacement
 from agent_flow.prompt import PromptBreakdown
 
 __all__ = [
@@ -233,7 +235,7 @@ class CandidateResult(BaseModel):
     probes: tuple[ProbeResult, ...] = ()
     cached_tokens: int = 0
     cost_cached_known_usd: float = 0.0
-    environment_placement: str = "system"
+    environment_placement: EnvironmentPlacement = DEFAULT_ENVIRONMENT_PLACEMENT
 
 
 class ReaskedAnswer(BaseModel):
