@@ -8,7 +8,15 @@ import pytest
 
 from agent_flow import DropOldest
 from agent_flow.errors import UserError
-from agent_flow.lab import Candidate, load_candidates, load_session, render_table, run_lab
+from agent_flow.lab import (
+    Candidate,
+    load_candidates,
+    load_session,
+    render_html,
+    render_table,
+    run_lab,
+)
+from agent_flow.lab.report import format_cost
 from agent_flow.llm.base import Usage
 from agent_flow.pricing import price_usage
 from agent_flow.sessions import SQLiteSessionStore
@@ -63,6 +71,14 @@ async def test_with_the_environment_last_the_history_is_cacheable_and_the_cost_d
     table = render_table(report)
     share = round(100 * last.cached_tokens / last.tokens)
     assert f"last: cacheable {share}% of the tokens sent; cost if cached $" in table
+    # The HTML page's summary row and step-by-step table say the same.
+    page = render_html(report)
+    cached_cost = format_cost(last.cost_cached_known_usd, last.unpriced_steps, last.steps)
+    assert f"<td>{share}%</td><td>{cached_cost}</td>" in page
+    first_cached = last.sessions[0].steps[1].cached_tokens
+    assert (
+        f"<td>2</td><td>{last.sessions[0].steps[1].tokens:,}</td><td>{first_cached:,}</td>" in page
+    )
 
 
 def test_a_lab_file_places_the_environment_and_refuses_an_unknown_place(tmp_path: Path) -> None:

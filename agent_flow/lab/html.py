@@ -1,7 +1,8 @@
 """The lab's HTML report: one self-contained page with inline SVG plots, for offline reading.
 
 `render_html` writes the whole page as one string: a summary table (the cost shows its known
-part, ``≥ $x + unknown``, when a session's model has no price) and a probe table (one row per
+part, ``≥ $x + unknown``, when a session's model has no price; beside it, the share of the
+tokens a prefix cache could serve and the cost with them cached) and a probe table (one row per
 probe: at how many steps each candidate's prompt still held it); then for each session two line
 charts (tokens per step with each candidate's budget, and retention per step), one lane chart
 per probe (each candidate's lane is high where its prompt held the probe, low where it was left
@@ -298,6 +299,8 @@ def _summary_table(report: LabReport) -> str:
         "tokens",
         "max/step",
         "cost",
+        "cacheable",
+        "cost if cached",
         "prunes",
         "summaries",
         "units omitted",
@@ -307,9 +310,11 @@ def _summary_table(report: LabReport) -> str:
     rows = []
     for c in report.candidates:
         cost = format_cost(c.cost_known_usd, c.unpriced_steps, c.steps)
+        cached = format_cost(c.cost_cached_known_usd, c.unpriced_steps, c.steps)
+        cacheable = f"{c.cached_tokens / c.tokens:.0%}" if c.tokens else "-"
         cells = (
             c.name, c.strategy, f"{c.max_tokens:,}", str(c.steps), f"{c.tokens:,}",
-            f"{c.max_step_tokens:,}", cost, str(c.prunes), str(c.summaries),
+            f"{c.max_step_tokens:,}", cost, cacheable, cached, str(c.prunes), str(c.summaries),
             str(c.units_omitted), f"{c.retention_final:.0%}", f"{c.retention_mean:.0%}",
         )  # fmt: skip
         rows.append("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in cells) + "</tr>")
@@ -402,6 +407,7 @@ def _candidate_details(candidate: CandidateResult, session: SessionResult) -> st
         cells = (
             str(step.step),
             f"{step.tokens:,}",
+            f"{step.cached_tokens:,}",
             f"{step.breakdown.environment:,}",
             f"{step.breakdown.history:,}",
             action or "-",
@@ -410,7 +416,10 @@ def _candidate_details(candidate: CandidateResult, session: SessionResult) -> st
             "; ".join(lost) or "-",
         )
         rows.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
-    head = ("step", "tokens", "environment", "history", "pruned", "omitted", "facts", "not visible")
+    head = (
+        "step", "tokens", "cacheable", "environment", "history", "pruned", "omitted", "facts",
+        "not visible",
+    )  # fmt: skip
     header = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
     return (
         f"<details><summary>{escape(candidate.name)}: step by step</summary>"
