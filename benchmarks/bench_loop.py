@@ -13,16 +13,19 @@ K tool steps per run (the model calls ``add`` K times, then answers). Three loop
 
 The time per model turn is the CPU time of the process (``time.process_time``: the machine
 may be loaded by others, CPU time is what the loop costs); wall time is printed beside it.
-The server runs in the same process, so its (equal) cost is in every column. Each cell of
-the table (streaming x K x sequential/concurrent) runs in its own child process, where the
-three loops take turns: rounds of one block of runs per loop, in a rotating order, and the
-median over the rounds. On these machines the same child run costs up to 40% more or less
-from one process to the next; loops measured side by side in one process, round by round,
-see the same machine, so their ratio is steady where best-of-N separate processes was not.
+The server runs in the same process, so its (equal) cost is in every column; with ``--server
+own`` it runs in a process of its own and only the loops' CPU is counted (the issue's "CPU time
+of the client process"; the ratios are then a little lower, as the server's share no longer
+pads both sides). Each cell of the table (streaming x K x sequential/concurrent) runs in its
+own child process, where the three loops take turns: rounds of one block of runs per loop, in
+a rotating order, and the median over the rounds. On these machines the same child run costs
+up to 40% more or less from one process to the next; loops measured side by side in one
+process, round by round, see the same machine, so their ratio is steady where best-of-N
+separate processes was not.
 Memory is `bench_memory.py`'s.
 
 Usage: python benchmarks/bench_loop.py [--quick] [--runs 200] [--concurrent 100] [--k 10,100]
-    [--rounds 10]
+    [--rounds 10] [--server same|own]
 """
 
 from __future__ import annotations
@@ -266,6 +269,41 @@ async def agent_flow_run(client: Any, stream: bool) -> int:
     return outcome.iterations
 
 
+#: Where the scripted server runs: ``"same"`` (in the measured process, its CPU in every
+#: column, as the figures before the seventeenth session were measured) or ``"own"`` (a
+#: process of its own: only the clients' CPU is counted). Set by ``--server``.
+SERVER_PLACE = "same"
+
+
+async def model_server(stream: bool, k: int) -> None:
+    """``--model-server``: serve the script; print the base URL; stop when stdin closes."""
+    async with OpenAIServer(handler=make_handler(k, stream)) as server:
+        server.record = False
+        print(server.base_url, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
+@asynccontextmanager
+async def _base_url(stream: bool, k: int) -> AsyncIterator[str]:
+    """The scripted server's base URL, in this process or in its own (`SERVER_PLACE`)."""
+    if SERVER_PLACE == "same":
+        async with OpenAIServer(handler=make_handler(k, stream)) as server:
+            server.record = False
+            yield server.base_url
+        return
+    command = [sys.executable, __file__, "--model-server", "--k-one", str(k)]
+    command += ["--stream"] if stream else []
+    pipe = asyncio.subprocess.PIPE
+    child = await asyncio.create_subprocess_exec(*command, stdin=pipe, stdout=pipe)
+    assert child.stdin is not None
+    assert child.stdout is not None
+    try:
+        yield (await child.stdout.readline()).decode().strip()
+    finally:
+        child.stdin.close()
+        await asyncio.wait_for(child.wait(), 10)
+
+
 @asynccontextmanager
 async def serving(stream: bool, k: int) -> AsyncIterator[Callable[[str], Awaitable[int]]]:
     """A local server scripted for K-step runs, and ``one(loop)``: one run of `loop` on it."""
@@ -273,11 +311,10 @@ async def serving(stream: bool, k: int) -> AsyncIterator[Callable[[str], Awaitab
 
     from agent_flow import OpenAIClient
 
-    async with OpenAIServer(handler=make_handler(k, stream)) as server:
-        server.record = False
+    async with _base_url(stream, k) as base_url:
         # All loops reuse one client across runs, as an application would.
-        client = AsyncOpenAI(base_url=server.base_url, api_key="k")
-        ours = OpenAIClient("m", base_url=server.base_url, api_key="k")
+        client = AsyncOpenAI(base_url=base_url, api_key="k")
+        ours = OpenAIClient("m", base_url=base_url, api_key="k")
 
         async def one(loop: str) -> int:
             if loop == "handwritten":
@@ -386,7 +423,7 @@ def child(args: argparse.Namespace) -> None:
 
 def run_child(stream: bool, k: int, runs: int, concurrent: bool, rounds: int) -> dict[str, Any]:
     """One cell of the table, in a fresh process."""
-    command = [sys.executable, __file__, "--child", "--k-one", str(k)]
+    command = [sys.executable, __file__, "--child", "--k-one", str(k), "--server", SERVER_PLACE]
     command += ["--runs", str(runs), "--rounds", str(rounds)]
     if stream:
         command.append("--stream")
@@ -404,13 +441,26 @@ def main() -> None:
     parser.add_argument("--k", default="10,100", help="tool steps per run")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds per cell")
     parser.add_argument("--quick", action="store_true", help="fewer runs and rounds, K=10")
+    parser.add_argument(
+        "--server",
+        choices=("same", "own"),
+        default="same",
+        help="the scripted server in the measured process (its CPU in every column, the "
+        "default) or in its own (only the loops' CPU counted)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)
     parser.add_argument("--k-ratio", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--k-one", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--concurrent-mode", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global SERVER_PLACE
+    SERVER_PLACE = args.server
+    if args.model_server:
+        asyncio.run(model_server(args.stream, args.k_one))
+        return
     if args.child:
         child(args)
         return
