@@ -285,6 +285,27 @@ class _Instant:
         return httpcore2.Response(200, content=Body())
 
 
+async def test_a_waiter_given_up_as_a_place_comes_free_ends_cancelled_and_the_place_goes_on() -> (
+    None
+):
+    # A waiter's pool timeout is a cancel of its task, as is its caller giving up; the place
+    # that came free before it ran again was handed past it, and it must still end cancelled.
+    shard_ = _Instant()
+    pool = ShardedPool([shard_, shard_], 1)  # type: ignore[list-item]
+    request = httpcore2.Request("POST", "http://127.0.0.1:9/")
+    first = await pool.handle_async_request(request)
+    given_up = asyncio.create_task(pool.handle_async_request(request))
+    next_one = asyncio.create_task(pool.handle_async_request(request))
+    await asyncio.sleep(0)  # both wait
+    given_up.cancel()
+    await first.stream.aclose()  # no yield between: the place passes the cancelled waiter
+    with pytest.raises(asyncio.CancelledError):
+        await given_up
+    served = await asyncio.wait_for(next_one, 5)
+    await served.stream.aclose()
+    assert pool._free == 1 and not pool._waiting
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.integers(1, 4),
@@ -319,12 +340,19 @@ def test_never_more_than_the_limit_open_and_waiters_served_in_order(
                     if not task.done():
                         task.cancel()
                         break
-            await asyncio.sleep(0)
+            else:
+                # Only here do the tasks run: a close may come between a waiter's cancel (its
+                # pool timeout, or its caller giving up) and the waiter running again.
+                await asyncio.sleep(0)
             assert shard_.open <= limit
             assert len(served) - len(closed) <= limit
         for task in started:
             task.cancel()
-        await asyncio.gather(*started, return_exceptions=True)
+        ended = await asyncio.gather(*started, return_exceptions=True)
+        # Each request was served or cancelled: nothing else escapes the pool.
+        assert all(isinstance(end, httpcore2.Response | asyncio.CancelledError) for end in ended), (
+            ended
+        )
         # Served in the order they came, but for those cancelled while waiting.
         assert served == sorted(served)
         for index in served:

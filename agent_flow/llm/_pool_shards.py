@@ -166,7 +166,9 @@ class ShardedPool:
         except BaseException as err:
             if waiter.done() and not waiter.cancelled():
                 self._release()  # handed over as the wait ended: give it on
-            else:
+            elif waiter in self._waiting:
+                # Not there when a release came between its cancel and now: it passed the
+                # cancelled waiter over and gave the place to the next, or back to the pool.
                 self._waiting.remove(waiter)
             if isinstance(err, TimeoutError):
                 raise httpcore2.PoolTimeout(
