@@ -118,6 +118,9 @@ class LiveSession:
             async with asyncio.timeout(self.approval_timeout):
                 return await future
         except TimeoutError:
+            if future.done() and not future.cancelled():
+                # Answered as the time ran out: `answer` told its caller it was taken, so it is.
+                return future.result()
             return ApprovalResponse(
                 approved=False, reason=f"no answer over HTTP within {self.approval_timeout:g}s"
             )
