@@ -20,12 +20,14 @@ pads both sides). Each cell of the table (streaming x K x sequential/concurrent)
 own child process, where the three loops take turns: rounds of one block of runs per loop, in
 a rotating order, and the median over the rounds. On these machines the same child run costs
 up to 40% more or less from one process to the next; loops measured side by side in one
-process, round by round, see the same machine, so their ratio is steady where best-of-N
-separate processes was not.
-Memory is `bench_memory.py`'s.
+process, round by round, see the same machine, so their ratio is steadier than best-of-N
+separate processes. Steadier, not steady: the ratio itself still differs from one process to
+the next by up to 0.05 (0.43x-0.48x in six processes of the same cell); ``--processes N`` runs
+each cell in N processes in turn and prints the median across them and the range of
+agent_flow's ratio. Memory is `bench_memory.py`'s.
 
 Usage: python benchmarks/bench_loop.py [--quick] [--runs 200] [--concurrent 100] [--k 10,100]
-    [--rounds 10] [--server same|own]
+    [--rounds 10] [--server same|own] [--processes 1]
 """
 
 from __future__ import annotations
@@ -434,6 +436,17 @@ def run_child(stream: bool, k: int, runs: int, concurrent: bool, rounds: int) ->
     return result
 
 
+def across(children: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell's figures over its child processes: each figure's median across them."""
+    return {
+        loop: {
+            key: statistics.median(child[loop][key] for child in children)
+            for key in ("ms_per_turn", "wall_ms_per_turn", "ratio")
+        }
+        for loop in LOOPS
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=200, help="sequential runs per loop")
@@ -447,6 +460,13 @@ def main() -> None:
         default="same",
         help="the scripted server in the measured process (its CPU in every column, the "
         "default) or in its own (only the loops' CPU counted)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="child processes per cell (the same code's ratio differs from one process to "
+        "the next by up to 0.05: the median across them, and their range, are printed)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-server", action="store_true", help=argparse.SUPPRESS)
@@ -469,9 +489,12 @@ def main() -> None:
 
     print(f"CPU ms per model turn (lower is better): the median of {args.rounds} interleaved")
     print("rounds; ratio = the median of each round's loop / handwritten; wall ms per turn")
+    if args.processes > 1:
+        print(f"each figure the median over {args.processes} child processes per cell")
     print(
         f"{'K':>4} {'mode':>9} {'stream':>6} | {'handwritten':>11} | {'floor':>11} | "
         f"{'agent_flow':>11} | {'wall hw/fl/af':>17}"
+        + (" | agent_flow's range" if args.processes > 1 else "")
     )
     for k in (int(v) for v in args.k.split(",")):
         # K=100 runs are ten times longer; scale the run counts to keep the total bounded.
@@ -483,7 +506,10 @@ def main() -> None:
         )
         for concurrent, runs, rounds in cells:
             for stream in (False, True):
-                res = run_child(stream, k, runs, concurrent, rounds)
+                children = [
+                    run_child(stream, k, runs, concurrent, rounds) for _ in range(args.processes)
+                ]
+                res = across(children)
                 base = res["handwritten"]["ms_per_turn"]
                 mode = f"{runs}x{'par' if concurrent else 'seq'}x{rounds}"
                 row = [f"{base:>11.3f}"] + [
@@ -491,8 +517,14 @@ def main() -> None:
                     for loop in LOOPS[1:]
                 ]
                 wall = "/".join(f"{res[loop]['wall_ms_per_turn']:.2f}" for loop in LOOPS)
+                spread = ""
+                if len(children) > 1:
+                    ratios = sorted(child["agent_flow"]["ratio"] for child in children)
+                    spread = f" | {ratios[0]:.2f}-{ratios[-1]:.2f}x"
                 print(
-                    f"{k:>4} {mode:>9} {stream!s:>6} | " + " | ".join(row) + f" | {wall:>17}",
+                    f"{k:>4} {mode:>9} {stream!s:>6} | "
+                    + " | ".join(row)
+                    + f" | {wall:>17}{spread}",
                     flush=True,
                 )
     ks = sorted({int(v) for v in args.k.split(",")})
