@@ -62,3 +62,23 @@ async def test_the_client_is_told_the_answer_was_taken_exactly_when_the_run_sees
     if not taken[0]:
         assert seen.reason == f"no answer over HTTP within {TIMEOUT:g}s"
     assert live.pending_approvals() == []
+
+
+async def test_two_clients_answering_at_the_deadline_one_is_taken_and_the_run_sees_it() -> None:
+    live, request = _live(), _request()
+    waiting = asyncio.create_task(live.approve(request))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    taken: list[tuple[bool, bool]] = []
+    for approved in (False, True):  # two clients, opposite answers, in the deadline's turn
+        loop.call_at(
+            loop.time(),
+            lambda approved=approved: taken.append(
+                (approved, live.answer(request.call_id, ApprovalResponse(approved=approved)))
+            ),
+        )
+    time.sleep(2 * TIMEOUT)  # noqa: ASYNC251 (the loop must be busy past the deadline)
+    seen = await asyncio.wait_for(waiting, 5)
+    assert taken == [(False, True), (True, False)]  # the first is taken, the second refused
+    assert seen.approved is False and seen.reason == ""
+    assert live.pending_approvals() == []
