@@ -452,13 +452,24 @@ class SessionManager:
     async def answer(self, session_id: str, call_id: str, response: ApprovalResponse) -> None:
         """Answer the approval the call `call_id` waits for (409 when it waits for none)."""
         live = await self.live(session_id)
-        if not live.answer(call_id, response):
-            raise ApiError(
-                409,
-                "not_waiting",
-                f"no tool call {call_id!r} is waiting for approval in session {session_id!r}",
-                field="call_id",
-            )
+        if live.answer(call_id, response):
+            return
+        where, run = "", None
+        if not live.running:
+            # An approval waits in the process whose run asked for it; in a fleet, say so.
+            run = (await self.info(session_id)).lease_run
+            if run is not None:
+                where = (
+                    f" of this server: its run {run} holds the session in another process, "
+                    "which holds its approvals; answer there"
+                )
+        raise ApiError(
+            409,
+            "not_waiting",
+            f"no tool call {call_id!r} is waiting for approval in session {session_id!r}{where}",
+            field="call_id",
+            run_id=run or "",
+        )
 
     async def delete(self, session_id: str, user: User = ADMIN) -> None:
         """Stop the session's run, release its agent, and delete it from the store."""
