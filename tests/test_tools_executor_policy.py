@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -152,6 +154,69 @@ async def test_an_approver_that_hangs_or_raises_means_not_approved() -> None:
     broken = ToolExecutor([delete], approval=crash)
     outcome = await broken.execute_one(call("delete", '{"path": "a"}'))
     assert "asking for approval failed (ui gone)" in outcome.result.content
+
+
+@pytest.mark.parametrize("when", ["before", "with the deadline", "after"])
+async def test_an_answer_given_as_the_approval_timeout_falls_due_is_the_one_the_call_gets(
+    when: str,
+) -> None:
+    """The approver's user is told "taken" exactly when the call acts on the answer."""
+    timeout = 0.05
+    answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    cleaned: list[str] = []
+
+    async def ask(request: ApprovalRequest) -> bool:
+        try:
+            return await answer
+        finally:
+            cleaned.append(request.call_id)
+
+    def give() -> bool:  # the approver's UI: True when its user's answer was taken
+        if answer.done():
+            return False
+        answer.set_result(True)
+        return True
+
+    executor = ToolExecutor([delete], approval=ask, approval_timeout=timeout)
+    running = asyncio.create_task(executor.execute_one(call("delete", '{"path": "a"}')))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # it waits for the answer, its deadline `timeout` away
+    loop = asyncio.get_running_loop()
+    taken: list[bool] = []
+    if when == "before":
+        taken.append(give())
+    elif when == "with the deadline":
+        # The loop busy past the deadline: on its next turn the answer (the earlier timer) is
+        # given first, then the deadline falls due.
+        loop.call_at(loop.time(), lambda: taken.append(give()))
+        time.sleep(2 * timeout)  # noqa: ASYNC251 (the loop must be busy past the deadline)
+    outcome = await asyncio.wait_for(running, 5)
+    if when == "after":  # the asking was cancelled at the deadline, and its future with it
+        taken.append(give())
+    assert taken == [when != "after"]
+    assert (outcome.result.content == "deleted a") is taken[0]
+    if not taken[0]:
+        assert f"no answer within {timeout:g}s" in outcome.result.content
+    assert cleaned == ["1"]  # the approver finished before the call went on
+
+
+async def test_a_run_cancelled_while_it_waits_for_approval_cancels_the_asking() -> None:
+    cleaned: list[str] = []
+
+    async def ask(request: ApprovalRequest) -> bool:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(request.call_id)
+        return True
+
+    executor = ToolExecutor([delete], approval=ask, approval_timeout=30)
+    running = asyncio.create_task(executor.execute_one(call("delete", '{"path": "a"}')))
+    await asyncio.sleep(0.01)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert cleaned == ["1"]
 
 
 async def test_a_registration_policy_overrides_the_tools_own() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
 
 from agent_flow.tools._hooks import _hook
 from agent_flow.tools.policy import ApprovalRequest, ApprovalResponse
@@ -23,6 +24,29 @@ if TYPE_CHECKING:
 
 # Logged under the public module's name, which is where users configure the executor's logs.
 logger = logging.getLogger("agent_flow.tools.executor")
+
+_T = TypeVar("_T")
+
+
+async def _within(asking: Awaitable[_T], seconds: float | None) -> _T:
+    """`asking`'s answer, or TimeoutError after `seconds` (None: no limit).
+
+    An answer that arrives in the same turn of the loop as the deadline is kept: the approver
+    may have told its user the answer was taken (`asyncio.timeout` would cancel the task the
+    answer just woke, and the run would see a refusal the approver never gave).
+    """
+    if seconds is None:
+        return await asking
+    task = asyncio.ensure_future(asking)
+    try:
+        await asyncio.wait((task,), timeout=seconds)
+    finally:
+        if not task.done():  # its deadline passed, or the run itself is cancelled
+            task.cancel()
+            await asyncio.wait((task,))  # let it clean up, as an inline cancel would
+    if task.cancelled():
+        raise TimeoutError
+    return task.result()
 
 
 async def _ask_approval(
@@ -55,8 +79,7 @@ async def _ask_approval(
         )
     else:
         try:
-            async with asyncio.timeout(approval_timeout):
-                answer = await approver(request)
+            answer = await _within(approver(request), approval_timeout)
             response = (
                 answer
                 if isinstance(answer, ApprovalResponse)

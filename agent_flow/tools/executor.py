@@ -190,7 +190,8 @@ class ToolExecutor(ToolRegistry):
             `LARGE_TEXT_CHARS` characters is counted on the tool threads, so a
             counter of your own must be thread-safe (agent_flow's are).
         max_concurrency: The most calls running at once (``None``: all of a turn).
-        approval_timeout: Seconds to wait for an approval answer (``None``: no limit).
+        approval_timeout: Seconds to wait for an approval answer (``None``: no limit); an
+            answer the approver gives as the time runs out is kept, never cut off.
         secrets: Redacts known secret values from every result (and progress message);
             default: `SecretRedactor.from_environment()`, the values of this process's
             environment variables whose names look secret. Pass ``SecretRedactor()`` for
