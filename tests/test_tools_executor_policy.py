@@ -156,7 +156,7 @@ async def test_an_approver_that_hangs_or_raises_means_not_approved() -> None:
     assert "asking for approval failed (ui gone)" in outcome.result.content
 
 
-@pytest.mark.parametrize("when", ["before", "with the deadline", "after"])
+@pytest.mark.parametrize("when", ["before", "with the deadline", "just past it", "after"])
 async def test_an_answer_given_as_the_approval_timeout_falls_due_is_the_one_the_call_gets(
     when: str,
 ) -> None:
@@ -189,6 +189,11 @@ async def test_an_answer_given_as_the_approval_timeout_falls_due_is_the_one_the_
         # The loop busy past the deadline: on its next turn the answer (the earlier timer) is
         # given first, then the deadline falls due.
         loop.call_at(loop.time(), lambda: taken.append(give()))
+        time.sleep(2 * timeout)  # noqa: ASYNC251 (the loop must be busy past the deadline)
+    elif when == "just past it":
+        # Due in the deadline's turn, after it: the wait's timer has woken the executor, whose
+        # step comes before the approver's.
+        loop.call_at(loop.time() + timeout + 0.001, lambda: taken.append(give()))
         time.sleep(2 * timeout)  # noqa: ASYNC251 (the loop must be busy past the deadline)
     outcome = await asyncio.wait_for(running, 5)
     if when == "after":  # the asking was cancelled at the deadline, and its future with it
