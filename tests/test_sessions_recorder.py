@@ -7,6 +7,7 @@ that was cancelled or failed loses no event (the next write carries it).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from agent_flow.environment import Environment
 from agent_flow.errors import StoreError
 from agent_flow.events import RunFinished, TextDelta
 from agent_flow.history import AgentMessage, History, UserMessage
-from agent_flow.sessions import InMemorySessionStore, SessionStatus
+from agent_flow.sessions import InMemorySessionStore, SessionStatus, SQLiteSessionStore
 from agent_flow.sessions.recorder import SessionRecorder, session_status
 from agent_flow.tokens import ApproxCounter
 
@@ -190,3 +191,63 @@ async def test_without_a_session_the_recorder_keeps_events_for_the_session_to_co
     one_step(history)
     await recorder.step(history, environment)
     assert await stored_events(store, recorder.session_id) == [0]
+
+
+# -- cancelled while the store answers ----------------------------------------------------
+
+
+class AnswerHeld(SQLiteSessionStore):
+    """A SQLite store whose `create` and `claim` are done (committed) before their answer,
+    which waits at a gate: the caller can be cancelled in between."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def _held(self, result: Any) -> Any:
+        self.entered.set()
+        await self.gate.wait()
+        return result
+
+    async def create(self, **kwargs: Any) -> Any:
+        return await self._held(await super().create(**kwargs))
+
+    async def claim(self, session_id: str, **kwargs: Any) -> Any:
+        return await self._held(await super().claim(session_id, **kwargs))
+
+
+async def _cancelled_at_the_answer(store: AnswerHeld, work: Any) -> None:
+    task = asyncio.create_task(work)
+    await store.entered.wait()
+    task.cancel()
+    await asyncio.sleep(0.01)  # cancelled while the store's answer is on its way
+    store.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    store.entered.clear()
+
+
+async def test_a_claim_made_as_its_run_is_cancelled_is_given_back(tmp_path: Path) -> None:
+    async with AnswerHeld(tmp_path / "s.db") as store:
+        store.gate.set()
+        session_id = (await store.create(agent="a")).id
+        store.gate.clear()
+        store.entered.clear()
+        recorder = SessionRecorder(store, session_id)
+        await _cancelled_at_the_answer(store, recorder.claim("run-1"))
+        assert recorder.lease is None
+        assert (await store.info(session_id)).lease_run is None  # not held until it expires
+        lease = await SessionRecorder(store, session_id).claim("run-2")  # not refused as busy
+        assert lease.run_id == "run-2"
+
+
+async def test_a_session_made_as_its_run_is_cancelled_is_the_next_run_s(tmp_path: Path) -> None:
+    async with AnswerHeld(tmp_path / "s.db") as store:
+        recorder = SessionRecorder(store)
+        await _cancelled_at_the_answer(store, recorder.start(agent="a", task="one"))
+        made = [info.id for info in await store.list()]
+        assert recorder.session_id is not None and made == [recorder.session_id]
+        await recorder.start(agent="a", task="two", run_id="run-2")
+        assert [info.id for info in await store.list()] == made  # no second, empty session
+        await recorder.release()

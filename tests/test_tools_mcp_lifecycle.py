@@ -22,8 +22,9 @@ from agent_flow.tools import (
     _mcp_connection,
 )
 from agent_flow.tools._mcp_restarts import RestartBudget
-from tests.helpers import FakeClock, stdio_server
+from tests.helpers import MCP_SERVERS, FakeClock, stdio_server
 from tests.helpers import tool_call as call
+from tests.server_harness import marked
 
 
 @pytest.fixture
@@ -249,3 +250,30 @@ async def test_tools_whose_names_differ_only_in_dots_are_both_offered() -> None:
         other = await executor.execute_one(call(dotted, '{"a": 1, "b": 2}'))
     assert plain.result.content == "plain 3"
     assert other.result.content == "dotted 3"
+
+
+async def test_a_start_cancelled_midway_stops_the_servers_that_had_started() -> None:
+    """One server up, another still starting, the start cancelled: no process is left."""
+    marker = f"cancelled-start-{os.getpid()}"
+    quick = stdio_server("quick", "basic_server.py", env={"AF_TEST_MCP": marker})
+    slow = MCPServerStdio(
+        name="slow",
+        command="/bin/sh",
+        args=("-c", f"sleep 30; exec {sys.executable} {MCP_SERVERS / 'basic_server.py'}"),
+        env={"AF_TEST_MCP": marker},
+        connect_timeout=60,
+    )
+    servers = MCPServers([quick, slow])
+    starting = asyncio.create_task(servers.start())
+    async with asyncio.timeout(30):
+        while not servers["quick"].connected:  # noqa: ASYNC110 (a connection's state, no event)
+            await asyncio.sleep(0.02)
+    assert len(marked("AF_TEST_MCP", marker)) >= 2  # the quick server, the slow one's shell
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert not servers["quick"].connected
+    async with asyncio.timeout(10):
+        while left := marked("AF_TEST_MCP", marker):  # noqa: ASYNC110 (processes, no event)
+            await asyncio.sleep(0.05)
+    assert left == []

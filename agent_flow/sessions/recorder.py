@@ -71,9 +71,26 @@ async def claim_session(
     expires; a restarted server need not wait for that: the claim is ended now (as it would
     expire: the dead run gets its ``interrupted`` end) and the session claimed.
 
+    A caller cancelled while the claim is under way gets its `CancelledError` once the claim
+    has ended, never a claim left behind: one made meanwhile is released first (nothing will
+    run under it; kept, it would refuse every other run until it expired).
+
     Raises:
         SessionBusyError: A live process (or one of another machine) holds the session.
     """
+    claiming = start_eagerly(_claim(store, session_id, run_id=run_id, holder=holder, ttl=ttl))
+    try:
+        return await _to_the_end(claiming)
+    except asyncio.CancelledError:
+        if not claiming.cancelled() and claiming.exception() is None:
+            with contextlib.suppress(StoreError):
+                await _to_the_end(start_eagerly(store.release(claiming.result())))
+        raise
+
+
+async def _claim(
+    store: SessionStore, session_id: str, *, run_id: str, holder: str, ttl: float
+) -> Lease:
     try:
         return await store.claim(session_id, run_id=run_id, holder=holder, ttl=ttl)
     except SessionBusyError as err:
@@ -219,10 +236,15 @@ class SessionRecorder:
             task = task.replace("\x00", "\ufffd")
             title = textwrap.shorten(task, width=80, placeholder=" …")
             async with self._lock:
-                info = await _to_the_end(
-                    start_eagerly(self.store.create(agent=agent, title=title, task=task))
-                )
-            self._session_id = info.id
+                creating = start_eagerly(self.store.create(agent=agent, title=title, task=task))
+                try:
+                    await _to_the_end(creating)
+                finally:
+                    # Kept also when the caller was cancelled meanwhile: the next run writes to
+                    # the session made for this one instead of leaving it empty and making one.
+                    done = creating.done() and not creating.cancelled()
+                    if done and creating.exception() is None:
+                        self._session_id = creating.result().id
         if run_id and (self._lease is None or self._lease.run_id != run_id):
             await self.claim(run_id)
 

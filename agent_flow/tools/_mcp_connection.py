@@ -516,6 +516,8 @@ class MCPConnection:
         try:
             await asyncio.shield(ready)
         except asyncio.CancelledError:
+            # Nobody reads `ready` now: the error the stopped start sets is expected.
+            ready.add_done_callback(lambda done: done.cancelled() or done.exception())
             self._retire(session)
             raise
         except Exception as err:

@@ -121,9 +121,15 @@ class MCPServers:
             MCPServerError: A required server could not be started.
         """
         connections = list(self.connections.values())
-        outcomes = await asyncio.gather(
-            *(connection.start() for connection in connections), return_exceptions=True
-        )
+        try:
+            outcomes = await asyncio.gather(
+                *(connection.start() for connection in connections), return_exceptions=True
+            )
+        except BaseException:
+            # Cancelled while starting (the gather ends once every start has): those that
+            # had started would be left running with nobody to stop them.
+            await self.aclose()
+            raise
         errors: list[Exception] = []
         for connection, outcome in zip(connections, outcomes, strict=True):
             if isinstance(outcome, BaseException):
