@@ -59,7 +59,11 @@ class _Listener:
         conn = await psycopg.AsyncConnection.connect(
             self._url, autocommit=True, connect_timeout=self._timeout
         )
-        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        except BaseException:  # failed or cancelled: the connection is nobody's but ours
+            await conn.close()
+            raise
         return conn
 
     async def start(self) -> None:
