@@ -19,7 +19,9 @@ The agent loop calls it at step boundaries and nowhere else (see `StepRecorder`)
   is cancelled meanwhile (the cancellation is re-raised once it has), and recorded events are
   forgotten only once a write that holds them succeeded. So a cancelled run still saves its
   step and its end, a failed write loses no event (the next save carries it), and no write
-  is ever half-done from the recorder's side (the store makes each one a transaction).
+  is ever half-done from the recorder's side (the store makes each one a transaction). A
+  write that failed may still have committed (a connection lost at COMMIT): the next save
+  first drops the events and checkpoints the store holds already (`_reconcile`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,13 @@ from agent_flow.environment import Environment
 from agent_flow.errors import LeaseLostError, SessionBusyError, StoreError, UserError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
-from agent_flow.sessions.models import Checkpoint, Lease, SessionStatus, numbering_run
+from agent_flow.sessions.models import (
+    Checkpoint,
+    Lease,
+    SessionStatus,
+    event_id,
+    numbering_run,
+)
 from agent_flow.sessions.protocol import SessionStore
 
 __all__ = [
@@ -192,6 +200,9 @@ class SessionRecorder:
         self.on_lease_lost: Callable[[], None] | None = None
         # The claim it could not renew in time: writes under it are refused from then on.
         self._lost_lease: Lease | None = None
+        # A write failed: it may have committed all the same (a connection lost at COMMIT).
+        # The next write first drops what the store holds already (`_reconcile`).
+        self._unsure = False
 
     def cancels(self, run: Callable[[], None]) -> None:
         """Call `run` (a bound method: an agent's ``cancel``) when the run's claim is lost.
@@ -349,6 +360,16 @@ class SessionRecorder:
             )
         return self._lease.fence if self._lease is not None else None
 
+    def _number(self, event: AgentEvent) -> int | None:
+        """The id `event` gets when saved (None: it has none, or the store will say why)."""
+        fence = self._fences.get(numbering_run(event))
+        if fence is None:
+            return None
+        try:
+            return event_id(fence, event.seq)
+        except UserError:
+            return None
+
     def _late_fences(self) -> dict[str, int]:
         """The fences of earlier runs whose events wait for this save (a failed save's)."""
         current = self._lease.run_id if self._lease is not None else None
@@ -380,13 +401,19 @@ class SessionRecorder:
         async with self._lock:
             saved = len(self._checkpoints)
 
+            if self._unsure:
+                await self._reconcile(session_id)
+                saved = len(self._checkpoints)
+                if not saved:
+                    return
+
             def forget() -> None:
                 del self._checkpoints[:saved]
 
             write = self.store.save_checkpoints(
                 session_id, self._checkpoints[:saved], synced=synced, fence=self._fence()
             )
-            await _write(write, forget)
+            await self._written(write, forget)
 
     async def step(self, history: History, environment: Environment) -> None:
         """Save a completed step with status ``active``.
@@ -420,6 +447,8 @@ class SessionRecorder:
             # nothing to write to; the events wait for the session the next run creates.
             return
         async with self._lock:
+            if self._unsure:
+                await self._reconcile(session_id)
             saved, kept = len(self._pending), len(self._checkpoints)
 
             def forget() -> None:
@@ -436,7 +465,57 @@ class SessionRecorder:
                 fence=self._fence(),
                 event_fences=self._late_fences(),
             )
+            await self._written(write, forget)
+
+    async def _written(
+        self, write: Coroutine[object, object, object], forget: Callable[[], None]
+    ) -> None:
+        """`_write`, marking the recorder unsure of what is stored when the write fails."""
+        try:
             await _write(write, forget)
+        except BaseException:
+            self._unsure = True
+            raise
+
+    async def _reconcile(self, session_id: str) -> None:
+        """After a failed write, drop what the store holds already, or can never hold.
+
+        A write that failed may have committed (the connection lost at COMMIT): sent again,
+        its events would be refused for their ids and its checkpoints as another execution's,
+        at every save from then on. An event whose id is not above the session's last id is
+        stored already, or was overtaken (its run was ended as ``interrupted`` meanwhile) and
+        can never be: either way it goes. A checkpoint stored alike goes too. (Events written
+        without a claim have no id to tell: they are sent again.)
+
+        Raises:
+            StoreError: The store cannot be read (the recorder stays unsure).
+        """
+        last = (await self.store.info(session_id)).last_event_id
+        numbers = [self._number(event) for event in self._pending]
+        sent = [n for n in numbers if n is not None and n <= last]
+        stored: set[int] = set()
+        if sent:
+            after = min(sent) - 1
+            stored = {n for n, _ in await self.store.events_with_ids(session_id, after_id=after)}
+        keep = [e for e, n in zip(self._pending, numbers, strict=True) if n is None or n > last]
+        overtaken = sum(n not in stored for n in sent)
+        if overtaken:
+            logger.warning(
+                "%d events of session %s could not be saved before their run was ended; dropped",
+                overtaken,
+                session_id,
+            )
+        self._pending[:] = keep
+        runs = {c.run_id for c in self._checkpoints}
+        written = {
+            (c.run_id, c.position, c.name, c.result)
+            for run in runs
+            for c in await self.store.checkpoints(session_id, run)
+        }
+        self._checkpoints[:] = [
+            c for c in self._checkpoints if (c.run_id, c.position, c.name, c.result) not in written
+        ]
+        self._unsure = False
 
 
 async def _write(write: Coroutine[object, object, object], forget: Callable[[], None]) -> None:
