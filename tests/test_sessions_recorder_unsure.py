@@ -81,21 +81,32 @@ def turn(history: History, n: int) -> None:
     history.add(AgentMessage(content=f"a{n}"))
 
 
+async def begun(
+    store: SessionStore, run_id: str = "r", **options: Any
+) -> tuple[SessionRecorder, History, Environment, str]:
+    """A recorder on a new session of `store`, its run `run_id` started (claimed)."""
+    recorder = SessionRecorder(store, **options)
+    await recorder.start(agent="a", task="t", run_id=run_id)
+    assert recorder.session_id is not None
+    return recorder, History(counter=COUNTER), Environment(), recorder.session_id
+
+
+async def step_then_hold(recorder: SessionRecorder, history: History, env: Environment) -> None:
+    """Save a step with event 0, then record a turn and events 1 and 2 for the next save."""
+    turn(history, 0)
+    recorder.record(text("r", 0))
+    await recorder.step(history, env)
+    turn(history, 1)
+    recorder.record(text("r", 1))
+    recorder.record(text("r", 2))
+
+
 async def test_a_step_committed_but_reported_failed_is_stored_once_and_saving_goes_on(
     backing: Backing,
 ) -> None:
     async with backing.open() as store:
-        recorder = SessionRecorder(store)
-        history, environment = History(counter=COUNTER), Environment()
-        await recorder.start(agent="a", task="t", run_id="r")
-        session_id = recorder.session_id
-        assert session_id is not None
-        turn(history, 0)
-        recorder.record(text("r", 0))
-        await recorder.step(history, environment)
-        turn(history, 1)
-        recorder.record(text("r", 1))
-        recorder.record(text("r", 2))
+        recorder, history, environment, session_id = await begun(store)
+        await step_then_hold(recorder, history, environment)
         environment.set("/task/objective", "changed")
         armed = commit_then_fail(store, "save_step")
         with pytest.raises(StoreError, match="lost at COMMIT"):
@@ -130,11 +141,7 @@ async def test_checkpoints_committed_but_reported_failed_are_not_written_twice(
     backing: Backing,
 ) -> None:
     async with backing.open() as store:
-        recorder = SessionRecorder(store)
-        history, environment = History(counter=COUNTER), Environment()
-        await recorder.start(agent="a", task="t", run_id="r")
-        session_id = recorder.session_id
-        assert session_id is not None
+        recorder, history, environment, session_id = await begun(store)
         sent = Checkpoint("r", 0, "tool:send_mail", '"sent"')
         recorder.checkpoint(sent)
         commit_then_fail(store, "save_checkpoints")
@@ -168,11 +175,7 @@ async def test_events_a_run_could_not_save_before_it_was_ended_are_dropped_and_s
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = Outage()
-    recorder = SessionRecorder(store, lease_seconds=0.3)
-    history, environment = History(counter=COUNTER), Environment()
-    await recorder.start(agent="a", task="t", run_id="r1")
-    session_id = recorder.session_id
-    assert session_id is not None
+    recorder, history, environment, session_id = await begun(store, "r1", lease_seconds=0.3)
     turn(history, 0)
     recorder.record(text("r1", 0))
     await recorder.step(history, environment)
@@ -247,17 +250,8 @@ async def test_a_postgres_connection_cut_after_its_commit_loses_and_doubles_noth
     try:
         store = open_store(f"{url.replace(':5432/', f':{port}/')}?schema={schema}")
         async with store:
-            recorder = SessionRecorder(store)
-            history, environment = History(counter=COUNTER), Environment()
-            await recorder.start(agent="a", task="t", run_id="r")
-            session_id = recorder.session_id
-            assert session_id is not None
-            turn(history, 0)
-            recorder.record(text("r", 0))
-            await recorder.step(history, environment)
-            turn(history, 1)
-            recorder.record(text("r", 1))
-            recorder.record(text("r", 2))
+            recorder, history, environment, session_id = await begun(store)
+            await step_then_hold(recorder, history, environment)
             proxy.armed = True
             with pytest.raises(StoreError):
                 await recorder.step(history, environment)
