@@ -244,3 +244,49 @@ async def test_sessions_on_one_endpoint_share_one_sdk_client(
         assert len(manager.clients) == 1
     assert len(openai_server.requests) == 3
     assert len(manager.clients) == 0  # closed at shutdown
+
+
+async def test_a_message_cancelled_while_it_hands_watchers_a_dead_run_s_end_keeps_no_claim() -> (
+    None
+):
+    """The claim is the run's from the moment it is taken: a send cancelled before its run
+    started (here, held by a watcher that fell behind while it publishes the end of a dead
+    process's run) gives it back, and the session takes the next message."""
+    from agent_flow.events import WarningRaised
+    from agent_flow.server.models import CreateSession
+
+    store = InMemorySessionStore()
+    manager = SessionManager(
+        AgentConfig(context=ContextConfig(counter="approx")),
+        store,
+        ServerSettings(),
+        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
+    )
+    try:
+        info = await manager.create(CreateSession(title="t"))
+        await store.claim(info.id, run_id="dead-run", holder="1@elsewhere", ttl=0)
+        live = manager.loaded(info.id)
+        assert live is not None
+        behind = live.bus.subscribe(policy="wait", maxsize=1, max_wait=5.0)
+        await live.bus.publish(WarningRaised(run_id="x", seq=0, message="m", source="s"))
+        sending = asyncio.create_task(manager.send(info.id, "hello"))
+        async with asyncio.timeout(5):
+            while (await store.info(info.id)).lease_run in (None, "dead-run"):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # (the store's state: no event to wait on)
+        await asyncio.sleep(0.05)  # held in the publish, behind the full watcher
+        assert not sending.done()
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        await behind.aclose()
+        assert live.recorder is not None and live.recorder.lease is None
+        assert (await store.info(info.id)).lease_run is None
+        run_id, _ = await manager.send(info.id, "again")  # not 409: nobody holds it
+        assert live.task is not None
+        await live.task
+        assert (await store.info(info.id)).lease_run is None
+        assert [e.run_id for e in await store.events(info.id) if e.kind == "run_finished"][
+            -1
+        ] == run_id
+    finally:
+        await manager.aclose()

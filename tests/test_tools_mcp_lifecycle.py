@@ -277,3 +277,36 @@ async def test_a_start_cancelled_midway_stops_the_servers_that_had_started() -> 
         while left := marked("AF_TEST_MCP", marker):  # noqa: ASYNC110 (processes, no event)
             await asyncio.sleep(0.05)
     assert left == []
+
+
+@pytest.mark.parametrize("closing", ["agent", "servers"])
+async def test_a_close_cancelled_as_it_begins_still_stops_every_server(closing: str) -> None:
+    """Out of the pool (or of the agent) first, a server a cancel kept from closing would run
+    on with nobody left to stop it: the stop goes on, the caller gets its cancel."""
+    from agent_flow.agent import AgentExecutor
+    from agent_flow.config import AgentConfig
+    from agent_flow.testing import ScriptedLLM
+
+    marker = f"cancelled-close-{closing}-{os.getpid()}"
+    configs = [
+        stdio_server(name, script, env={"AF_TEST_MCP": marker})
+        for name, script in (("basic", "basic_server.py"), ("hangs", "hang_server.py"))
+    ]
+    if closing == "agent":
+        agent = AgentExecutor(ScriptedLLM([]), config=AgentConfig(mcp_servers=configs))
+        await agent.start()
+        close = agent.aclose
+    else:
+        servers = MCPServers(configs)
+        await servers.start()
+        close = servers.aclose
+    assert len(marked("AF_TEST_MCP", marker)) == 2
+    task = asyncio.create_task(close())
+    await asyncio.sleep(0)  # its first step: the closes are handed out, then it is cancelled
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(10):
+        while left := marked("AF_TEST_MCP", marker):  # noqa: ASYNC110 (processes, no event)
+            await asyncio.sleep(0.05)
+    assert left == []

@@ -152,8 +152,9 @@ class MCPPool:
                 unheld.append(server.connection)
         if not self._servers and not self._registrations and not self._locked():
             self._lock = None  # the next agent may run in another event loop
-        # Taken out of the pool first: an agent starting meanwhile starts its own.
-        await asyncio.gather(*(c.aclose() for c in unheld), return_exceptions=True)
+        # Taken out of the pool first: an agent starting meanwhile starts its own. Shielded:
+        # out of the pool, a server a cancel kept from closing would run on with no owner.
+        await asyncio.shield(asyncio.gather(*(c.aclose() for c in unheld), return_exceptions=True))
 
     def _locked(self) -> bool:
         return self._lock is not None and self._lock.locked()

@@ -406,8 +406,13 @@ class SessionManager:
             live.bases[run_id] = base
             live.buffer = ended
             live.run_id = run_id
-            for _, event in ended:
-                await live.bus.publish(event)
+            try:  # (a watcher behind may hold a publish: a cancel there must not keep the claim)
+                for _, event in ended:
+                    await live.bus.publish(event)
+            except BaseException:
+                coroutine.close()
+                await recorder.release()
+                raise
             live.task = asyncio.create_task(batched_steps(_drive(session_id, coroutine, trace)))
         return run_id, base
 

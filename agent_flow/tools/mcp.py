@@ -183,8 +183,6 @@ class MCPServers:
         return names
 
     async def aclose(self) -> None:
-        """Stop every server."""
-        await asyncio.gather(
-            *(connection.aclose() for connection in self.connections.values()),
-            return_exceptions=True,
-        )
+        """Stop every server (each one's stop goes on when the caller is cancelled meanwhile)."""
+        closing = (connection.aclose() for connection in self.connections.values())
+        await asyncio.shield(asyncio.gather(*closing, return_exceptions=True))
