@@ -310,3 +310,52 @@ async def test_a_close_cancelled_as_it_begins_still_stops_every_server(closing: 
         while left := marked("AF_TEST_MCP", marker):  # noqa: ASYNC110 (processes, no event)
             await asyncio.sleep(0.05)
     assert left == []
+
+
+def _slow_to_start(name: str, script: str, marker: str) -> MCPServerStdio:
+    """A test server that starts half a second after its process does (marked `marker`)."""
+    return MCPServerStdio(
+        name=name,
+        command="/bin/sh",
+        args=("-c", f"sleep 0.5; exec {sys.executable} {MCP_SERVERS / script}"),
+        env={"AF_TEST_MCP": marker},
+    )
+
+
+async def _until(found: bool, marker: str) -> None:
+    """Wait until a process marked `marker` runs (`found`), or none does."""
+    async with asyncio.timeout(10):
+        while bool(marked("AF_TEST_MCP", marker)) is not found:  # noqa: ASYNC110 (processes)
+            await asyncio.sleep(0.01)
+
+
+async def test_a_close_while_a_call_restarts_the_server_stops_the_new_one() -> None:
+    marker = f"close-in-restart-{os.getpid()}"
+    connection = MCPConnection(_slow_to_start("crashy", "crash_server.py", marker))
+    await connection.start()
+    assert (await connection.call_tool("crash", {})).error_kind == "server_unavailable"
+    await _until(False, marker)
+    calling = asyncio.create_task(connection.call_tool("echo", {"text": "hi"}))
+    await _until(True, marker)  # the restart's process, not answering yet
+    await connection.aclose()
+    result = await calling
+    assert result.error_kind == "server_unavailable"
+    assert result.content == "MCP connection 'crashy' is closed"
+    assert not connection.connected
+    await _until(False, marker)
+
+
+async def test_an_agent_closed_while_it_starts_its_servers_leaves_none_running() -> None:
+    from agent_flow.agent import AgentExecutor
+    from agent_flow.config import AgentConfig
+    from agent_flow.testing import ScriptedLLM
+
+    marker = f"close-in-start-{os.getpid()}"
+    config = AgentConfig(mcp_servers=[_slow_to_start("slow", "basic_server.py", marker)])
+    agent = AgentExecutor(ScriptedLLM([]), config=config)
+    starting = asyncio.create_task(agent.start())
+    await _until(True, marker)
+    await agent.aclose()  # a shutdown, say, while the agent starts
+    await starting
+    assert dict(agent.mcp_tools) == {}
+    await _until(False, marker)

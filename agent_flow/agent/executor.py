@@ -302,6 +302,9 @@ class AgentExecutor:
         except BaseException:
             self._state = "new"
             raise
+        state: str = self._state  # (`aclose` may have changed it meanwhile)
+        if state == "closed":  # `aclose` came while they started: it found none to stop
+            await self.mcp.aclose()
 
     async def aclose(self) -> None:
         """Stop the MCP servers and close the model client `from_config` built.

@@ -41,8 +41,9 @@ from agent_flow._types import JsonObject
 from agent_flow.errors import MCPServerError, MCPServerTimeoutError
 from agent_flow.tools._mcp_catalog import Catalog, ListChange, Notices, diff, list_catalog
 from agent_flow.tools._mcp_restarts import RestartBudget
+from agent_flow.tools._mcp_session import _describe, _innermost, _Session
 from agent_flow.tools._mcp_tool import MCPTool, _jsonable, convert_call_result
-from agent_flow.tools._mcp_transport import ServerOutput, _transport
+from agent_flow.tools._mcp_transport import _transport
 from agent_flow.tools.base import ProgressCallback
 from agent_flow.tools.mcp_config import ComponentKind, MCPServerConfig, MCPServerHTTP
 from agent_flow.tools.results import ToolResult
@@ -62,36 +63,6 @@ _TRANSPORT_ERRORS = (
     ConnectionError,
     httpx2.TransportError,
 )
-
-
-class _Session:
-    """One started server session, owned by its own task."""
-
-    def __init__(self) -> None:
-        self.client: ClientSession | None = None
-        self.stop = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        self.catalog = Catalog()
-        self.broken = False  # the connection failed: restart before the next call
-        self.suspect = False  # a call timed out or was cancelled: ping before the next call
-        self.output = ServerOutput()  # its stderr tail; closed once its messages stop
-
-    @property
-    def usable(self) -> bool:
-        return (
-            self.client is not None
-            and not self.broken
-            and not self.output.closed
-            and self.task is not None
-            and not self.task.done()
-        )
-
-    def with_stderr(self, text: str) -> str:
-        """`text`, then the HTTP error the server answered and its last stderr lines, if any."""
-        if self.output.http_status is not None:
-            text = f"{text} (the server answered HTTP {self.output.http_status})"
-        tail = self.output.tail()
-        return f"{text}; its stderr ended with: {tail}" if tail else text
 
 
 class MCPConnection:
@@ -472,8 +443,7 @@ class MCPConnection:
             if not self._opened:
                 # The first start (explicit, or lazily on the first call) is not a restart.
                 self._opened = True
-                self._session = await self._open()
-                return self._session
+                return self._keep(await self._open())
             refused = self._restarts.refusal()
             if refused is not None:
                 raise MCPServerError(
@@ -488,8 +458,15 @@ class MCPConnection:
                 self.config.max_restarts,
                 self.last_error,
             )
-            self._session = await self._open()
-            return self._session
+            return self._keep(await self._open())
+
+    def _keep(self, session: _Session) -> _Session:
+        """`session`, just opened, as the connection's; retired if it was closed meanwhile."""
+        if self._closed:  # `aclose` came while it started: nobody would stop it
+            self._retire(session)
+            raise MCPServerError(f"MCP connection {self.name!r} is closed")
+        self._session = session
+        return session
 
     async def _answers_ping(self, session: _Session) -> bool:
         assert session.client is not None
@@ -585,16 +562,3 @@ async def _subscribe(client: ClientSession, uri: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         await client.subscribe_resource(uri)
-
-
-def _innermost(err: BaseException) -> BaseException:
-    """The first real error, looking inside exception groups."""
-    while isinstance(err, BaseExceptionGroup) and err.exceptions:
-        err = err.exceptions[0]
-    return err
-
-
-def _describe(err: BaseException) -> str:
-    """``Type: message`` of the first real error, looking inside exception groups."""
-    err = _innermost(err)
-    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
