@@ -10,9 +10,11 @@ one running MCP subprocess and no more, and a deleted session is gone. At shutdo
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import uuid
+from typing import Any
 
 import pytest
 
@@ -290,3 +292,41 @@ async def test_a_message_cancelled_while_it_hands_watchers_a_dead_run_s_end_keep
         ] == run_id
     finally:
         await manager.aclose()
+
+
+async def test_a_message_that_loads_its_session_as_the_server_shuts_down_starts_nothing() -> None:
+    """Shutdown closes the sessions loaded when it begins; one a message was loading then
+    (the store slow to answer) is refused with 503, and no run, claim or MCP server is left."""
+    from agent_flow.server._errors import ApiError
+    from tests.server_harness import marked
+
+    class SlowInfo(InMemorySessionStore):
+        slow = False
+
+        async def info(self, session_id: str) -> Any:
+            if self.slow:
+                await asyncio.sleep(0.3)
+            return await super().info(session_id)
+
+    marker = f"shutdown-in-load-{os.getpid()}"
+    config = AgentConfig(
+        context=ContextConfig(counter="approx"),
+        mcp_servers=[stdio_server("basic", "basic_server.py", env={"AF_TEST_MCP": marker})],
+    )
+    store = SlowInfo()
+    info = await store.create(agent=config.name, title="t")  # stored, not loaded
+    manager = SessionManager(
+        config, store, ServerSettings(), llm_factory=lambda c: FunctionLLM(lambda r: reply("hi"))
+    )
+    store.slow = True
+    sending = asyncio.create_task(manager.send(info.id, "hello"))
+    await asyncio.sleep(0.1)  # it is loading the session: the store has not answered
+    await manager.aclose()
+    with pytest.raises(ApiError) as refused:
+        await sending
+    assert refused.value.status == 503 and refused.value.code == "shutting_down"
+    store.slow = False
+    assert (await store.info(info.id)).lease_run is None
+    live = manager.loaded(info.id)
+    assert live is None or (live.agent is None and not live.running)
+    assert marked("AF_TEST_MCP", marker) == []

@@ -183,6 +183,8 @@ class SessionManager:
             async with live.lock:
                 if live.closed:
                     continue  # evicted or deleted while we waited: load it again (or 404)
+                if self._closed:  # (loaded after `aclose` took the sessions it closes)
+                    raise ApiError(503, "shutting_down", "the server is shutting down; retry later")
                 yield live
                 live.last_used = time.monotonic()
                 return
