@@ -268,3 +268,80 @@ async def test_a_postgres_connection_cut_after_its_commit_loses_and_doubles_noth
     finally:
         server.close()
         drop_schema(schema)
+
+
+class Slow(InMemorySessionStore):
+    """An in-memory store whose writes can fail, and whose reads can be slow."""
+
+    down = False
+    slow = False
+
+    async def save_step(self, session_id: str, **kwargs: Any) -> Any:
+        if self.down:
+            raise StoreError("the database is unreachable")
+        return await super().save_step(session_id, **kwargs)
+
+    async def info(self, session_id: str) -> Any:
+        if self.slow:
+            await asyncio.sleep(0.2)
+        return await super().info(session_id)
+
+
+async def test_a_run_cancelled_while_its_end_reconciles_still_saves_its_end() -> None:
+    """Reconciling is part of the write: a cancel then is held until the end is saved."""
+    store = Slow()
+    recorder, history, environment, session_id = await begun(store)
+    turn(history, 0)
+    recorder.record(text("r", 0))
+    store.down = True
+    with pytest.raises(StoreError):
+        await recorder.step(history, environment)
+    store.down, store.slow = False, True
+    finishing = asyncio.create_task(recorder.finish(history, environment, finished("r", 1)))
+    await asyncio.sleep(0.05)  # reconciling: the store's answer is on its way
+    finishing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await finishing
+    store.slow = False
+    info = await store.info(session_id)
+    assert info.status == "completed" and info.lease_run is None
+    assert [e.kind for e in await store.events(session_id)] == ["text_delta", "run_finished"]
+
+
+class Unrenewable(InMemorySessionStore):
+    """An in-memory store whose claims cannot be renewed or released while `down`."""
+
+    down = False
+
+    async def renew(self, lease: Any, **kwargs: Any) -> Any:
+        if self.down:
+            raise StoreError("the database is unreachable")
+        return await super().renew(lease, **kwargs)
+
+    async def release(self, lease: Any) -> None:
+        if self.down:
+            raise StoreError("the database is unreachable")
+        await super().release(lease)
+
+
+async def test_a_run_that_lost_its_claim_leaves_nothing_the_next_run_cannot_save() -> None:
+    store = Unrenewable()
+    recorder, history, environment, _ = await begun(store, "r1", lease_seconds=0.3)
+    turn(history, 0)
+    recorder.record(text("r1", 0))
+    await recorder.step(history, environment)
+    store.down = True
+    recorder.record(text("r1", 1))
+    await asyncio.sleep(0.5)  # not renewed in time: the claim is lost
+    with pytest.raises(StoreError):
+        await recorder.step(history, environment)  # refused before it is sent
+    await recorder.release()  # fails, logged
+    store.down = False
+    await asyncio.sleep(0.4)
+    await recorder.start(agent="a", task="t", run_id="r2")
+    assert recorder.lease is not None and recorder.lease.interrupted_run == "r1"
+    recorder.record(text("r2", 0))
+    turn(history, 1)
+    await recorder.step(history, environment)  # its first step: not refused for r1's event
+    assert recorder.unsaved_events == ()
+    await recorder.release()

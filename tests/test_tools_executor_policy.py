@@ -205,6 +205,21 @@ async def test_an_answer_given_as_the_approval_timeout_falls_due_is_the_one_the_
     assert cleaned == ["1"]  # the approver finished before the call went on
 
 
+async def test_an_approver_cancelled_on_its_own_is_no_answer_and_not_a_timeout() -> None:
+    ui_closed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    async def ask(request: ApprovalRequest) -> bool:
+        return await ui_closed
+
+    executor = ToolExecutor([delete], approval=ask, approval_timeout=30)
+    running = asyncio.create_task(executor.execute_one(call("delete", '{"path": "a"}')))
+    await asyncio.sleep(0.01)
+    ui_closed.cancel()  # the approver's UI went away: the run goes on, the call is refused
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.result.error_kind == "not_approved"
+    assert "asking for approval failed (the approver was cancelled)" in outcome.result.content
+
+
 async def test_a_run_cancelled_while_it_waits_for_approval_cancels_the_asking() -> None:
     cleaned: list[str] = []
 

@@ -300,10 +300,10 @@ class AgentExecutor:
         try:
             await self.mcp.start(self.environment)
         except BaseException:
-            self._state = "new"
+            if str(self._state) == "started":  # (not closed meanwhile: it may start again)
+                self._state = "new"
             raise
-        state: str = self._state  # (`aclose` may have changed it meanwhile)
-        if state == "closed":  # `aclose` came while they started: it found none to stop
+        if str(self._state) == "closed":  # `aclose` came while they started: it found none
             await self.mcp.aclose()
 
     async def aclose(self) -> None:

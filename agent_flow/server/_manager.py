@@ -42,6 +42,7 @@ from agent_flow.errors import (
     SessionBusyError,
     SessionExistsError,
     SessionNotFoundError,
+    StoreError,
 )
 from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMClient
@@ -464,7 +465,8 @@ class SessionManager:
         where, run = "", None
         if not live.running:
             # An approval waits in the process whose run asked for it; in a fleet, say so.
-            run = (await self.info(session_id)).lease_run
+            with contextlib.suppress(StoreError):  # (a hint: the refusal stands without it)
+                run = (await self.info(session_id)).lease_run
             if run is not None:
                 where = (
                     f" of this server: its run {run} holds the session in another process, "

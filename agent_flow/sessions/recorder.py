@@ -399,21 +399,21 @@ class SessionRecorder:
         if session_id is None or not self._checkpoints:
             return
         async with self._lock:
-            saved = len(self._checkpoints)
+            taken = [0]
 
-            if self._unsure:
-                await self._reconcile(session_id)
-                saved = len(self._checkpoints)
-                if not saved:
-                    return
+            def save() -> Coroutine[object, object, object]:
+                taken[0] = len(self._checkpoints)
+                if not taken[0]:  # all stored already (`_reconcile`)
+                    return _nothing()
+                rows = self._checkpoints[: taken[0]]
+                return self.store.save_checkpoints(
+                    session_id, rows, synced=synced, fence=self._fence()
+                )
 
             def forget() -> None:
-                del self._checkpoints[:saved]
+                del self._checkpoints[: taken[0]]
 
-            write = self.store.save_checkpoints(
-                session_id, self._checkpoints[:saved], synced=synced, fence=self._fence()
-            )
-            await self._written(write, forget)
+            await self._written(session_id, save, forget)
 
     async def step(self, history: History, environment: Environment) -> None:
         """Save a completed step with status ``active``.
@@ -447,32 +447,46 @@ class SessionRecorder:
             # nothing to write to; the events wait for the session the next run creates.
             return
         async with self._lock:
-            if self._unsure:
-                await self._reconcile(session_id)
-            saved, kept = len(self._pending), len(self._checkpoints)
+            taken = [0, 0]
+
+            def save() -> Coroutine[object, object, object]:
+                taken[:] = len(self._pending), len(self._checkpoints)
+                return self.store.save_step(
+                    session_id,
+                    history=history,
+                    environment=environment,
+                    events=[*self._pending, *extra],
+                    status=status,
+                    checkpoints=self._checkpoints[: taken[1]],
+                    fence=self._fence(),
+                    event_fences=self._late_fences(),
+                )
 
             def forget() -> None:
-                del self._pending[:saved]
-                del self._checkpoints[:kept]
+                del self._pending[: taken[0]]
+                del self._checkpoints[: taken[1]]
 
-            write = self.store.save_step(
-                session_id,
-                history=history,
-                environment=environment,
-                events=[*self._pending, *extra],
-                status=status,
-                checkpoints=self._checkpoints[:kept],
-                fence=self._fence(),
-                event_fences=self._late_fences(),
-            )
-            await self._written(write, forget)
+            await self._written(session_id, save, forget)
 
     async def _written(
-        self, write: Coroutine[object, object, object], forget: Callable[[], None]
+        self,
+        session_id: str,
+        save: Callable[[], Coroutine[object, object, object]],
+        forget: Callable[[], None],
     ) -> None:
-        """`_write`, marking the recorder unsure of what is stored when the write fails."""
+        """Reconcile if unsure, then make the write `save` makes, both to their end (`_write`).
+
+        The recorder is unsure of what is stored after a write that failed (or was refused
+        before it was sent: a lost claim) until the next one has reconciled.
+        """
+
+        async def reconciled_then_saved() -> object:
+            if self._unsure:
+                await self._reconcile(session_id)
+            return await save()
+
         try:
-            await _write(write, forget)
+            await _write(reconciled_then_saved(), forget)
         except BaseException:
             self._unsure = True
             raise
@@ -491,14 +505,19 @@ class SessionRecorder:
             StoreError: The store cannot be read (the recorder stays unsure).
         """
         last = (await self.store.info(session_id)).last_event_id
-        numbers = [self._number(event) for event in self._pending]
-        sent = [n for n in numbers if n is not None and n <= last]
-        stored: set[int] = set()
-        if sent:
-            after = min(sent) - 1
-            stored = {n for n, _ in await self.store.events_with_ids(session_id, after_id=after)}
-        keep = [e for e, n in zip(self._pending, numbers, strict=True) if n is None or n > last]
-        overtaken = sum(n not in stored for n in sent)
+        current = self._lease.run_id if self._lease is not None else None
+        keep: list[AgentEvent] = []
+        overtaken = 0
+        for event in self._pending:
+            number = self._number(event)
+            if number is None or number > last:
+                keep.append(event)
+            elif numbering_run(event) != current:
+                # An earlier run's (its own fence): stored by the write that failed, or
+                # overtaken by that run's end. The run's own events below `last` are stored
+                # (only its fence numbers them), or never will be once its claim is lost.
+                found = await self.store.events_with_ids(session_id, after_id=number - 1, limit=1)
+                overtaken += not found or found[0][0] != number
         if overtaken:
             logger.warning(
                 "%d events of session %s could not be saved before their run was ended; dropped",
@@ -516,6 +535,10 @@ class SessionRecorder:
             c for c in self._checkpoints if (c.run_id, c.position, c.name, c.result) not in written
         ]
         self._unsure = False
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _write(write: Coroutine[object, object, object], forget: Callable[[], None]) -> None:

@@ -31,27 +31,35 @@ _T = TypeVar("_T")
 async def _within(asking: Awaitable[_T], seconds: float | None) -> _T:
     """`asking`'s answer, or TimeoutError after `seconds` (None: no limit).
 
-    An answer that arrives as the deadline falls due (in its turn of the loop, or before this
-    resumes) is kept: the approver may have told its user the answer was taken
-    (`asyncio.timeout` would cancel the task the answer just woke, and the run would see a
-    refusal the approver never gave).
+    An answer that has reached the approver when the deadline falls due (set before it, or
+    by a callback of that turn of the loop) is kept: the approver may have told its user the
+    answer was taken, where `asyncio.timeout` would cancel the task the answer just woke and
+    the run would see a refusal the approver never gave. One given later finds the asking
+    cancelled.
+
+    Raises:
+        TimeoutError: No answer in time.
+        RuntimeError: The approver was cancelled (not by the deadline): no answer.
     """
     if seconds is None:
         return await asking
     task = asyncio.ensure_future(asking)
+    expired = False
     try:
         await asyncio.wait((task,), timeout=seconds)
         if not task.done():
             # An answer given after the deadline fell due but before this resumed woke the
-            # task, which runs before this does again: let it finish, not cut it off (an
-            # answer given later finds what it answers cancelled, and is refused).
+            # task, which runs before this does again: let it finish, not cut it off.
             await asyncio.sleep(0)
     finally:
         if not task.done():  # its deadline passed, or the run itself is cancelled
+            expired = True
             task.cancel()
             await asyncio.wait((task,))  # let it clean up, as an inline cancel would
     if task.cancelled():
-        raise TimeoutError
+        if expired:
+            raise TimeoutError
+        raise RuntimeError("the approver was cancelled")
     return task.result()
 
 

@@ -191,7 +191,7 @@ class ToolExecutor(ToolRegistry):
             counter of your own must be thread-safe (agent_flow's are).
         max_concurrency: The most calls running at once (``None``: all of a turn).
         approval_timeout: Seconds to wait for an approval answer (``None``: no limit); an
-            answer the approver gives as the time runs out is kept, never cut off.
+            answer that reached the approver as the time ran out is kept, not cut off.
         secrets: Redacts known secret values from every result (and progress message);
             default: `SecretRedactor.from_environment()`, the values of this process's
             environment variables whose names look secret. Pass ``SecretRedactor()`` for
