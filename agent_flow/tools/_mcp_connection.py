@@ -443,7 +443,7 @@ class MCPConnection:
             if not self._opened:
                 # The first start (explicit, or lazily on the first call) is not a restart.
                 self._opened = True
-                return self._keep(await self._open())
+                return await self._keep(await self._open())
             refused = self._restarts.refusal()
             if refused is not None:
                 raise MCPServerError(
@@ -458,12 +458,14 @@ class MCPConnection:
                 self.config.max_restarts,
                 self.last_error,
             )
-            return self._keep(await self._open())
+            return await self._keep(await self._open())
 
-    def _keep(self, session: _Session) -> _Session:
-        """`session`, just opened, as the connection's; retired if it was closed meanwhile."""
+    async def _keep(self, session: _Session) -> _Session:
+        """`session`, just opened, as the connection's; stopped if it was closed meanwhile."""
         if self._closed:  # `aclose` came while it started: nobody would stop it
             self._retire(session)
+            if session.task is not None:  # its process stopped and waited for, as aclose does
+                await asyncio.gather(session.task, return_exceptions=True)
             raise MCPServerError(f"MCP connection {self.name!r} is closed")
         self._session = session
         return session
