@@ -6,7 +6,8 @@ starts a real MCP server over stdio, marked by an environment variable so that t
 find them in /proc. Clients watch every session on every server over SSE.
 
 - One run per session across the fleet: a run in flight on one server makes the other answer
-  409 ``run_in_progress`` naming it (the session's claim in the store), both ways; then the
+  409 ``run_in_progress`` naming it (the session's claim in the store), both ways, to a
+  message and to a ``DELETE`` of the session; then the
   same message goes to the same session through both servers at once, round after round, and
   exactly one accepts (202). The model holds every run until all answers are in, so the
   accepted run is surely in flight when the other request arrives.
@@ -122,6 +123,8 @@ async def _blocked_round(
         owner, other = servers[index % 2], servers[1 - index % 2]
         run_id = ledger.accepted(sid, await send(owner, sid, "first"))
         refused_for(await send(other, sid, "meanwhile"), run_id)
+        # Nor is the session deleted from under the run (whose writes would then fail).
+        refused_for(await other.http.delete(f"/sessions/{sid}"), run_id)
         return owner, run_id
 
     owners = await asyncio.gather(*(block(index, sid) for index, sid in enumerate(sids)))

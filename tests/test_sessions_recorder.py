@@ -14,7 +14,7 @@ import pytest
 
 from agent_flow.agent import StopReason
 from agent_flow.environment import Environment
-from agent_flow.errors import StoreError
+from agent_flow.errors import LeaseLostError, StoreError
 from agent_flow.events import RunFinished, TextDelta
 from agent_flow.history import AgentMessage, History, UserMessage
 from agent_flow.sessions import InMemorySessionStore, SessionStatus, SQLiteSessionStore
@@ -251,3 +251,31 @@ async def test_a_session_made_as_its_run_is_cancelled_is_the_next_run_s(tmp_path
         await recorder.start(agent="a", task="two", run_id="run-2")
         assert [info.id for info in await store.list()] == made  # no second, empty session
         await recorder.release()
+
+
+async def test_a_run_writes_nothing_into_its_session_deleted_and_made_again(
+    tmp_path: Path,
+) -> None:
+    """Another process deletes the session, creates one under its id and runs it: its first
+    claim has the fence this run holds (fences start at 1 again), and still, the run's next
+    save is refused and stores nothing into the new session."""
+    path = tmp_path / "s.db"
+    async with SQLiteSessionStore(path) as mine, SQLiteSessionStore(path) as other:
+        await mine.create(session_id="again", agent="a")
+        recorder = SessionRecorder(mine, "again")
+        mine_lease = await recorder.claim("run-1")
+        history, environment = History(counter=COUNTER), Environment()
+        one_step(history)
+        recorder.record(text(0))
+        await recorder.step(history, environment)
+        await other.delete("again")
+        await other.create(session_id="again", agent="a")
+        theirs = await other.claim("again", run_id="run-2", holder="elsewhere", ttl=3600)
+        assert theirs.fence == mine_lease.fence
+        one_step(history)
+        recorder.record(text(1))
+        with pytest.raises(LeaseLostError, match="run 'run-2' holds it"):
+            await recorder.step(history, environment)
+        state = await other.load("again")
+        assert (state.entries, await stored_events(other, "again")) == ((), [])
+        assert (await other.info("again")).lease_run == "run-2"

@@ -11,6 +11,7 @@ waiting. The random sequences of claims, writes and crashes are tests/test_store
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import typing
 
@@ -420,6 +421,67 @@ async def test_a_lease_holds_across_store_objects(backing: Backing) -> None:
         assert (taken.fence, taken.interrupted_run) == (2, "run-a")
         with pytest.raises(LeaseLostError):
             await mine.renew(lease, ttl=HOUR)
+
+
+async def test_a_run_of_a_deleted_session_cannot_write_into_one_created_again(
+    any_backing: Backing,
+) -> None:
+    """Fences start at 1 again in a session created again under a deleted one's id: the old
+    run's fence is the new run's, so a write must name its run (`lease_run`) to be refused."""
+    async with contextlib.AsyncExitStack() as stack:
+        old = await stack.enter_async_context(any_backing.open())
+        # (Another process's store where two store objects can share the data.)
+        new = (
+            old
+            if any_backing.kind == "memory"
+            else await stack.enter_async_context(any_backing.open())
+        )
+        info = await old.create(session_id="again")
+        stale = await old.claim(info.id, run_id="run-a", holder="p1", ttl=HOUR)
+        history, environment = fresh()
+        add_step(history, environment, 0)
+        await old.save_step(
+            info.id,
+            history=history,
+            environment=environment,
+            events=deltas("run-a", 0, 1),
+            fence=stale.fence,
+            lease_run=stale.run_id,
+        )
+        await new.delete(info.id)
+        await new.create(session_id="again")
+        current = await new.claim("again", run_id="run-b", holder="p2", ttl=HOUR)
+        assert current.fence == stale.fence  # the reason a fence alone cannot tell them apart
+        await save(new, "again", deltas("run-b", 0, 1), current.fence)
+        before = await snapshot(new, "again")
+        add_step(history, environment, 1)
+        with pytest.raises(LeaseLostError, match=r"fence 1 of run 'run-a' .*run 'run-b' holds"):
+            await old.save_step(
+                "again",
+                history=history,
+                environment=environment,
+                events=deltas("run-a", 1, 1),
+                fence=stale.fence,
+                lease_run=stale.run_id,
+            )
+        with pytest.raises(LeaseLostError):
+            await old.save_checkpoints(
+                "again",
+                [Checkpoint("run-a", 0, "m", "{}")],
+                fence=stale.fence,
+                lease_run=stale.run_id,
+            )
+        with pytest.raises(LeaseLostError):
+            await old.renew(stale, ttl=HOUR)
+        assert await snapshot(new, "again") == before
+        # The new run's own writes, naming it, go on.
+        await new.save_checkpoints(
+            "again",
+            [Checkpoint("run-b", 0, "m", "{}")],
+            fence=current.fence,
+            lease_run=current.run_id,
+        )
+        assert [c.run_id for c in await new.checkpoints("again", "run-b")] == ["run-b"]
 
 
 async def test_a_stale_writer_that_also_missed_other_writes_is_refused_not_retried(

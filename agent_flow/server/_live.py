@@ -20,11 +20,13 @@ its events arrive as each step is saved, with the same ids.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agent_flow.agent import AgentExecutor
 from agent_flow.environment import Environment
+from agent_flow.errors import SessionBusyError, SessionNotFoundError
 from agent_flow.events import (
     AgentEvent,
     BackpressurePolicy,
@@ -35,12 +37,13 @@ from agent_flow.events import (
 from agent_flow.history import History
 from agent_flow.prompt import PromptBreakdown
 from agent_flow.server.models import SessionOptions
-from agent_flow.sessions.models import numbering_run
+from agent_flow.sessions._lease import INTERRUPTED_SEQ
+from agent_flow.sessions.models import Lease, event_id, numbering_run
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
-from agent_flow.sessions.recorder import SessionRecorder
+from agent_flow.sessions.recorder import SessionRecorder, claim_session, default_holder
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
-__all__ = ["BATCH", "LiveSession", "Push"]
+__all__ = ["BATCH", "LiveSession", "Push", "interrupted_end", "recover"]
 
 #: Takes one live event with its id at once (True), or declines it (False: it is queued).
 Push = Callable[[int | None, AgentEvent], bool]
@@ -320,3 +323,41 @@ class _BufferingRecorder:
 def buffering_recorder(inner: StepRecorder, live: LiveSession) -> StepRecorder:
     """Wrap the agent's recorder so that `live` numbers and keeps each event first."""
     return _BufferingRecorder(inner, live)
+
+
+async def interrupted_end(
+    store: SessionStore, live: LiveSession, lease: Lease
+) -> list[tuple[int, AgentEvent]]:
+    """The ``interrupted`` end the claim `lease` stored for a dead run, with its id."""
+    dead = lease.interrupted_run
+    if dead is None:
+        return []
+    # The dead run held the fence before this one; its end is its last possible event.
+    live.bases[dead] = event_id(lease.fence - 1, 0)
+    last = event_id(lease.fence - 1, INTERRUPTED_SEQ)
+    return [
+        (found, event)
+        for found, event in await store.events_with_ids(live.id, after_id=last - 1)
+        if found == last
+    ]
+
+
+async def recover(store: SessionStore, live: LiveSession) -> None:
+    """End a run a dead process left claimed, so that its watchers learn it ended.
+
+    Only a claim of a process of this machine that is gone, or an expired one, is ended
+    (`claim_session`); a live run elsewhere keeps its session.
+    """
+    try:
+        lease = await claim_session(
+            store, live.id, run_id=f"recover-{uuid.uuid4().hex}", holder=default_holder(), ttl=1.0
+        )
+    except (SessionBusyError, SessionNotFoundError):
+        return
+    try:
+        live.fence = lease.fence
+        for found, event in await interrupted_end(store, live, lease):
+            live.buffer = [(found, event)]
+            await live.bus.publish(event)
+    finally:
+        await store.release(lease)

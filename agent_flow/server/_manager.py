@@ -44,7 +44,6 @@ from agent_flow.errors import (
     SessionNotFoundError,
     StoreError,
 )
-from agent_flow.events import AgentEvent
 from agent_flow.llm.base import LLMClient
 from agent_flow.server._auth import ADMIN, User, audit_log
 from agent_flow.server._batching import batched_steps
@@ -55,13 +54,12 @@ from agent_flow.server._errors import (
     session_exists,
     session_not_found,
 )
-from agent_flow.server._live import LiveSession, buffering_recorder
+from agent_flow.server._live import LiveSession, buffering_recorder, interrupted_end, recover
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
 from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
-from agent_flow.sessions._lease import INTERRUPTED_SEQ
 from agent_flow.sessions.models import Lease, SessionInfo, SessionState, event_id
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.sessions.recorder import SessionRecorder, claim_session, default_holder
@@ -205,48 +203,8 @@ class SessionManager:
             self._live[session_id] = live
             if info.lease_run is not None and self.durable is None:
                 # Left claimed by a process that may have died: end its run if it did.
-                await self._recover(live)
+                await recover(self.store, live)
             return live
-
-    async def _interrupted_end(
-        self, live: LiveSession, lease: Lease
-    ) -> list[tuple[int, AgentEvent]]:
-        """The ``interrupted`` end the claim `lease` stored for a dead run, with its id."""
-        dead = lease.interrupted_run
-        if dead is None:
-            return []
-        # The dead run held the fence before this one; its end is its last possible event.
-        live.bases[dead] = event_id(lease.fence - 1, 0)
-        last = event_id(lease.fence - 1, INTERRUPTED_SEQ)
-        return [
-            (found, event)
-            for found, event in await self.store.events_with_ids(live.id, after_id=last - 1)
-            if found == last
-        ]
-
-    async def _recover(self, live: LiveSession) -> None:
-        """End a run a dead process left claimed, so that its watchers learn it ended.
-
-        Only a claim of a process of this machine that is gone, or an expired one, is ended
-        (`claim_session`); a live run elsewhere keeps its session.
-        """
-        try:
-            lease = await claim_session(
-                self.store,
-                live.id,
-                run_id=f"recover-{uuid.uuid4().hex}",
-                holder=default_holder(),
-                ttl=1.0,
-            )
-        except (SessionBusyError, SessionNotFoundError):
-            return
-        try:
-            live.fence = lease.fence
-            for found, event in await self._interrupted_end(live, lease):
-                live.buffer = [(found, event)]
-                await live.bus.publish(event)
-        finally:
-            await self.store.release(lease)
 
     def loaded(self, session_id: str) -> LiveSession | None:
         """The session if the server has it loaded (None otherwise)."""
@@ -390,7 +348,7 @@ class SessionManager:
                 assert recorder is not None  # the server's agents always have a store
                 recorder.adopt(lease)
                 base = event_id(lease.fence, 0)
-                ended = await self._interrupted_end(live, lease)
+                ended = await interrupted_end(self.store, live, lease)
                 first = len(agent.history) == 0 and agent.environment.task.objective == ""
                 coroutine = (
                     start(agent, run_id)
@@ -481,14 +439,43 @@ class SessionManager:
         )
 
     async def delete(self, session_id: str, user: User = ADMIN) -> None:
-        """Stop the session's run, release its agent, and delete it from the store."""
+        """Stop the session's run, release its agent, and delete it from the store.
+
+        A run of this server is stopped first. A run of another process (a server of the
+        fleet, a durable worker) is not pulled from under it: 409 ``run_in_progress`` while it
+        holds the session's claim. Holding the claim itself while it deletes, this server
+        keeps any other from starting a run meanwhile.
+        """
         async with self.owned(session_id, user) as live:
             handle = self._handles.get(session_id)
-            if handle is not None and live.running:
-                await handle.cancel()
+            claim: Lease | None = None
+            if live.running:
+                if handle is not None:
+                    await handle.cancel()
+            else:
+                try:
+                    claim = await claim_session(
+                        self.store,
+                        session_id,
+                        run_id=f"delete-{uuid.uuid4().hex}",
+                        holder=default_holder(),
+                        ttl=SESSION_LEASE_SECONDS,
+                    )
+                except SessionBusyError as err:
+                    where = " in another process"
+                    raise run_in_progress(session_id, err.run_id, where) from None
+                except SessionNotFoundError:
+                    pass  # deleted meanwhile: what follows closes it here
             await self._close(live)
-            with contextlib.suppress(SessionNotFoundError):
+            try:
                 await self.store.delete(session_id)
+            except SessionNotFoundError:
+                pass
+            except BaseException:
+                if claim is not None:  # (gone with the session when it was deleted)
+                    with contextlib.suppress(StoreError):
+                        await self.store.release(claim)
+                raise
 
     async def _close(self, live: LiveSession) -> None:
         """Release `live` and forget it; the caller holds it (`owned`, or the shutdown)."""

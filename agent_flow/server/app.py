@@ -225,7 +225,7 @@ def create_app(
         responses=refusals.of("DELETE", 404, 409, 422, 503),
     )
     async def delete_session(live: Live, user: CurrentUser) -> None:
-        """Delete a session (its run is cancelled first)."""
+        """Delete a session (its run here is cancelled first; 409 while another process runs it)."""
         await manager.delete(live.id, user)
         audit_log("deleted", user=user.name, session=live.id, owner=live.owner)
 

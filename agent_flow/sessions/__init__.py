@@ -26,15 +26,16 @@ environment whose `Environment.to_json` is exactly what was saved. The session's
 (`SessionInfo.model_calls`, tokens, ``cost_usd``) grow by the step's ``ModelResponded`` events
 in the same transaction (see `_usage`).
 
-One writer at a time. A run claims the session (`SessionStore.claim` returns a `Lease`: the
-run, who runs it, a fencing number that grows with every claim, an expiry), renews it while it
-runs and releases it at its end; each of its writes carries the fence (``save_step(...,
-fence=lease.fence)``), checked in the write's transaction, so a run whose lease was taken over
-writes nothing (`LeaseLostError`), and a writer without a lease is refused while one is live
-(`SessionBusyError`). A claim that finds a lease expired and never released (its holder died)
-stores that run's end (a `RunFinished` with stop reason ``interrupted``). Every stored event has
-an id that is never reused (`event_id`: the fence and the event's ``seq``), so readers resume
-after the last id they saw (`SessionStore.events_with_ids`, `follow_events_with_ids`).
+One writer at a time. A run claims the session (`SessionStore.claim` returns a `Lease`: the run,
+who runs it, a fencing number that grows with every claim, an expiry), renews it while it runs and
+releases it at its end; each of its writes carries the fence and the run (``save_step(...,
+fence=lease.fence, lease_run=lease.run_id)``), checked in the write's transaction, so a run whose
+lease was taken over (even by a run of a session deleted and created again under the same id, whose
+fences start at 1 again) writes nothing (`LeaseLostError`), and a writer without a lease is refused
+while one is live (`SessionBusyError`). A claim that finds a lease expired and never released (its
+holder died) stores that run's end (a `RunFinished` with stop reason ``interrupted``). Every stored
+event has an id that is never reused (`event_id`: the fence and the event's ``seq``), so readers
+resume after the last id they saw (`SessionStore.events_with_ids`, `follow_events_with_ids`).
 
 When to save is the `StepRecorder`'s call (`recorder.SessionRecorder`, which an
 `AgentExecutor` given a store uses): it creates the session on the first run, saves every

@@ -74,6 +74,7 @@ class _StepWrite:
     updated_at: datetime
     checkpoints: tuple[Checkpoint, ...] = ()
     fence: int | None = None  # the writer's lease (see `_lease._writable`); None: un-leased
+    lease_run: str | None = None  # the writer's run, when it says (`_lease._writable`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +213,12 @@ class _Backend(Protocol):
     def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]: ...
     def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]: ...
     def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
+        self,
+        session_id: str,
+        rows: tuple[Checkpoint, ...],
+        synced: bool,
+        fence: int | None,
+        lease_run: str | None,
     ) -> None: ...
     def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]: ...
     def insert(self, session: _Import) -> None: ...
@@ -239,7 +245,12 @@ class _AsyncBackend(Protocol):
     async def sessions(self, limit: int, owner: str | None) -> list[SessionInfo]: ...
     async def events(self, session_id: str, query: _EventQuery) -> list[tuple[int, str]]: ...
     async def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
+        self,
+        session_id: str,
+        rows: tuple[Checkpoint, ...],
+        synced: bool,
+        fence: int | None,
+        lease_run: str | None,
     ) -> None: ...
     async def checkpoints(self, session_id: str, run_id: str) -> list[Checkpoint]: ...
     async def insert(self, session: _Import) -> None: ...

@@ -116,9 +116,16 @@ class _OnWorker:
         return await self._go(lambda: self._backend.events(session_id, query))
 
     async def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
+        self,
+        session_id: str,
+        rows: tuple[Checkpoint, ...],
+        synced: bool,
+        fence: int | None,
+        lease_run: str | None,
     ) -> None:
-        await self._go(lambda: self._backend.write_checkpoints(session_id, rows, synced, fence))
+        await self._go(
+            lambda: self._backend.write_checkpoints(session_id, rows, synced, fence, lease_run)
+        )
 
     async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:
         return await self._go(lambda: self._backend.checkpoints(session_id, run_id))
@@ -225,6 +232,7 @@ class _StoreBase(_EventReads):
         checkpoints: Sequence[Checkpoint] = (),
         fence: int | None = None,
         event_fences: Mapping[str, int] | None = None,
+        lease_run: str | None = None,
     ) -> SessionInfo:
         """Save one step in one transaction: the history and environment now, the new events.
 
@@ -247,6 +255,9 @@ class _StoreBase(_EventReads):
             status: The new status, or None to keep it.
             checkpoints: A durable run's checkpoints made in the step (`Checkpoint`).
             fence: The writer's `Lease.fence`; None for a writer without a lease.
+            lease_run: The writer's `Lease.run_id`: with it, the step is written only if the
+                session's lease is that run's too (a session deleted and created again
+                numbers its fences from 1 again, so a fence alone may match another run's).
             event_fences: The fences of the writer's earlier runs, by run id, for events of
                 theirs saved late (a failed save's, carried by the next one): such an event
                 keeps the id its own run gave it.
@@ -258,8 +269,8 @@ class _StoreBase(_EventReads):
             SessionNotFoundError: No session has that id.
             UserError: `status` is not a `SessionStatus`, or (with a fence) an event's ``seq``
                 has no id (negative, or 2**32 or more).
-            LeaseLostError: `fence` is not the fence of the session's lease any more: nothing
-                was written.
+            LeaseLostError: `fence` is not the fence of the session's lease any more (or
+                `lease_run` not its run): nothing was written.
             SessionBusyError: No `fence`, and another run holds a live lease.
             SessionConflictError: Other writers changed the session under every attempt.
             StoreError: The store failed, a checkpoint at one of those positions of the run is
@@ -306,6 +317,7 @@ class _StoreBase(_EventReads):
                     updated_at=_now(),
                     checkpoints=tuple(checkpoints),
                     fence=fence,
+                    lease_run=lease_run,
                 )
                 try:
                     # The fence is checked in every attempt's transaction, before the revision:
@@ -341,6 +353,7 @@ class _StoreBase(_EventReads):
         *,
         synced: bool = True,
         fence: int | None = None,
+        lease_run: str | None = None,
     ) -> None:
         """Store a durable run's checkpoints now, in one transaction of their own.
 
@@ -351,19 +364,26 @@ class _StoreBase(_EventReads):
         (PostgreSQL: ``synchronous_commit`` off; SQLite: ``synchronous`` NORMAL for it): no
         crash of this process can lose it, a crash of the database server or the machine can.
 
-        `fence` is the writer's `Lease.fence`, checked in the transaction as by `save_step`;
+        `fence` (and `lease_run`) are the writer's `Lease`'s, checked in the transaction as by
+        `save_step`;
         without one, the write is refused while another run's lease is live (an expired lease
         is left to the next claim or step: checkpoints take no event id).
 
         Raises:
             SessionNotFoundError: No session has that id.
-            LeaseLostError: `fence` is not the fence of the session's lease: nothing written.
+            LeaseLostError: `fence` is not the fence of the session's lease (or `lease_run`
+                not its run): nothing written.
             SessionBusyError: No `fence`, and another run holds a live lease.
             StoreError: A checkpoint at one of those positions of the run is stored already.
         """
         if checkpoints:
             await self._run(
-                self._backend.write_checkpoints, session_id, tuple(checkpoints), synced, fence
+                self._backend.write_checkpoints,
+                session_id,
+                tuple(checkpoints),
+                synced,
+                fence,
+                lease_run,
             )
 
     async def checkpoints(self, session_id: str, run_id: str) -> builtins.list[Checkpoint]:

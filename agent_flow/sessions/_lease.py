@@ -99,14 +99,17 @@ def _busy(session_id: str, state: _LeaseState) -> SessionBusyError:
     )
 
 
-def _lost(session_id: str, fence: int, state: _LeaseState) -> LeaseLostError:
+def _lost(
+    session_id: str, fence: int, state: _LeaseState, run: str | None = None
+) -> LeaseLostError:
+    mine = f"the lease with fence {fence}" + (f" of run {run!r}" if run is not None else "")
     now = (
         f"run {state.run!r} holds it with fence {state.fence}"
         if state.run is not None
         else f"no run holds it (latest fence {state.fence})"
     )
     return LeaseLostError(
-        f"the lease with fence {fence} on session {session_id!r} is no longer its lease ({now}); "
+        f"{mine} on session {session_id!r} is no longer its lease ({now}); "
         "nothing was written: stop this run, or claim the session again"
     )
 
@@ -148,7 +151,7 @@ def _renewed(
         LeaseLostError: `lease` is not the session's lease any more.
     """
     if not state.holds(lease):
-        raise _lost(session_id, lease.fence, state)
+        raise _lost(session_id, lease.fence, state, lease.run_id)
     expires = now + timedelta(seconds=ttl)
     renewed = lease.model_copy(update={"expires_at": expires, "interrupted_run": None})
     return _LeaseState(state.run, state.holder, state.fence, expires), renewed
@@ -164,19 +167,29 @@ def _released(state: _LeaseState, lease: Lease) -> _LeaseState | None:
     return _LeaseState(None, None, state.fence, None)
 
 
-def _writable(session_id: str, state: _LeaseState, now: datetime, fence: int | None) -> str | None:
+def _writable(
+    session_id: str,
+    state: _LeaseState,
+    now: datetime,
+    fence: int | None,
+    run: str | None = None,
+) -> str | None:
     """Check that a write with `fence` (None: un-leased) may go on; return a dead run to end.
+
+    `run` is the writer's run, when it says: then the lease must be that run's too, as a
+    session deleted and created again numbers its fences from 1 again.
 
     The dead run (an un-leased write found an expired lease) is ended like a claim ends it,
     and its lease cleared, in the write's transaction, before the write.
 
     Raises:
-        LeaseLostError: `fence` is not the fence of the lease the session holds.
+        LeaseLostError: `fence` is not the fence of the lease the session holds (or `run` not
+            its run).
         SessionBusyError: No `fence`, and a live lease is held.
     """
     if fence is not None:
-        if state.run is None or state.fence != fence:
-            raise _lost(session_id, fence, state)
+        if state.run is None or state.fence != fence or (run is not None and state.run != run):
+            raise _lost(session_id, fence, state, run)
         return None
     if state.run is None:
         return None

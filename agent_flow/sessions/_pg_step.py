@@ -156,6 +156,7 @@ class LastWrites:
             write.fence is None
             or before.lease_fence != write.fence
             or before.lease_run is None
+            or (write.lease_run is not None and before.lease_run != write.lease_run)
             or write.keep_entries != before.entry_count
             or (env is not None and (env.reset or env.trim_through > 0))
         ):

@@ -108,7 +108,7 @@ class _MemoryBackend:
     def write_step(self, write: _StepWrite) -> SessionInfo:
         session = self._get(write.session_id)
         now = datetime.now(UTC)
-        dead = _writable(session.info.id, session.lease, now, write.fence)
+        dead = _writable(session.info.id, session.lease, now, write.fence, write.lease_run)
         if session.revision != write.expected_revision:
             raise _StaleError
         _check_free(session, write.checkpoints)
@@ -181,10 +181,15 @@ class _MemoryBackend:
         return [(number, e.data) for number, e in rows[: query.limit]]
 
     def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
+        self,
+        session_id: str,
+        rows: tuple[Checkpoint, ...],
+        synced: bool,
+        fence: int | None,
+        lease_run: str | None,
     ) -> None:
         session = self._get(session_id)
-        _writable(session_id, session.lease, datetime.now(UTC), fence)
+        _writable(session_id, session.lease, datetime.now(UTC), fence, lease_run)
         _check_free(session, rows)
         session.checkpoints.update(((c.run_id, c.position), c) for c in rows)
 

@@ -89,8 +89,9 @@ class Lease(BaseModel):
     """A run's claim on a session: while it lasts, that run alone writes the session.
 
     `SessionStore.claim` returns it, `SessionStore.renew` extends it, `SessionStore.release`
-    ends it; every write of the run carries its `fence` (``save_step(..., fence=lease.fence)``),
-    and the store refuses a write whose fence is no longer the session's (`LeaseLostError`).
+    ends it; every write of the run carries its `fence` and run (``save_step(...,
+    fence=lease.fence, lease_run=lease.run_id)``), and the store refuses a write whose lease is
+    no longer the session's (`LeaseLostError`).
 
     Attributes:
         session_id: The session claimed.

@@ -263,7 +263,7 @@ class _PostgresBackend:
             if row is None:
                 raise _not_found(sid)
             now, state = row["now"], _lease_state(row)
-            dead = _writable(sid, state, now, write.fence)
+            dead = _writable(sid, state, now, write.fence, write.lease_run)
             if row["revision"] != write.expected_revision:
                 raise _StaleError
             info = _info_from_row(row)
@@ -373,7 +373,12 @@ class _PostgresBackend:
         return [(row["event_id"], row["data"]) for row in rows]
 
     async def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
+        self,
+        session_id: str,
+        rows: tuple[Checkpoint, ...],
+        synced: bool,
+        fence: int | None,
+        lease_run: str | None,
     ) -> None:
         # One statement (and so one round trip, in its own transaction: the connection is in
         # autocommit), or, unsynced, a transaction whose commit does not wait for the WAL
@@ -383,6 +388,7 @@ class _PostgresBackend:
         values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
         allowed = (
             "lease.lease_run IS NOT NULL AND lease.lease_fence = %s"
+            + (" AND lease.lease_run = %s" if lease_run is not None else "")
             if fence is not None
             else "NOT coalesce(lease.lease_run IS NOT NULL AND lease.lease_expires > lease.now, "
             "false)"
@@ -401,6 +407,8 @@ class _PostgresBackend:
         ]
         if fence is not None:
             parameters.append(fence)
+            if lease_run is not None:
+                parameters.append(lease_run)
         with _checkpoints_free(session_id, rows):
             async with (await self._ready()).connection() as conn:
                 if synced:
@@ -413,7 +421,7 @@ class _PostgresBackend:
         if found is None:
             raise _not_found(session_id)
         if not found["written"]:
-            _writable(session_id, _lease_state(found), found["now"], fence)
+            _writable(session_id, _lease_state(found), found["now"], fence, lease_run)
             raise StoreError(
                 f"the checkpoints of session {session_id!r} were not written and its lease "
                 "allows it; retry"

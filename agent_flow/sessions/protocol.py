@@ -37,11 +37,12 @@ class SessionStore(Protocol):
     when done.
 
     One writer at a time: a run `claim`s the session (a `Lease`), `renew`s it while it runs,
-    passes its ``fence`` to every `save_step` and `save_checkpoints`, and `release`s it at
-    its end. A write with a stale fence stores nothing (`LeaseLostError`); a write without a
-    fence is refused while a live lease is held (`SessionBusyError`). Every stored event has
-    an id that is never reused (`agent_flow.sessions.models.event_id`): read on after the
-    last id seen with `events_with_ids` or `follow_events_with_ids`.
+    passes its ``fence`` and ``lease_run`` (its run id) to every `save_step` and
+    `save_checkpoints`, and `release`s it at its end. A write with a stale lease stores
+    nothing (`LeaseLostError`); a write without a fence is refused while a live lease is held
+    (`SessionBusyError`). Every stored event has an id that is never reused
+    (`agent_flow.sessions.models.event_id`): read on after the last id seen with
+    `events_with_ids` or `follow_events_with_ids`.
     """
 
     async def create(
@@ -75,16 +76,20 @@ class SessionStore(Protocol):
         checkpoints: Sequence[Checkpoint] = (),
         fence: int | None = None,
         event_fences: Mapping[str, int] | None = None,
+        lease_run: str | None = None,
     ) -> SessionInfo:
         """Save one step in one transaction: history, environment, new events and checkpoints.
 
         `fence` is the writer's `Lease.fence` (None: a writer without a lease); see the class
-        doc. An un-leased write that finds an expired lease ends it first, as `claim` would.
+        doc. `lease_run`, the writer's `Lease.run_id`, makes the write also require that the
+        lease is that run's (fences restart at 1 when a session is deleted and created again).
+        An un-leased write that finds an expired lease ends it first, as `claim` would.
 
         Raises:
             SessionNotFoundError: No session has that id.
             UserError: `status` is not a `SessionStatus`, or an event's ``seq`` has no id.
-            LeaseLostError: `fence` is not the session's lease's any more: nothing written.
+            LeaseLostError: `fence` is not the session's lease's any more (or `lease_run` not
+                its run): nothing written.
             SessionBusyError: No `fence`, and another run holds a live lease.
             StoreError: A checkpoint at one of those positions of the run is stored already,
                 or the events' ids would not be above the session's last id.
@@ -98,11 +103,12 @@ class SessionStore(Protocol):
         *,
         synced: bool = True,
         fence: int | None = None,
+        lease_run: str | None = None,
     ) -> None:
         """Store a durable run's checkpoints now, in one transaction of their own.
 
         ``synced=False``: the commit does not wait for the disk (a database crash may lose it).
-        `fence`: as for `save_step`.
+        `fence`, `lease_run`: as for `save_step`.
 
         Raises:
             SessionNotFoundError: No session has that id.

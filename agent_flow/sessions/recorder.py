@@ -351,14 +351,15 @@ class SessionRecorder:
         if self.on_lease_lost is not None:
             self.on_lease_lost()
 
-    def _fence(self) -> int | None:
+    def _held(self) -> Lease | None:
+        """The lease this recorder writes under (None: none)."""
         lost = self._lost_lease
         if lost is not None and self._lease is lost:
             raise LeaseLostError(
                 f"run {lost.run_id} could not renew its claim on session {lost.session_id!r} "
                 "in time; it writes nothing more"
             )
-        return self._lease.fence if self._lease is not None else None
+        return self._lease
 
     def _number(self, event: AgentEvent) -> int | None:
         """The id `event` gets when saved (None: it has none, or the store will say why)."""
@@ -406,8 +407,13 @@ class SessionRecorder:
                 if not taken[0]:  # all stored already (`_reconcile`)
                     return _nothing()
                 rows = self._checkpoints[: taken[0]]
+                held = self._held()
                 return self.store.save_checkpoints(
-                    session_id, rows, synced=synced, fence=self._fence()
+                    session_id,
+                    rows,
+                    synced=synced,
+                    fence=held.fence if held is not None else None,
+                    lease_run=held.run_id if held is not None else None,
                 )
 
             def forget() -> None:
@@ -451,6 +457,7 @@ class SessionRecorder:
 
             def save() -> Coroutine[object, object, object]:
                 taken[:] = len(self._pending), len(self._checkpoints)
+                held = self._held()
                 return self.store.save_step(
                     session_id,
                     history=history,
@@ -458,7 +465,8 @@ class SessionRecorder:
                     events=[*self._pending, *extra],
                     status=status,
                     checkpoints=self._checkpoints[: taken[1]],
-                    fence=self._fence(),
+                    fence=held.fence if held is not None else None,
+                    lease_run=held.run_id if held is not None else None,
                     event_fences=self._late_fences(),
                 )
 

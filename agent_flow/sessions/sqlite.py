@@ -232,7 +232,7 @@ class _SQLiteBackend:
                 raise _not_found(sid)
             now = datetime.now(UTC)
             state = _lease_state(row)
-            dead = _writable(sid, state, now, write.fence)
+            dead = _writable(sid, state, now, write.fence, write.lease_run)
             if row["revision"] != write.expected_revision:
                 raise _StaleError
             info = _info_from_row(row)
@@ -339,7 +339,12 @@ class _SQLiteBackend:
         return [(row[0], row[1]) for row in rows]
 
     def write_checkpoints(
-        self, session_id: str, rows: tuple[Checkpoint, ...], synced: bool, fence: int | None
+        self,
+        session_id: str,
+        rows: tuple[Checkpoint, ...],
+        synced: bool,
+        fence: int | None,
+        lease_run: str | None,
     ) -> None:
         conn = self._connection()
         # Outside a transaction only: NORMAL in WAL mode commits without syncing the log.
@@ -354,7 +359,7 @@ class _SQLiteBackend:
                 if row is None:
                     raise _not_found(session_id)
                 # An un-leased write leaves an expired lease be: checkpoints take no event id.
-                _writable(session_id, _lease_state(row), datetime.now(UTC), fence)
+                _writable(session_id, _lease_state(row), datetime.now(UTC), fence, lease_run)
                 _insert_checkpoints(conn, session_id, rows)
         finally:
             if unsynced:
