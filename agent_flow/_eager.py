@@ -9,6 +9,9 @@ turn. `start_eagerly` runs the awaitable in the caller's task up to its first wa
 the rest, if any, goes on in a task. Python 3.11 has no ``eager_start``: this is that, for
 one awaitable.
 
+`to_the_end`: await a started future to its end even when the caller is cancelled meanwhile
+(a write, a claim: work that must not be left half-known).
+
 `in_own_context`: await a coroutine in the caller's task, but in a copy of the caller's
 context, as a task of its own would run it: a context variable it sets stays its own. The
 copy's `OWN_CONTEXT` is a new marker, so code that must reset a context variable's token in
@@ -26,7 +29,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly", "stepped"]
+__all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly", "stepped", "to_the_end"]
 
 _T = TypeVar("_T")
 
@@ -126,3 +129,24 @@ def stepped(
                 waiting = send(value)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+async def to_the_end(future: asyncio.Future[_T]) -> _T:
+    """Await `future` (a started write) to its end even when the caller is cancelled meanwhile.
+
+    A cancellation that arrives while it runs is held until it is done, then re-raised (its
+    result or failure then goes unseen: the caller is being cancelled). Writes are started in
+    the caller's task (`start_eagerly`): a new task would wait for the loop's next turn.
+    """
+    interrupted: asyncio.CancelledError | None = None
+    while not future.done():
+        try:
+            # `wait` never cancels what it waits for: the write goes on when we are cancelled.
+            await asyncio.wait((future,))
+        except asyncio.CancelledError as err:
+            interrupted = err
+    if interrupted is not None:
+        if not future.cancelled():
+            future.exception()  # seen: no "exception was never retrieved" log
+        raise interrupted
+    return future.result()

@@ -242,6 +242,30 @@ async def test_a_claim_made_as_its_run_is_cancelled_is_given_back(tmp_path: Path
         assert lease.run_id == "run-2"
 
 
+class ClaimLostAtCommit(SQLiteSessionStore):
+    """A SQLite store whose next claim commits, then reports a failure (a connection lost at
+    its COMMIT: the client cannot tell it from a claim that was not stored)."""
+
+    failing = True
+
+    async def claim(self, session_id: str, **kwargs: Any) -> Any:
+        lease = await super().claim(session_id, **kwargs)
+        if self.failing:
+            self.failing = False
+            raise StoreError("server closed the connection unexpectedly")
+        return lease
+
+
+async def test_a_claim_that_failed_but_was_stored_is_given_back(tmp_path: Path) -> None:
+    async with ClaimLostAtCommit(tmp_path / "s.db") as store:
+        session_id = (await store.create(agent="a")).id
+        with pytest.raises(StoreError, match="closed the connection"):
+            await SessionRecorder(store, session_id).claim("run-1")
+        assert (await store.info(session_id)).lease_run is None  # not held until it expires
+        lease = await SessionRecorder(store, session_id).claim("run-2")  # not refused as busy
+        assert (lease.run_id, lease.fence) == ("run-2", 2)
+
+
 async def test_a_session_made_as_its_run_is_cancelled_is_the_next_run_s(tmp_path: Path) -> None:
     async with AnswerHeld(tmp_path / "s.db") as store:
         recorder = SessionRecorder(store)

@@ -27,24 +27,24 @@ The agent loop calls it at step boundaries and nowhere else (see `StepRecorder`)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import socket
 import textwrap
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import UTC, datetime
-from typing import TypeVar
 
 from agent_flow._defaults import SESSION_LEASE_SECONDS
-from agent_flow._eager import start_eagerly
-from agent_flow._utils import weak_method
+from agent_flow._eager import start_eagerly, to_the_end
+from agent_flow._utils import cancel_and_wait, weak_method
 from agent_flow.agent.outcome import StopReason
 from agent_flow.environment import Environment
-from agent_flow.errors import LeaseLostError, SessionBusyError, StoreError, UserError
+from agent_flow.errors import (
+    LeaseLostError,
+    StoreError,
+    UserError,
+)
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History
+from agent_flow.sessions._claims import claim_session, default_holder, end_claim
 from agent_flow.sessions.models import (
     Checkpoint,
     Lease,
@@ -64,82 +64,6 @@ __all__ = [
 
 logger = logging.getLogger("agent_flow.sessions")
 
-
-def default_holder() -> str:
-    """Who this process is, in a lease: ``pid@host``."""
-    return f"{os.getpid()}@{socket.gethostname()}"
-
-
-async def claim_session(
-    store: SessionStore, session_id: str, *, run_id: str, holder: str, ttl: float
-) -> Lease:
-    """`SessionStore.claim`, ending at once a claim held by a dead process of this machine.
-
-    A process of this machine that is gone (killed, crashed) holds its claim until it
-    expires; a restarted server need not wait for that: the claim is ended now (as it would
-    expire: the dead run gets its ``interrupted`` end) and the session claimed.
-
-    A caller cancelled while the claim is under way gets its `CancelledError` once the claim
-    has ended, never a claim left behind: one made meanwhile is released first (nothing will
-    run under it; kept, it would refuse every other run until it expired).
-
-    Raises:
-        SessionBusyError: A live process (or one of another machine) holds the session.
-    """
-    claiming = start_eagerly(_claim(store, session_id, run_id=run_id, holder=holder, ttl=ttl))
-    try:
-        return await _to_the_end(claiming)
-    except asyncio.CancelledError:
-        if not claiming.cancelled() and claiming.exception() is None:
-            with contextlib.suppress(StoreError):
-                await _to_the_end(start_eagerly(store.release(claiming.result())))
-        raise
-
-
-async def _claim(
-    store: SessionStore, session_id: str, *, run_id: str, holder: str, ttl: float
-) -> Lease:
-    try:
-        return await store.claim(session_id, run_id=run_id, holder=holder, ttl=ttl)
-    except SessionBusyError as err:
-        if not _dead_here(err.holder) or not err.fence:
-            raise
-        await end_claim(store, session_id, err)
-        return await store.claim(session_id, run_id=run_id, holder=holder, ttl=ttl)
-
-
-async def end_claim(store: SessionStore, session_id: str, busy: SessionBusyError) -> None:
-    """Make the claim `busy` names expire now: only for a holder known to be gone.
-
-    Its run can no longer write (the next claim takes another fence) and, if it never ended,
-    gets its ``interrupted`` end from that claim. A claim renewed or taken since is left alone.
-    """
-    stale = Lease(
-        session_id=session_id,
-        run_id=busy.run_id,
-        holder=busy.holder,
-        fence=busy.fence,
-        expires_at=datetime.now(UTC),
-    )
-    with contextlib.suppress(LeaseLostError):
-        await store.renew(stale, ttl=0)
-
-
-def _dead_here(holder: str) -> bool:
-    """Whether `holder` (``pid@host``) names a process of this machine that no longer runs."""
-    pid, _, host = holder.partition("@")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, another user's
-    return False
-
-
-_T = TypeVar("_T")
 
 _STATUS_OF_REASON: dict[StopReason, SessionStatus] = {
     StopReason.COMPLETED: "completed",
@@ -249,7 +173,7 @@ class SessionRecorder:
             async with self._lock:
                 creating = start_eagerly(self.store.create(agent=agent, title=title, task=task))
                 try:
-                    await _to_the_end(creating)
+                    await to_the_end(creating)
                 finally:
                     # Kept also when the caller was cancelled meanwhile: the next run writes to
                     # the session made for this one instead of leaving it empty and making one.
@@ -305,16 +229,16 @@ class SessionRecorder:
         """Give up the claim (the run ended, or never started); stop renewing it."""
         lease, self._lease = self._lease, None
         renewing, self._renewing = self._renewing, None
-        if renewing is not None:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
-        if lease is not None:
-            try:
-                await self.store.release(lease)
-            except StoreError as err:
-                # It expires by itself; the next claim then finds the run ended (it was saved).
-                logger.warning("releasing session %s failed: %s", lease.session_id, err)
+        try:
+            if renewing is not None:
+                await cancel_and_wait(renewing)
+        finally:  # (a caller cancelled meanwhile still gives the claim back)
+            if lease is not None:
+                try:
+                    await self.store.release(lease)
+                except StoreError as err:
+                    # It expires by itself; the next claim then finds the run ended (saved).
+                    logger.warning("releasing session %s failed: %s", lease.session_id, err)
 
     async def _renew(self) -> None:
         """Renew the claim every third of its life; stop the run once it is surely lost."""
@@ -550,35 +474,14 @@ async def _nothing() -> None:
 
 
 async def _write(write: Coroutine[object, object, object], forget: Callable[[], None]) -> None:
-    """Run the store write `write` to its end (`_to_the_end`), then `forget` what it held.
+    """Run the store write `write` to its end (`to_the_end`), then `forget` what it held.
 
     `forget` is called once the write succeeded, also when a cancellation that came meanwhile
     is re-raised: what the write held is stored. A failed write forgets nothing.
     """
     future = start_eagerly(write)
     try:
-        await _to_the_end(future)
+        await to_the_end(future)
     finally:
         if future.done() and not future.cancelled() and future.exception() is None:
             forget()
-
-
-async def _to_the_end(future: asyncio.Future[_T]) -> _T:
-    """Await `future` (a started write) to its end even when the caller is cancelled meanwhile.
-
-    A cancellation that arrives while it runs is held until it is done, then re-raised (its
-    result or failure then goes unseen: the caller is being cancelled). Writes are started in
-    the caller's task (`start_eagerly`): a new task would wait for the loop's next turn.
-    """
-    interrupted: asyncio.CancelledError | None = None
-    while not future.done():
-        try:
-            # `wait` never cancels what it waits for: the write goes on when we are cancelled.
-            await asyncio.wait((future,))
-        except asyncio.CancelledError as err:
-            interrupted = err
-    if interrupted is not None:
-        if not future.cancelled():
-            future.exception()  # seen: no "exception was never retrieved" log
-        raise interrupted
-    return future.result()
