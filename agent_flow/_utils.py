@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import select
 import weakref
 from collections.abc import Callable
-from typing import ParamSpec, TypeGuard, TypeVar
+from typing import Any, ParamSpec, TypeGuard, TypeVar
 
-__all__ = ["compact_json", "conforms", "loads_json", "readable", "weak_method"]
+__all__ = ["cancel_and_wait", "compact_json", "conforms", "loads_json", "readable", "weak_method"]
 
 T = TypeVar("T")
 G = TypeVar("G")
@@ -102,3 +103,57 @@ def weak_method(method: Callable[P, T], gone: G) -> Callable[P, T | G]:
         return gone if bound is None else bound(*args, **kwargs)
 
     return call
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel `tasks` and wait until all have finished, never losing the caller's cancellation.
+
+    What ``task.cancel()`` then ``await task`` under ``suppress(CancelledError)`` means to do,
+    without its flaw: that suppress also swallows a `CancelledError` meant for the caller (the
+    task running this), which then carries on as if it had not been cancelled. Here the
+    tasks' own cancellation is swallowed, the caller's never is:
+
+    - A task that ends cancelled, or that ignores the cancel and returns, is done with.
+    - A caller cancelled while it waits here (or before, in a cancellation not yet delivered:
+      one it asked of itself) still waits until every task has finished, and then gets its
+      `CancelledError`. The tasks are not cancelled again: a task that cleans up when
+      cancelled (say, in a ``finally``) is let finish its cleanup. A task that never ends
+      holds the caller, as in `asyncio.TaskGroup`.
+    - A caller whose cancellation was delivered before this call (cleanup in a ``finally`` or
+      an ``except CancelledError``, ``cancelling()`` already above zero) waits as anyone
+      would and returns: the cleanup after this call runs, and the `CancelledError` under way
+      goes on when it ends. Raising here would cut that cleanup short (a lease not released,
+      a pipe not closed) and change nothing for the cancellation.
+    - A task that failed with another exception (before or while it stopped): the first
+      such exception, in the order given, is raised once all have finished, as ``await task``
+      raised it (in a ``finally``, as any exception raised there, it replaces the exception
+      under way: a call site whose cleanup must go on past it catches it). A failure of any
+      later task is left to asyncio's "exception was never retrieved" log.
+
+    Only `asyncio.wait` waits here, which never cancels what it waits for and raises
+    `CancelledError` only when the caller itself is cancelled: the two cancellations cannot
+    be mistaken for each other, whatever the caller's ``cancelling()`` count was on entry.
+
+    Raises:
+        asyncio.CancelledError: The caller was cancelled while it waited (it is raised once
+            the tasks have finished; a task's failure, if any, is its ``__context__``).
+        Exception: A task's own failure, when the caller was not cancelled.
+    """
+    for task in tasks:
+        task.cancel()
+    interrupted: asyncio.CancelledError | None = None
+    while not all(task.done() for task in tasks):
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError as err:  # ours, not a task's: held until they finish
+            interrupted = err
+    failure = next(
+        (error for task in tasks if not task.cancelled() and (error := task.exception())),
+        None,
+    )
+    if interrupted is not None:
+        if failure is not None:
+            interrupted.__context__ = failure
+        raise interrupted
+    if failure is not None:
+        raise failure

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent_flow._defaults import EVENTS_RECONNECT_SECONDS
+from agent_flow._utils import cancel_and_wait
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection, Connection
@@ -123,11 +124,7 @@ class Dequeuer:
             self._tasks.append(asyncio.create_task(self._listen()))
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
 
     def poke(self) -> None:

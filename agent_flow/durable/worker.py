@@ -17,7 +17,6 @@ step recorded before the crash is replayed from its record and never executed ag
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import uuid
@@ -32,6 +31,7 @@ from agent_flow._defaults import (
     DURABLE_DBOS_HOUSEKEEPING_SECONDS,
     DURABLE_NOTIFY_COALESCE_SECONDS,
 )
+from agent_flow._utils import cancel_and_wait
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
 from agent_flow.durable._liveness import Liveness, liveness_for
@@ -166,11 +166,14 @@ class DurableWorker:
 
     async def aclose(self) -> None:
         """Stop executing runs (unfinished ones stay pending, for recovery) and shut DBOS down."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        watch, self._watch = self._watch, None
+        try:
+            if watch is not None:
+                await cancel_and_wait(watch)
+        finally:  # (cancelled meanwhile: the rest still stops)
+            await self._shut_down()
+
+    async def _shut_down(self) -> None:
         if self._dequeuer is not None:
             await self._dequeuer.aclose()
         await asyncio.to_thread(DBOS.destroy)

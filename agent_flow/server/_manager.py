@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from agent_flow._defaults import SESSION_LEASE_SECONDS
+from agent_flow._utils import cancel_and_wait
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.agent._task import resumed_state
 from agent_flow.config import AgentConfig
@@ -531,14 +532,15 @@ class SessionManager:
     async def _release(self, live: LiveSession) -> None:
         self._handles.pop(live.id, None)  # a durable run goes on in its worker
         task = live.task
-        if task is not None and not task.done():
-            if live.agent is not None:
-                live.agent.cancel()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self._drop_agent(live)
-        live.bus.close()
+        try:
+            if task is not None and not task.done():
+                if live.agent is not None:
+                    live.agent.cancel()
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(task)
+        finally:  # (a caller cancelled meanwhile still closes the agent)
+            await self._drop_agent(live)
+            live.bus.close()
 
     async def _drop_agent(self, live: LiveSession) -> None:
         """Close the session's agent (its MCP servers, its model client); keep the session."""
@@ -556,9 +558,7 @@ class SessionManager:
         """Stop every run and release every agent and client (the store is the caller's)."""
         self._closed = True
         if self._evicting is not None:
-            self._evicting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._evicting
+            await cancel_and_wait(self._evicting)
         lives, self._live = list(self._live.values()), {}
         for live in lives:
             try:

@@ -23,7 +23,6 @@ need neither DBOS nor the durable extra.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 
@@ -31,6 +30,7 @@ import psycopg
 from psycopg import sql
 
 from agent_flow._defaults import EVENTS_RECONNECT_SECONDS
+from agent_flow._utils import cancel_and_wait
 from agent_flow.sessions._changes import _Changes
 
 __all__ = ["_Listener", "channel_for"]
@@ -106,6 +106,4 @@ class _Listener:
         """Stop listening and close the connection."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)

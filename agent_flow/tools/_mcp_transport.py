@@ -26,6 +26,7 @@ from mcp import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from agent_flow._defaults import MCP_HTTP_MAX_MESSAGE_BYTES
+from agent_flow._utils import cancel_and_wait
 from agent_flow.tools.mcp_config import MCPServerConfig, MCPServerHTTP
 
 if TYPE_CHECKING:
@@ -174,10 +175,12 @@ async def _stderr_reader(
         _close_quietly(writer)
         # The server is gone; its last lines are in the pipe. A straggling child that still
         # holds the pipe open must not hold us up.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(1.0):
-                await asyncio.shield(task)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        transport.close()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(task)
+        finally:  # (cancelled meanwhile: the reader still stops and the pipe still closes)
+            try:
+                await cancel_and_wait(task)
+            finally:
+                transport.close()

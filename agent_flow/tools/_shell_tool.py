@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from agent_flow._types import JsonObject
+from agent_flow._utils import cancel_and_wait
 from agent_flow.tools._sandbox import (
     Confinement,
     ShellSettings,
@@ -199,12 +200,12 @@ async def _run_shell(
             await process.wait()
         if not reader.done():
             # The group is dead: the pipe reaches EOF soon; do not wait on stragglers forever.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await asyncio.shield(reader)
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await asyncio.shield(reader)
+            finally:  # (cancelled meanwhile: the reader still stops)
+                await cancel_and_wait(reader)
     elapsed = time.monotonic() - started
     text = output.text()
     data: JsonObject = {
