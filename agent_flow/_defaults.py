@@ -225,6 +225,11 @@ A process that dies leaves its claim to expire: another may run the session afte
 this long. A run that cannot renew within it stops (its writes would be refused anyway).
 """
 
+SESSION_DELETE_WAIT_SECONDS: Final = 5.0
+"""How long a server's ``DELETE`` of a session whose run it has just cancelled waits for that
+run to give the session's claim back (a durable worker stops within a moment of its cancel)
+before it answers 409 ``run_in_progress``."""
+
 SERVER_CONTEXT_PROBE_SECONDS: Final = 2.0
 """How long `run` and `chat` wait for a local model server to report its context size (a local
 server answers in milliseconds; one that does not answer leaves the budget as configured)."""

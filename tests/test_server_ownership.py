@@ -330,3 +330,47 @@ async def test_a_message_that_loads_its_session_as_the_server_shuts_down_starts_
     live = manager.loaded(info.id)
     assert live is None or (live.agent is None and not live.running)
     assert marked("AF_TEST_MCP", marker) == []
+
+
+async def test_a_delete_ends_the_claim_its_own_finished_run_could_not_give_back() -> None:
+    """A run of this server ended but its release failed (logged; the claim would expire by
+    itself): a DELETE then is not refused as if the run were another process's."""
+    from agent_flow.errors import StoreError
+    from agent_flow.server._errors import ApiError
+    from agent_flow.server.models import CreateSession
+
+    class ReleaseFailsOnce(InMemorySessionStore):
+        failed = False
+
+        async def release(self, lease: Any) -> None:
+            if not self.failed and not lease.run_id.startswith(("delete-", "recover-")):
+                self.failed = True
+                raise StoreError("connection lost")
+            await super().release(lease)
+
+    store = ReleaseFailsOnce()
+    manager = SessionManager(
+        AgentConfig(context=ContextConfig(counter="approx")),
+        store,
+        ServerSettings(),
+        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
+    )
+    try:
+        info = await manager.create(CreateSession(title="t"))
+        run_id, _ = await manager.send(info.id, "hello")
+        live = manager.loaded(info.id)
+        assert live is not None and live.task is not None
+        await live.task
+        assert store.failed and (await store.info(info.id)).lease_run == run_id
+        await manager.delete(info.id)
+        assert await store.list() == []
+        # Another process's live run is another matter: refused, and said so.
+        other = await manager.create(CreateSession(title="u"))
+        await store.claim(other.id, run_id="theirs", holder="1@elsewhere", ttl=3600)
+        with pytest.raises(ApiError) as refused:
+            await manager.delete(other.id)
+        assert (refused.value.status, refused.value.code) == (409, "run_in_progress")
+        assert "theirs in another process" in str(refused.value)
+        assert [s.id for s in await store.list()] == [other.id]
+    finally:
+        await manager.aclose()

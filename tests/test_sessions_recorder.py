@@ -266,6 +266,61 @@ async def test_a_claim_that_failed_but_was_stored_is_given_back(tmp_path: Path) 
         assert (lease.run_id, lease.fence) == ("run-2", 2)
 
 
+class ClaimLostAtCommitHeld(ClaimLostAtCommit):
+    """Its failing claim's answer also waits at a gate: the caller can be cancelled first."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def claim(self, session_id: str, **kwargs: Any) -> Any:
+        try:
+            return await super().claim(session_id, **kwargs)
+        except StoreError:
+            self.entered.set()
+            await self.gate.wait()
+            raise
+
+
+async def test_a_claim_stored_but_failed_as_its_caller_is_cancelled_is_given_back(
+    tmp_path: Path,
+) -> None:
+    async with ClaimLostAtCommitHeld(tmp_path / "s.db") as store:
+        session_id = (await store.create(agent="a")).id
+        claiming = asyncio.create_task(SessionRecorder(store, session_id).claim("run-1"))
+        await store.entered.wait()
+        claiming.cancel()
+        await asyncio.sleep(0.01)
+        store.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await claiming
+        assert (await store.info(session_id)).lease_run is None
+
+
+class ClaimRefused(SQLiteSessionStore):
+    """A SQLite store whose claims fail before reaching the database (no connection)."""
+
+    async def claim(self, session_id: str, **kwargs: Any) -> Any:
+        raise StoreError("couldn't get a connection after 30.00 sec")
+
+
+async def test_a_failed_claim_of_a_durable_run_leaves_another_execution_s_claim_alone(
+    tmp_path: Path,
+) -> None:
+    """A durable run's executions share its id: the claim found after a failure may be the
+    other execution's, live, and is not given back."""
+    path = tmp_path / "s.db"
+    async with SQLiteSessionStore(path) as store, ClaimRefused(path) as failing:
+        session_id = (await store.create(agent="a")).id
+        held = await SessionRecorder(store, session_id).claim("run-1")
+        with pytest.raises(StoreError, match="connection"):
+            await SessionRecorder(failing, session_id).claim("run-1", unique_run=False)
+        info = await store.info(session_id)
+        assert (info.lease_run, info.lease_fence) == ("run-1", held.fence)
+        assert (await store.renew(held, ttl=3600)).fence == held.fence
+
+
 async def test_a_session_made_as_its_run_is_cancelled_is_the_next_run_s(tmp_path: Path) -> None:
     async with AnswerHeld(tmp_path / "s.db") as store:
         recorder = SessionRecorder(store)

@@ -294,7 +294,7 @@ async def _claim(store: SessionStore, session_id: str, run_id: str) -> SessionRe
     deadline = loop.time() + DURABLE_CLAIM_WAIT_SECONDS
     while True:
         try:
-            await recorder.claim(run_id)
+            await recorder.claim(run_id, unique_run=False)  # (its executions share the id)
             return recorder
         except SessionBusyError as err:
             if err.holder == recorder.holder and err.run_id == run_id and err.fence:

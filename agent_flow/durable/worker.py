@@ -174,8 +174,13 @@ class DurableWorker:
             await self._shut_down()
 
     async def _shut_down(self) -> None:
-        if self._dequeuer is not None:
-            await self._dequeuer.aclose()
+        try:
+            if self._dequeuer is not None:
+                await self._dequeuer.aclose()
+        finally:  # (cancelled meanwhile: DBOS still stops)
+            await self._shut_down_dbos()
+
+    async def _shut_down_dbos(self) -> None:
         await asyncio.to_thread(DBOS.destroy)
         # DBOS made its thread pool this loop's default and has shut it down: give the loop a
         # working one back (``asyncio.to_thread`` after a worker stopped, or a next worker).

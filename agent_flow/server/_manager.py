@@ -49,6 +49,7 @@ from agent_flow.llm.base import LLMClient
 from agent_flow.server._auth import ADMIN, User, audit_log
 from agent_flow.server._batching import batched_steps
 from agent_flow.server._clients import ModelClients
+from agent_flow.server._delete import claim_to_delete
 from agent_flow.server._errors import (
     ApiError,
     run_in_progress,
@@ -61,7 +62,7 @@ from agent_flow.server._prompts import PromptTap
 from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
-from agent_flow.sessions.models import Lease, SessionInfo, SessionState, event_id
+from agent_flow.sessions.models import SessionInfo, SessionState, event_id
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.sessions.recorder import SessionRecorder, claim_session, default_holder
 from agent_flow.telemetry.propagation import attached_context
@@ -444,36 +445,23 @@ class SessionManager:
 
         A run of this server is stopped first. A run of another process (a server of the
         fleet, a durable worker) is not pulled from under it: 409 ``run_in_progress`` while it
-        holds the session's claim. Holding the claim itself while it deletes, this server
-        keeps any other from starting a run meanwhile.
+        holds the session's claim (`claim_to_delete`, held while the session is deleted).
         """
         async with self.owned(session_id, user) as live:
+            stopped = live.running
             handle = self._handles.get(session_id)
-            claim: Lease | None = None
-            if live.running:
-                if handle is not None:
-                    await handle.cancel()
-            else:
-                try:
-                    claim = await claim_session(
-                        self.store,
-                        session_id,
-                        run_id=f"delete-{uuid.uuid4().hex}",
-                        holder=default_holder(),
-                        ttl=SESSION_LEASE_SECONDS,
-                    )
-                except SessionBusyError as err:
-                    where = " in another process"
-                    raise run_in_progress(session_id, err.run_id, where) from None
-                except SessionNotFoundError:
-                    pass  # deleted meanwhile: what follows closes it here
-            await self._close(live)
+            if stopped:
+                await (handle.cancel() if handle is not None else self._stop_run(live))
+            # A 409 here leaves the session as it was: its watchers keep watching.
+            claim = await claim_to_delete(self.store, session_id, ours=live.run_id, stopped=stopped)
             try:
-                await self.store.delete(session_id)
+                await self._close(live)
+                if claim is not None:
+                    await self.store.delete(session_id)
             except SessionNotFoundError:
                 pass
             except BaseException:
-                if claim is not None:  # (gone with the session when it was deleted)
+                if claim is not None:
                     with contextlib.suppress(StoreError):
                         await self.store.release(claim)
                 raise
@@ -531,16 +519,20 @@ class SessionManager:
 
     async def _release(self, live: LiveSession) -> None:
         self._handles.pop(live.id, None)  # a durable run goes on in its worker
-        task = live.task
         try:
-            if task is not None and not task.done():
-                if live.agent is not None:
-                    live.agent.cancel()
-                with contextlib.suppress(Exception):
-                    await cancel_and_wait(task)
+            await self._stop_run(live)
         finally:  # (a caller cancelled meanwhile still closes the agent)
             await self._drop_agent(live)
             live.bus.close()
+
+    async def _stop_run(self, live: LiveSession) -> None:
+        """Cancel the session's run in this server and wait for its end (its claim given back)."""
+        task = live.task
+        if task is not None and not task.done():
+            if live.agent is not None:
+                live.agent.cancel()
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(task)
 
     async def _drop_agent(self, live: LiveSession) -> None:
         """Close the session's agent (its MCP servers, its model client); keep the session."""
@@ -560,14 +552,21 @@ class SessionManager:
         if self._evicting is not None:
             await cancel_and_wait(self._evicting)
         lives, self._live = list(self._live.values()), {}
+        cancelled: asyncio.CancelledError | None = None
         for live in lives:
             try:
                 async with live.lock:
                     live.closed = True
                     await self._release(live)
+            except asyncio.CancelledError as err:  # held: every session is still closed
+                cancelled = err
             except Exception:
                 logger.exception("releasing session %s failed", live.id)
-        await self.clients.aclose()
+        try:
+            await self.clients.aclose()
+        finally:
+            if cancelled is not None:
+                raise cancelled
 
 
 async def _drive(

@@ -119,7 +119,11 @@ def create_app(
         store: Where sessions live; the caller opens and closes it.
         settings: Token, CORS, limits (defaults: loopback, no token, no CORS).
         llm_factory: Builds a session's model client (default: an `OpenAIClient` from the
-            session's config). Called in a worker thread, as the rest of an agent's build.
+            session's config). Called in a worker thread, as the rest of an agent's build,
+            each time a session's agent is built (its first message, and again after an
+            eviction or another process's run). What it returns stays the caller's: the
+            server never closes it, as a factory may hand every session one shared client;
+            return shared clients (one per endpoint), and close them after the app's shutdown.
         tools_factory: Builds a session's tool executor (default: from the session's config).
             Called in a worker thread too.
         on_agent: Called with each session's agent once it is built, before its first run:

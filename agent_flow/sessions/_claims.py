@@ -28,7 +28,13 @@ def default_holder() -> str:
 
 
 async def claim_session(
-    store: SessionStore, session_id: str, *, run_id: str, holder: str, ttl: float
+    store: SessionStore,
+    session_id: str,
+    *,
+    run_id: str,
+    holder: str,
+    ttl: float,
+    unique_run: bool = True,
 ) -> Lease:
     """`SessionStore.claim`, ending at once a claim held by a dead process of this machine.
 
@@ -42,7 +48,8 @@ async def claim_session(
 
     A claim that failed without saying why (a connection lost at its commit) may have been
     stored all the same: if the session's claim is `run_id`'s, it is given back, so that it
-    does not refuse the next run until it expires.
+    does not refuse the next run until it expires; but not with ``unique_run=False`` (a
+    durable run's executions share its id: the claim found may be another execution's).
 
     Raises:
         SessionBusyError: A live process (or one of another machine) holds the session.
@@ -51,16 +58,25 @@ async def claim_session(
     try:
         return await to_the_end(claiming)
     except asyncio.CancelledError:
-        if not claiming.cancelled() and claiming.exception() is None:
-            with contextlib.suppress(StoreError):
-                await to_the_end(start_eagerly(store.release(claiming.result())))
-        raise
-    except (SessionBusyError, SessionNotFoundError):
-        raise
-    except StoreError:
+        failure = None if claiming.cancelled() else claiming.exception()
         with contextlib.suppress(StoreError):
-            await to_the_end(start_eagerly(_give_back(store, session_id, run_id, holder)))
+            if failure is None and not claiming.cancelled():
+                await to_the_end(start_eagerly(store.release(claiming.result())))
+            elif _unsure(failure) and unique_run:
+                await to_the_end(start_eagerly(_give_back(store, session_id, run_id, holder)))
         raise
+    except StoreError as err:
+        if _unsure(err) and unique_run:
+            with contextlib.suppress(StoreError):
+                await to_the_end(start_eagerly(_give_back(store, session_id, run_id, holder)))
+        raise
+
+
+def _unsure(failure: BaseException | None) -> bool:
+    """Whether a claim that failed with `failure` may have been stored all the same."""
+    return isinstance(failure, StoreError) and not isinstance(
+        failure, (SessionBusyError, SessionNotFoundError)
+    )
 
 
 async def _give_back(store: SessionStore, session_id: str, run_id: str, holder: str) -> None:

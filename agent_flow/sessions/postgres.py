@@ -554,8 +554,10 @@ class PostgresSessionStore(_StoreBase):
 
     async def aclose(self) -> None:
         """Release the store; later calls raise `StoreError`. Closing twice is harmless."""
-        await self._listener.aclose()
-        await super().aclose()
+        try:
+            await self._listener.aclose()
+        finally:  # (cancelled meanwhile: the pool still closes)
+            await super().aclose()
 
     async def _run(
         self, fn: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs

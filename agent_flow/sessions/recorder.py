@@ -183,8 +183,11 @@ class SessionRecorder:
         if run_id and (self._lease is None or self._lease.run_id != run_id):
             await self.claim(run_id)
 
-    async def claim(self, run_id: str) -> Lease:
+    async def claim(self, run_id: str, *, unique_run: bool = True) -> Lease:
         """Claim the session for the run `run_id` now (before it starts, for a server).
+
+        ``unique_run=False``: other executions of the run share its id (a durable run's); see
+        `claim_session`.
 
         Raises:
             UserError: The recorder has no session yet.
@@ -196,7 +199,12 @@ class SessionRecorder:
         if self._lease is not None:
             await self.release()
         lease = await claim_session(
-            self.store, session_id, run_id=run_id, holder=self.holder, ttl=self.lease_seconds
+            self.store,
+            session_id,
+            run_id=run_id,
+            holder=self.holder,
+            ttl=self.lease_seconds,
+            unique_run=unique_run,
         )
         self._hold(lease)
         return lease
