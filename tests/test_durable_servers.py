@@ -207,3 +207,29 @@ async def test_a_durable_servers_state_and_cancel_follow_the_run(tmp_path: Path)
             "SELECT count(*) FROM operation_outputs WHERE workflow_uuid = ?", (run_id,)
         ).fetchone()
     assert steps == 0
+
+
+async def test_a_durable_session_deleted_while_it_runs_is_deleted_once_its_worker_let_go(
+    tmp_path: Path,
+) -> None:
+    """DELETE cancels the worker's run, then waits (a moment) for the worker to give the
+    session's claim back, and only then deletes it: not from under the worker, and no 409
+    for a run the server itself just stopped."""
+    from tests.durable_app import model_and_tools
+
+    llm, tools = model_and_tools(tmp_path, None, pause=0.05)
+    async with (
+        on_sqlite(tmp_path, llm, tools) as (store, client),
+        serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as http,
+    ):
+        sid = (await http.post("/sessions", json={})).json()["id"]
+        async with stream(http, f"/sessions/{sid}/events") as events:
+            sent = await http.post(f"/sessions/{sid}/messages", json={"message": "count 500"})
+            run_id = sent.json()["run_id"]
+            await events.until("tool_call_completed")  # it runs, in the worker
+            assert (await store.info(sid)).lease_run == run_id  # the worker's claim
+            deleted = await http.delete(f"/sessions/{sid}")
+            assert deleted.status_code == 204, deleted.text
+        assert (await http.get(f"/sessions/{sid}")).status_code == 404
+        assert await client.handle(run_id, sid).state() == "cancelled"
+        assert 1 <= len(counts_of(tmp_path, run_id)) < 500

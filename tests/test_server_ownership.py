@@ -374,3 +374,73 @@ async def test_a_delete_ends_the_claim_its_own_finished_run_could_not_give_back(
         assert [s.id for s in await store.list()] == [other.id]
     finally:
         await manager.aclose()
+
+
+async def test_a_delete_waits_for_the_load_that_ends_a_dead_run_not_refused_by_it() -> None:
+    """Loading a session a dead process left claimed ends that run under a brief claim of
+    its own; a DELETE (or a message) that arrives meanwhile waits for it, not a 409."""
+
+    class SlowRecoverRelease(InMemorySessionStore):
+        async def release(self, lease: Any) -> None:
+            if lease.run_id.startswith("recover-"):
+                await asyncio.sleep(0.2)  # a slow round trip
+            await super().release(lease)
+
+    store = SlowRecoverRelease()
+    info = await store.create(agent="agent", title="t")
+    await store.claim(info.id, run_id="dead", holder="1@other-host", ttl=0)  # expired
+    manager = SessionManager(
+        AgentConfig(context=ContextConfig(counter="approx")),
+        store,
+        ServerSettings(),
+        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
+    )
+    try:
+        loading = asyncio.create_task(manager.live(info.id))  # a watcher, say
+        async with asyncio.timeout(5):
+            while (await store.info(info.id)).lease_run in (None, "dead"):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # until the recovery's claim is taken
+        await manager.delete(info.id)
+        await loading
+        assert await store.list() == []
+    finally:
+        await manager.aclose()
+
+
+async def test_a_shutdown_cancelled_midway_still_stops_every_session() -> None:
+    """A second Ctrl-C, a lifespan timeout: the cancellation is held until every session's
+    run is stopped and its agent closed, then raised, even for the session whose lock the
+    shutdown was waiting for when it came."""
+    from agent_flow.server.models import CreateSession
+
+    store = InMemorySessionStore()
+    manager = SessionManager(
+        AgentConfig(context=ContextConfig(counter="approx")),
+        store,
+        ServerSettings(),
+        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
+    )
+    one = await manager.create(CreateSession(title="1"))
+    two = await manager.create(CreateSession(title="2"))
+    await manager.resume(two.id)  # an agent built
+    first, second = manager.loaded(one.id), manager.loaded(two.id)
+    assert first is not None and second is not None and second.agent is not None
+    first.task = asyncio.create_task(asyncio.sleep(3600))  # stands for a run
+    let_go = asyncio.Event()
+
+    async def busy() -> None:  # a request holding the first session meanwhile
+        async with first.lock:
+            await let_go.wait()
+
+    holding = asyncio.create_task(busy())
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(manager.aclose())
+    await asyncio.sleep(0.02)
+    closing.cancel()
+    await asyncio.sleep(0.02)
+    let_go.set()
+    await holding
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert first.task.done() and first.closed
+    assert second.agent is None and second.closed

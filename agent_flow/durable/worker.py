@@ -31,6 +31,7 @@ from agent_flow._defaults import (
     DURABLE_DBOS_HOUSEKEEPING_SECONDS,
     DURABLE_NOTIFY_COALESCE_SECONDS,
 )
+from agent_flow._eager import to_the_end
 from agent_flow._utils import cancel_and_wait
 from agent_flow.agent import AgentExecutor
 from agent_flow.config import AgentConfig
@@ -181,17 +182,20 @@ class DurableWorker:
             await self._shut_down_dbos()
 
     async def _shut_down_dbos(self) -> None:
-        await asyncio.to_thread(DBOS.destroy)
-        # DBOS made its thread pool this loop's default and has shut it down: give the loop a
-        # working one back (``asyncio.to_thread`` after a worker stopped, or a next worker).
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
-        install(None)
-        if self._reader is not None:
-            self._reader.destroy()
-            self._reader = None
-        if self._liveness is not None:
-            await self._liveness.aclose()
-            self._liveness = None
+        try:
+            await to_the_end(asyncio.ensure_future(asyncio.to_thread(DBOS.destroy)))
+        finally:  # (cancelled meanwhile: the rest is still undone)
+            # DBOS made its thread pool this loop's default and has shut it down: give the
+            # loop a working one back (``asyncio.to_thread`` after a worker stopped, or a
+            # next worker).
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
+            install(None)
+            if self._reader is not None:
+                self._reader.destroy()
+                self._reader = None
+            if self._liveness is not None:
+                await self._liveness.aclose()
+                self._liveness = None
 
     async def __aenter__(self) -> Self:
         await self.start()

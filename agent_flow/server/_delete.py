@@ -21,7 +21,12 @@ __all__ = ["claim_to_delete"]
 
 
 async def claim_to_delete(
-    store: SessionStore, session_id: str, *, ours: str | None, stopped: bool
+    store: SessionStore,
+    session_id: str,
+    *,
+    ours: str | None,
+    stopped: bool,
+    ran_here: bool,
 ) -> Lease | None:
     """Claim the session so as to delete it; None when it is gone already.
 
@@ -29,12 +34,15 @@ async def claim_to_delete(
         store: The session store.
         session_id: The session.
         ours: The last run this server ran or enqueued of the session, over now. Its claim,
-            when this process holds it still (its release failed), is ended, not waited out;
-            when a durable worker does (it stores the run's outcome after its end), it is
-            waited for, as after `stopped`.
+            when this process holds it still (its release failed) and `ran_here`, is ended,
+            not waited out; when a durable worker does (it stores the run's outcome after its
+            end; it may be a worker in this very process), it is waited for, as after
+            `stopped`. Brief claims of other servers (one ending a dead run as it loads the
+            session, or deleting it) are waited for too.
         stopped: This server has just cancelled the session's run: a claim still held is
             tried again for up to `SESSION_DELETE_WAIT_SECONDS` (a durable worker gives it
             back a moment after the cancel).
+        ran_here: This server ran `ours` itself (no durable worker did).
 
     Raises:
         ApiError: 409 ``run_in_progress`` naming the run that holds the session.
@@ -56,11 +64,12 @@ async def claim_to_delete(
             return None
         except SessionBusyError as err:
             mine = ours is not None and err.run_id == ours
-            if mine and err.holder == holder and err.fence:
+            if mine and ran_here and err.holder == holder and err.fence:
                 await end_claim(store, session_id, err)
                 ours = None  # once: a claim renewed since is a live run's
                 continue
-            if not (stopped or mine) or loop.time() >= deadline:
+            brief = err.run_id.startswith(("recover-", "delete-"))
+            if not (stopped or mine or brief) or loop.time() >= deadline:
                 where = " in this process" if err.holder == holder else " in another process"
                 raise run_in_progress(session_id, err.run_id, where) from None
         await asyncio.sleep(pause)

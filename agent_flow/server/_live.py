@@ -20,8 +20,17 @@ its events arrive as each step is saved, with the same ids.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 
 from agent_flow.agent import AgentExecutor
@@ -41,9 +50,10 @@ from agent_flow.sessions._lease import INTERRUPTED_SEQ
 from agent_flow.sessions.models import Lease, event_id, numbering_run
 from agent_flow.sessions.protocol import SessionStore, StepRecorder
 from agent_flow.sessions.recorder import SessionRecorder, claim_session, default_holder
+from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
-__all__ = ["BATCH", "LiveSession", "Push", "interrupted_end", "recover"]
+__all__ = ["BATCH", "LiveSession", "Push", "drive", "interrupted_end", "recover"]
 
 #: Takes one live event with its id at once (True), or declines it (False: it is queued).
 Push = Callable[[int | None, AgentEvent], bool]
@@ -51,6 +61,8 @@ Push = Callable[[int | None, AgentEvent], bool]
 BATCH = 256
 #: Seconds a tail of the store waits for new events per read when no keep-alive is asked for.
 TAIL_WAIT = 60.0
+
+logger = logging.getLogger("agent_flow.server")
 
 
 @dataclass
@@ -361,3 +373,22 @@ async def recover(store: SessionStore, live: LiveSession) -> None:
             await live.bus.publish(event)
     finally:
         await store.release(lease)
+
+
+async def drive(
+    session_id: str, coroutine: Awaitable[object], trace: Mapping[str, str] | None = None
+) -> object:
+    """Await a session's run (or a durable run's following), continuing the trace `trace`.
+
+    Its failure is reported as events already: here it is logged (by type only) and None
+    returned.
+    """
+    try:
+        with attached_context(trace):
+            return await coroutine
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        # The run reported its failure as events; the log keeps the type, never the config.
+        logger.warning("run of session %s failed: %s", session_id, type(err).__name__)
+        return None

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from agent_flow._defaults import SESSION_LEASE_SECONDS
+from agent_flow._eager import start_eagerly, to_the_end
 from agent_flow._utils import cancel_and_wait
 from agent_flow.agent import AgentExecutor, ExecutionOutcome
 from agent_flow.agent._task import resumed_state
@@ -56,7 +57,13 @@ from agent_flow.server._errors import (
     session_exists,
     session_not_found,
 )
-from agent_flow.server._live import LiveSession, buffering_recorder, interrupted_end, recover
+from agent_flow.server._live import (
+    LiveSession,
+    buffering_recorder,
+    drive,
+    interrupted_end,
+    recover,
+)
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
 from agent_flow.server._remote import until_finished
@@ -204,8 +211,10 @@ class SessionManager:
             live = self._new_live(session_id, options, info.owner)
             self._live[session_id] = live
             if info.lease_run is not None and self.durable is None:
-                # Left claimed by a process that may have died: end its run if it did.
-                await recover(self.store, live)
+                # Left claimed by a process that may have died: end its run if it did. Held
+                # meanwhile: a message or a delete waits, not refused for the brief claim.
+                async with live.lock:
+                    await recover(self.store, live)
             return live
 
     def loaded(self, session_id: str) -> LiveSession | None:
@@ -376,7 +385,7 @@ class SessionManager:
                 coroutine.close()
                 await recorder.release()
                 raise
-            live.task = asyncio.create_task(batched_steps(_drive(session_id, coroutine, trace)))
+            live.task = asyncio.create_task(batched_steps(drive(session_id, coroutine, trace)))
         return run_id, base
 
     async def _enqueue(
@@ -398,7 +407,7 @@ class SessionManager:
         self._handles[live.id] = handle
         live.run_id = handle.run_id
         live.task = asyncio.create_task(
-            _drive(live.id, until_finished(self.store, handle, info.event_count)),
+            drive(live.id, until_finished(self.store, handle, info.event_count)),
             name=f"agent_flow.durable_run:{handle.run_id}",
         )
         # Its worker claims the session with a fence above every earlier run's: each of its
@@ -453,7 +462,13 @@ class SessionManager:
             if stopped:
                 await (handle.cancel() if handle is not None else self._stop_run(live))
             # A 409 here leaves the session as it was: its watchers keep watching.
-            claim = await claim_to_delete(self.store, session_id, ours=live.run_id, stopped=stopped)
+            claim = await claim_to_delete(
+                self.store,
+                session_id,
+                ours=live.run_id,
+                stopped=stopped,
+                ran_here=self.durable is None,
+            )
             try:
                 await self._close(live)
                 if claim is not None:
@@ -463,7 +478,7 @@ class SessionManager:
             except BaseException:
                 if claim is not None:
                     with contextlib.suppress(StoreError):
-                        await self.store.release(claim)
+                        await to_the_end(start_eagerly(self.store.release(claim)))
                 raise
 
     async def _close(self, live: LiveSession) -> None:
@@ -521,9 +536,11 @@ class SessionManager:
         self._handles.pop(live.id, None)  # a durable run goes on in its worker
         try:
             await self._stop_run(live)
-        finally:  # (a caller cancelled meanwhile still closes the agent)
-            await self._drop_agent(live)
-            live.bus.close()
+        finally:  # (a caller cancelled meanwhile still closes the agent and the streams)
+            try:
+                await self._drop_agent(live)
+            finally:
+                live.bus.close()
 
     async def _stop_run(self, live: LiveSession) -> None:
         """Cancel the session's run in this server and wait for its end (its claim given back)."""
@@ -549,35 +566,28 @@ class SessionManager:
     async def aclose(self) -> None:
         """Stop every run and release every agent and client (the store is the caller's)."""
         self._closed = True
-        if self._evicting is not None:
-            await cancel_and_wait(self._evicting)
-        lives, self._live = list(self._live.values()), {}
+        # A cancellation meanwhile is held until everything is closed, then raised.
         cancelled: asyncio.CancelledError | None = None
+        try:
+            if self._evicting is not None:
+                await cancel_and_wait(self._evicting)
+        except asyncio.CancelledError as err:
+            cancelled = err
+        lives, self._live = list(self._live.values()), {}
         for live in lives:
-            try:
-                async with live.lock:
-                    live.closed = True
-                    await self._release(live)
-            except asyncio.CancelledError as err:  # held: every session is still closed
-                cancelled = err
-            except Exception:
-                logger.exception("releasing session %s failed", live.id)
+            while True:
+                try:
+                    async with live.lock:
+                        live.closed = True
+                        await self._release(live)
+                    break
+                except asyncio.CancelledError as err:  # (then this session once more)
+                    cancelled = err
+                except Exception:
+                    logger.exception("releasing session %s failed", live.id)
+                    break
         try:
             await self.clients.aclose()
         finally:
             if cancelled is not None:
                 raise cancelled
-
-
-async def _drive(
-    session_id: str, coroutine: Awaitable[object], trace: Mapping[str, str] | None = None
-) -> object:
-    try:
-        with attached_context(trace):
-            return await coroutine
-    except asyncio.CancelledError:
-        raise
-    except Exception as err:
-        # The run reported its failure as events; the log keeps the type, never the config.
-        logger.warning("run of session %s failed: %s", session_id, type(err).__name__)
-        return None
