@@ -331,7 +331,7 @@ class SessionBusyError(SessionConflictError):
 
     Attributes:
         run_id: The run that holds the lease.
-        holder: Who holds it (``pid@host`` for a `SessionRecorder`'s), when known.
+        holder: Who holds it (``pid@host:pidns`` for a `SessionRecorder`'s), when known.
         fence: The lease's fencing number, when known (0 otherwise).
     """
 

@@ -358,3 +358,34 @@ async def test_a_run_writes_nothing_into_its_session_deleted_and_made_again(
         state = await other.load("again")
         assert (state.entries, await stored_events(other, "again")) == ((), [])
         assert (await other.info("again")).lease_run == "run-2"
+
+
+async def test_a_dead_holder_is_ended_at_once_only_within_this_pid_namespace() -> None:
+    """A process id means something only in its PID namespace: a holder of another namespace
+    under this host name (a container on the host's network) is never taken for dead."""
+    import socket
+    import sys
+
+    from agent_flow.errors import SessionBusyError
+    from agent_flow.sessions.recorder import claim_session, default_holder
+
+    gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await gone.wait()
+    here = default_holder()
+    namespace = here.rpartition(":")[2] if here.count(":") else ""
+    host = socket.gethostname()
+    store = InMemorySessionStore()
+    for holder, ended in [
+        (f"{gone.pid}@{host}:{namespace}" if namespace else f"{gone.pid}@{host}", True),
+        (f"{gone.pid}@{host}", True),  # written before holders named their namespace
+        (f"{gone.pid}@{host}:1", False),  # another namespace: its ids are not ours
+        (f"{gone.pid}@another-host", False),
+    ]:
+        sid = (await store.create(agent="a")).id
+        await store.claim(sid, run_id="theirs", holder=holder, ttl=3600)
+        if ended:
+            lease = await claim_session(store, sid, run_id="mine", holder=here, ttl=60)
+            assert lease.interrupted_run == "theirs", holder
+        else:
+            with pytest.raises(SessionBusyError):
+                await claim_session(store, sid, run_id="mine", holder=here, ttl=60)

@@ -470,16 +470,16 @@ class SessionManager:
                 ran_here=self.durable is None,
             )
             try:
-                await self._close(live)
-                if claim is not None:
+                if claim is not None:  # deleted first: the claim is held no longer than that
                     await self.store.delete(session_id)
             except SessionNotFoundError:
                 pass
-            except BaseException:
+            except BaseException:  # (not deleted: the session stays loaded here, as it was)
                 if claim is not None:
                     with contextlib.suppress(StoreError):
                         await to_the_end(start_eagerly(self.store.release(claim)))
                 raise
+            await self._close(live)
 
     async def _close(self, live: LiveSession) -> None:
         """Release `live` and forget it; the caller holds it (`owned`, or the shutdown)."""

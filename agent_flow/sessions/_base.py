@@ -462,7 +462,8 @@ class _StoreBase(_EventReads):
         Args:
             session_id: The session.
             run_id: The run that will write it.
-            holder: Who runs it (``pid@host``, an executor id): shown to whoever finds it busy.
+            holder: Who runs it (``pid@host:pidns``, an executor id): shown to whoever finds
+                it busy.
             ttl: Seconds until the lease expires unless renewed (by the store's clock;
                 PostgreSQL's for a PostgreSQL store). 0 makes a lease that has expired
                 already: a test's way to act out a holder that died.

@@ -23,8 +23,24 @@ __all__ = ["claim_session", "default_holder", "end_claim"]
 
 
 def default_holder() -> str:
-    """Who this process is, in a lease: ``pid@host``."""
-    return f"{os.getpid()}@{socket.gethostname()}"
+    """Who this process is, in a lease: ``pid@host``, and ``:pidns`` where there is one.
+
+    The PID namespace (Linux: the inode of ``/proc/self/ns/pid``) tells processes apart that
+    share a host name but not their process ids (containers on the host's network, or given
+    one host name): a process id is looked up only in the namespace it belongs to.
+    """
+    holder = f"{os.getpid()}@{socket.gethostname()}"
+    return f"{holder}:{_PID_NAMESPACE}" if _PID_NAMESPACE else holder
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+_PID_NAMESPACE = _pid_namespace()
 
 
 async def claim_session(
@@ -125,8 +141,14 @@ async def end_claim(store: SessionStore, session_id: str, busy: SessionBusyError
 
 
 def _dead_here(holder: str) -> bool:
-    """Whether `holder` (``pid@host``) names a process of this machine that no longer runs."""
-    pid, _, host = holder.partition("@")
+    """Whether `holder` (``pid@host[:pidns]``) names a gone process of this PID namespace.
+
+    A holder without a namespace (written before there was one) is judged by its host alone.
+    """
+    pid, _, where = holder.partition("@")
+    host, _, namespace = where.partition(":")
+    if namespace and namespace != _PID_NAMESPACE:
+        return False  # its process ids are not ours to look up
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:

@@ -96,7 +96,8 @@ class Lease(BaseModel):
     Attributes:
         session_id: The session claimed.
         run_id: The run that holds it.
-        holder: Who runs that run (``pid@host``, a DBOS executor id...), for people reading it.
+        holder: Who runs that run (``pid@host:pidns``, a DBOS executor id...), for people
+            reading it.
         fence: The fencing number: 1 for the session's first claim, one more for each claim
             after (a released lease's number is never given again).
         expires_at: When the lease ends unless renewed (by the store's clock; PostgreSQL's

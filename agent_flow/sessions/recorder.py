@@ -96,7 +96,7 @@ class SessionRecorder:
     Args:
         store: Where the session lives.
         session_id: The session to write to; created when the first run starts if None.
-        holder: Who holds the run's claim (default: ``pid@host``).
+        holder: Who holds the run's claim (default: ``pid@host:pidns``).
         lease_seconds: How long a claim lasts unless renewed.
     """
 
