@@ -231,5 +231,7 @@ async def test_a_durable_session_deleted_while_it_runs_is_deleted_once_its_worke
             deleted = await http.delete(f"/sessions/{sid}")
             assert deleted.status_code == 204, deleted.text
         assert (await http.get(f"/sessions/{sid}")).status_code == 404
-        assert await client.handle(run_id, sid).state() == "cancelled"
-        assert 1 <= len(counts_of(tmp_path, run_id)) < 500
+        # The worker's run stopped before the delete (it counted a step every 0.05 s).
+        ran = len(counts_of(tmp_path, run_id))
+        await asyncio.sleep(0.3)
+        assert 1 <= len(counts_of(tmp_path, run_id)) == ran < 500
