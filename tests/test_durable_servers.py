@@ -235,3 +235,37 @@ async def test_a_durable_session_deleted_while_it_runs_is_deleted_once_its_worke
         ran = len(counts_of(tmp_path, run_id))
         await asyncio.sleep(0.3)
         assert 1 <= len(counts_of(tmp_path, run_id)) == ran < 500
+
+
+async def test_any_server_cancels_or_deletes_a_durable_run_another_server_enqueued(
+    tmp_path: Path,
+) -> None:
+    """DBOS is the fleet's: a cancel or a delete sent to a server that did not enqueue the
+    run reaches it all the same (through DBOS), where a server's own run would be refused."""
+    from tests.durable_app import model_and_tools
+
+    llm, tools = model_and_tools(tmp_path, None, pause=0.05)
+    async with (
+        on_sqlite(tmp_path, llm, tools) as (store, client),
+        serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as a,
+        serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as b,
+    ):
+        for action in ("cancel", "delete"):
+            sid = (await a.post("/sessions", json={})).json()["id"]
+            async with stream(a, f"/sessions/{sid}/events") as events:
+                sent = await a.post(f"/sessions/{sid}/messages", json={"message": "count 500"})
+                run_id = sent.json()["run_id"]
+                await events.until("tool_call_completed")  # it runs, in the worker
+                if action == "cancel":
+                    cancelled = await b.post(f"/sessions/{sid}/cancel", json={})
+                    assert cancelled.status_code == 200, cancelled.text
+                    assert cancelled.json()["run_id"] == run_id
+                    finished = await events.until("run_finished")
+                    assert finished[-1].json["stop_reason"] == "cancelled"
+                else:
+                    deleted = await b.delete(f"/sessions/{sid}")
+                    assert deleted.status_code == 204, deleted.text
+                    assert (await a.get(f"/sessions/{sid}")).status_code == 404
+            ran = len(counts_of(tmp_path, run_id))
+            await asyncio.sleep(0.3)
+            assert 1 <= len(counts_of(tmp_path, run_id)) == ran < 500

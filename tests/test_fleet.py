@@ -125,6 +125,11 @@ async def _blocked_round(
         refused_for(await send(other, sid, "meanwhile"), run_id)
         # Nor is the session deleted from under the run (whose writes would then fail).
         refused_for(await other.http.delete(f"/sessions/{sid}"), run_id)
+        # A cancel there cannot reach it: said so, naming it, not "no run".
+        cancel = await other.http.post(f"/sessions/{sid}/cancel", json={})
+        assert cancel.status_code == 409, cancel.text
+        assert (cancel.json()["code"], cancel.json()["run_id"]) == ("not_running", run_id)
+        assert "in another process" in cancel.json()["message"]
         return owner, run_id
 
     owners = await asyncio.gather(*(block(index, sid) for index, sid in enumerate(sids)))

@@ -42,6 +42,8 @@ __all__ = [
     "ApiError",
     "error_body",
     "install_error_handlers",
+    "not_running",
+    "not_waiting",
     "run_in_progress",
     "send_error",
     "session_exists",
@@ -102,6 +104,34 @@ def run_in_progress(session_id: str | None, run_id: str, where: str = "") -> Api
         "run_in_progress",
         f"{who} is running {run_id}{where}; wait for it to finish or cancel it",
         run_id=run_id,
+    )
+
+
+def not_running(session_id: str, elsewhere: str | None) -> ApiError:
+    """409: the session has no run to cancel (`elsewhere`: the run another process runs)."""
+    where = f" in this server: its run {elsewhere} runs in another process; cancel it there"
+    return ApiError(
+        409,
+        "not_running",
+        f"session {session_id!r} has no run to cancel{where if elsewhere else ''}",
+        run_id=elsewhere or "",
+    )
+
+
+def not_waiting(session_id: str, call_id: str, elsewhere: str | None) -> ApiError:
+    """409: no approval of `call_id` waits (`elsewhere`: the run another process runs)."""
+    where = (
+        f" of this server: its run {elsewhere} holds the session in another process, which "
+        "holds its approvals; answer there"
+        if elsewhere
+        else ""
+    )
+    return ApiError(
+        409,
+        "not_waiting",
+        f"no tool call {call_id!r} is waiting for approval in session {session_id!r}{where}",
+        field="call_id",
+        run_id=elsewhere or "",
     )
 
 

@@ -53,6 +53,8 @@ from agent_flow.server._clients import ModelClients
 from agent_flow.server._delete import claim_to_delete
 from agent_flow.server._errors import (
     ApiError,
+    not_running,
+    not_waiting,
     run_in_progress,
     session_exists,
     session_not_found,
@@ -66,7 +68,7 @@ from agent_flow.server._live import (
 )
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
-from agent_flow.server._remote import until_finished
+from agent_flow.server._remote import claimed_by, until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions.models import SessionInfo, SessionState, event_id
@@ -415,39 +417,33 @@ class SessionManager:
         return handle.run_id, info.last_event_id + 1
 
     async def cancel(self, session_id: str) -> str:
-        """Cancel the session's run and return its id (409 when none runs)."""
+        """Cancel the session's run and return its id (409 when none runs).
+
+        A durable run is cancelled through DBOS whichever server enqueued it; a run of
+        another server of the fleet only there (409, naming it).
+        """
         live = await self.live(session_id)
         handle = self._handles.get(session_id)
         if handle is not None and live.running:
             await handle.cancel()
             return handle.run_id
-        if not live.running or live.agent is None or live.run_id is None:
-            raise ApiError(409, "not_running", f"session {session_id!r} has no run to cancel")
-        live.agent.cancel()
-        return live.run_id
+        if live.running and live.agent is not None and live.run_id is not None:
+            live.agent.cancel()
+            return live.run_id
+        run = None if live.running else await claimed_by(self.store, session_id)
+        if run is not None and self.durable is not None:
+            await self.durable.handle(run, session_id).cancel()
+            return run
+        raise not_running(session_id, run)
 
     async def answer(self, session_id: str, call_id: str, response: ApprovalResponse) -> None:
         """Answer the approval the call `call_id` waits for (409 when it waits for none)."""
         live = await self.live(session_id)
         if live.answer(call_id, response):
             return
-        where, run = "", None
-        if not live.running:
-            # An approval waits in the process whose run asked for it; in a fleet, say so.
-            with contextlib.suppress(StoreError):  # (a hint: the refusal stands without it)
-                run = (await self.info(session_id)).lease_run
-            if run is not None:
-                where = (
-                    f" of this server: its run {run} holds the session in another process, "
-                    "which holds its approvals; answer there"
-                )
-        raise ApiError(
-            409,
-            "not_waiting",
-            f"no tool call {call_id!r} is waiting for approval in session {session_id!r}{where}",
-            field="call_id",
-            run_id=run or "",
-        )
+        # An approval waits in the process whose run asked for it; in a fleet, say so.
+        run = None if live.running else await claimed_by(self.store, session_id)
+        raise not_waiting(session_id, call_id, run)
 
     async def delete(self, session_id: str, user: User = ADMIN) -> None:
         """Stop the session's run, release its agent, and delete it from the store.
@@ -461,6 +457,10 @@ class SessionManager:
             handle = self._handles.get(session_id)
             if stopped:
                 await (handle.cancel() if handle is not None else self._stop_run(live))
+            elif self.durable is not None and (run := await claimed_by(self.store, session_id)):
+                # A durable run another server enqueued: DBOS cancels it wherever it runs.
+                await self.durable.handle(run, session_id).cancel()
+                stopped = True
             # A 409 here leaves the session as it was: its watchers keep watching.
             claim = await claim_to_delete(
                 self.store,

@@ -13,15 +13,31 @@ import logging
 from typing import TYPE_CHECKING
 
 from agent_flow._defaults import DURABLE_STATE_SECONDS
+from agent_flow.errors import StoreError
 from agent_flow.events import RunFinished
 from agent_flow.sessions.protocol import SessionStore
 
 if TYPE_CHECKING:
     from agent_flow.durable import RunHandle
 
-__all__ = ["until_finished"]
+__all__ = ["claimed_by", "until_finished"]
 
 logger = logging.getLogger("agent_flow.server")
+
+
+async def claimed_by(store: SessionStore, session_id: str) -> str | None:
+    """The run that holds the session's claim in the store (a run of any process), if any.
+
+    None too for a server's brief claims (one ending a dead run, or deleting the session),
+    and when the store cannot say: a hint, for a refusal that stands without it.
+    """
+    try:
+        run = (await store.info(session_id)).lease_run
+    except StoreError:
+        return None
+    if run is None or run.startswith(("recover-", "delete-")):
+        return None
+    return run
 
 
 async def until_finished(store: SessionStore, handle: RunHandle, offset: int) -> None:
