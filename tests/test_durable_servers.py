@@ -20,6 +20,7 @@ pytest.importorskip("fastapi", reason="the server tests need the 'server' extra"
 
 from agent_flow.agent import StopReason
 from agent_flow.durable import DurableClient, DurableConfig
+from agent_flow.durable.client import RunHandle
 from agent_flow.events import RunFinished
 from agent_flow.llm.base import LLMClient
 from agent_flow.server import create_app
@@ -263,9 +264,37 @@ async def test_any_server_cancels_or_deletes_a_durable_run_another_server_enqueu
                     finished = await events.until("run_finished")
                     assert finished[-1].json["stop_reason"] == "cancelled"
                 else:
+                    # One more run, enqueued behind it (a session's runs go one at a time).
+                    queued = await client.enqueue(sid, "count 3")
                     deleted = await b.delete(f"/sessions/{sid}")
                     assert deleted.status_code == 204, deleted.text
                     assert (await a.get(f"/sessions/{sid}")).status_code == 404
+                    # Neither is left to run against a session that is gone.
+                    for run in (run_id, queued.run_id):
+                        assert await RunHandle(client._client, run, sid).state() == "cancelled"
             ran = len(counts_of(tmp_path, run_id))
             await asyncio.sleep(0.3)
             assert 1 <= len(counts_of(tmp_path, run_id)) == ran < 500
+
+
+async def test_a_durable_server_refuses_to_cancel_or_delete_a_run_no_worker_runs(
+    tmp_path: Path,
+) -> None:
+    """The session's claim held by a writer that is no durable run (``agent-flow run`` on the
+    same store, say): DBOS cannot cancel it, so neither cancel nor delete pretends to."""
+    from tests.durable_app import model_and_tools
+
+    llm, tools = model_and_tools(tmp_path, None)
+    async with (
+        on_sqlite(tmp_path, llm, tools) as (store, client),
+        serving(create_app(CONFIG, store=store, llm_factory=no_model, durable=client)) as http,
+    ):
+        sid = (await http.post("/sessions", json={})).json()["id"]
+        await store.claim(sid, run_id="cli-run", holder="1@elsewhere", ttl=3600)
+        cancelled = await http.post(f"/sessions/{sid}/cancel", json={})
+        assert cancelled.status_code == 409, cancelled.text
+        assert (cancelled.json()["code"], cancelled.json()["run_id"]) == ("not_running", "cli-run")
+        deleted = await http.delete(f"/sessions/{sid}")
+        assert deleted.status_code == 409, deleted.text
+        assert (deleted.json()["code"], deleted.json()["run_id"]) == ("run_in_progress", "cli-run")
+        assert (await http.get(f"/sessions/{sid}")).status_code == 200

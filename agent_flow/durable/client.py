@@ -209,6 +209,23 @@ class DurableClient:
             await self._notifier.notify()
         return RunHandle(self._client, request.run_id, session_id, self.store)
 
+    async def unfinished(self, session_id: str) -> list[RunHandle]:
+        """The session's runs DBOS has not finished, queued or under way, oldest first.
+
+        Whoever enqueued them: DBOS's queue is the fleet's.
+        """
+        found: list[Any] = await self._client.list_queued_workflows_async(
+            queue_name=self.durable.queue,
+            name=WORKFLOW_NAME,
+            load_input=False,
+            load_output=False,
+        )
+        return [
+            RunHandle(self._client, status.workflow_id, session_id, self.store)
+            for status in found
+            if status.queue_partition_key == session_id
+        ]
+
     def handle(self, run_id: str, session_id: str) -> RunHandle:
         """The handle of a run enqueued earlier (by any process)."""
         return RunHandle(self._client, run_id, session_id, self.store)

@@ -430,11 +430,14 @@ class SessionManager:
         if live.running and live.agent is not None and live.run_id is not None:
             live.agent.cancel()
             return live.run_id
-        run = None if live.running else await claimed_by(self.store, session_id)
-        if run is not None and self.durable is not None:
-            await self.durable.handle(run, session_id).cancel()
-            return run
-        raise not_running(session_id, run)
+        if live.running:
+            raise not_running(session_id, None)
+        # Enqueued by another server (DBOS is the fleet's): cancelled through DBOS.
+        if self.durable is not None and (runs := await self.durable.unfinished(session_id)):
+            for run_handle in runs:
+                await run_handle.cancel()
+            return runs[0].run_id
+        raise not_running(session_id, await claimed_by(self.store, session_id))
 
     async def answer(self, session_id: str, call_id: str, response: ApprovalResponse) -> None:
         """Answer the approval the call `call_id` waits for (409 when it waits for none)."""
@@ -457,9 +460,10 @@ class SessionManager:
             handle = self._handles.get(session_id)
             if stopped:
                 await (handle.cancel() if handle is not None else self._stop_run(live))
-            elif self.durable is not None and (run := await claimed_by(self.store, session_id)):
-                # A durable run another server enqueued: DBOS cancels it wherever it runs.
-                await self.durable.handle(run, session_id).cancel()
+            elif self.durable is not None and (runs := await self.durable.unfinished(session_id)):
+                # Durable runs another server enqueued: DBOS cancels them wherever they are.
+                for run_handle in runs:
+                    await run_handle.cancel()
                 stopped = True
             # A 409 here leaves the session as it was: its watchers keep watching.
             claim = await claim_to_delete(
@@ -479,7 +483,10 @@ class SessionManager:
                     with contextlib.suppress(StoreError):
                         await to_the_end(start_eagerly(self.store.release(claim)))
                 raise
-            await self._close(live)
+            try:
+                await self._close(live)
+            except Exception:  # (deleted: the answer says so; the close's failure is logged)
+                logger.exception("closing deleted session %s failed", session_id)
 
     async def _close(self, live: LiveSession) -> None:
         """Release `live` and forget it; the caller holds it (`owned`, or the shutdown)."""
