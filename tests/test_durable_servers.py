@@ -298,3 +298,17 @@ async def test_a_durable_server_refuses_to_cancel_or_delete_a_run_no_worker_runs
         assert deleted.status_code == 409, deleted.text
         assert (deleted.json()["code"], deleted.json()["run_id"]) == ("run_in_progress", "cli-run")
         assert (await http.get(f"/sessions/{sid}")).status_code == 200
+
+
+async def test_a_run_whose_session_is_gone_fails_at_once_not_as_an_outage(tmp_path: Path) -> None:
+    """A run dequeued for a session deleted meanwhile (by a client of the store, say) has
+    nothing to wait for: it fails saying so, not after the store-outage window."""
+    from agent_flow.errors import AgentFlowError
+    from tests.durable_app import model_and_tools
+
+    llm, tools = model_and_tools(tmp_path, None)
+    async with on_sqlite(tmp_path, llm, tools) as (_store, client):
+        handle = await client.enqueue("gone-session", "count 3")
+        async with asyncio.timeout(30):  # (the outage window is 300 s)
+            with pytest.raises(AgentFlowError, match="no session 'gone-session'"):
+                await handle.outcome()

@@ -52,7 +52,7 @@ from agent_flow.config import AgentConfig
 from agent_flow.durable._steps import DurableReplayError, WorkflowStatus, _StoreSteps
 from agent_flow.durable._wake import on_done
 from agent_flow.environment import Environment
-from agent_flow.errors import AgentFlowError, SessionBusyError, StoreError
+from agent_flow.errors import AgentFlowError, SessionBusyError, SessionNotFoundError, StoreError
 from agent_flow.events import AgentEvent, RunFinished
 from agent_flow.history import History, HistoryEntry
 from agent_flow.llm.base import LLMClient
@@ -264,6 +264,8 @@ async def _execute_recovering(runtime: Runtime, request: RunRequest) -> Executio
             return await _execute(runtime, request)
         except DurableReplayError as err:
             raise AgentFlowError(str(err)) from err
+        except SessionNotFoundError as err:  # deleted: no outage, nothing to wait for
+            raise AgentFlowError(f"run {request.run_id} cannot run: {err}") from err
         except (StepRecordError, StoreError) as err:
             if deadline is None:
                 deadline = loop.time() + DURABLE_STORE_OUTAGE_SECONDS
