@@ -45,6 +45,16 @@ from tests.server_harness import marked, serving, stream
 JSON = {"Content-Type": "application/json"}
 
 
+def _manager(store: Any) -> SessionManager:
+    """A manager (no HTTP) whose sessions' model answers "hi"."""
+    return SessionManager(
+        AgentConfig(context=ContextConfig(counter="approx")),
+        store,
+        ServerSettings(),
+        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
+    )
+
+
 class _Server:
     """The app on a real uvicorn in a thread, with the manager at hand."""
 
@@ -258,12 +268,7 @@ async def test_a_message_cancelled_while_it_hands_watchers_a_dead_run_s_end_keep
     from agent_flow.server.models import CreateSession
 
     store = InMemorySessionStore()
-    manager = SessionManager(
-        AgentConfig(context=ContextConfig(counter="approx")),
-        store,
-        ServerSettings(),
-        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
-    )
+    manager = _manager(store)
     try:
         info = await manager.create(CreateSession(title="t"))
         await store.claim(info.id, run_id="dead-run", holder="1@elsewhere", ttl=0)
@@ -349,12 +354,7 @@ async def test_a_delete_ends_the_claim_its_own_finished_run_could_not_give_back(
             await super().release(lease)
 
     store = ReleaseFailsOnce()
-    manager = SessionManager(
-        AgentConfig(context=ContextConfig(counter="approx")),
-        store,
-        ServerSettings(),
-        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
-    )
+    manager = _manager(store)
     try:
         info = await manager.create(CreateSession(title="t"))
         run_id, _ = await manager.send(info.id, "hello")
@@ -389,12 +389,7 @@ async def test_a_delete_waits_for_the_load_that_ends_a_dead_run_not_refused_by_i
     store = SlowRecoverRelease()
     info = await store.create(agent="agent", title="t")
     await store.claim(info.id, run_id="dead", holder="1@other-host", ttl=0)  # expired
-    manager = SessionManager(
-        AgentConfig(context=ContextConfig(counter="approx")),
-        store,
-        ServerSettings(),
-        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
-    )
+    manager = _manager(store)
     try:
         loading = asyncio.create_task(manager.live(info.id))  # a watcher, say
         async with asyncio.timeout(5):
@@ -414,12 +409,7 @@ async def test_a_shutdown_cancelled_midway_still_stops_every_session() -> None:
     from agent_flow.server.models import CreateSession
 
     store = InMemorySessionStore()
-    manager = SessionManager(
-        AgentConfig(context=ContextConfig(counter="approx")),
-        store,
-        ServerSettings(),
-        llm_factory=lambda config: FunctionLLM(lambda request: reply("hi")),
-    )
+    manager = _manager(store)
     one = await manager.create(CreateSession(title="1"))
     two = await manager.create(CreateSession(title="2"))
     await manager.resume(two.id)  # an agent built
