@@ -29,7 +29,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["OWN_CONTEXT", "in_own_context", "start_eagerly", "stepped", "to_the_end"]
+__all__ = ["OWN_CONTEXT", "finished", "in_own_context", "start_eagerly", "stepped", "to_the_end"]
 
 _T = TypeVar("_T")
 
@@ -131,6 +131,22 @@ def stepped(
         return done.value  # type: ignore[no-any-return]
 
 
+async def finished(*futures: asyncio.Future[Any]) -> asyncio.CancelledError | None:
+    """Wait until every one of `futures` is done; return the caller's cancellation, if one came.
+
+    A cancellation of the caller meanwhile is held, not raised (the caller raises it when its
+    own work is done): `asyncio.wait` never cancels what it waits for, and raises only for
+    the caller, so the futures go on to their end.
+    """
+    interrupted: asyncio.CancelledError | None = None
+    while not all(future.done() for future in futures):
+        try:
+            await asyncio.wait(futures)
+        except asyncio.CancelledError as err:
+            interrupted = err
+    return interrupted
+
+
 async def to_the_end(future: asyncio.Future[_T]) -> _T:
     """Await `future` (a started write) to its end even when the caller is cancelled meanwhile.
 
@@ -138,13 +154,7 @@ async def to_the_end(future: asyncio.Future[_T]) -> _T:
     result or failure then goes unseen: the caller is being cancelled). Writes are started in
     the caller's task (`start_eagerly`): a new task would wait for the loop's next turn.
     """
-    interrupted: asyncio.CancelledError | None = None
-    while not future.done():
-        try:
-            # `wait` never cancels what it waits for: the write goes on when we are cancelled.
-            await asyncio.wait((future,))
-        except asyncio.CancelledError as err:
-            interrupted = err
+    interrupted = await finished(future)
     if interrupted is not None:
         if not future.cancelled():
             future.exception()  # seen: no "exception was never retrieved" log

@@ -10,6 +10,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeGuard, TypeVar
 
+from agent_flow._eager import finished
+
 __all__ = ["cancel_and_wait", "compact_json", "conforms", "loads_json", "readable", "weak_method"]
 
 T = TypeVar("T")
@@ -141,12 +143,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     """
     for task in tasks:
         task.cancel()
-    interrupted: asyncio.CancelledError | None = None
-    while not all(task.done() for task in tasks):
-        try:
-            await asyncio.wait(tasks)
-        except asyncio.CancelledError as err:  # ours, not a task's: held until they finish
-            interrupted = err
+    interrupted = await finished(*tasks)  # ours, not a task's: held until they finish
     failure = next(
         (error for task in tasks if not task.cancelled() and (error := task.exception())),
         None,

@@ -209,6 +209,13 @@ class DurableClient:
             await self._notifier.notify()
         return RunHandle(self._client, request.run_id, session_id, self.store)
 
+    async def cancel_unfinished(self, session_id: str) -> list[str]:
+        """Cancel the session's `unfinished` runs; return their ids, oldest first."""
+        runs = await self.unfinished(session_id)
+        for run in runs:
+            await run.cancel()
+        return [run.run_id for run in runs]
+
     async def unfinished(self, session_id: str) -> list[RunHandle]:
         """The session's runs DBOS has not finished, queued or under way, oldest first.
 

@@ -13,6 +13,7 @@ import uuid
 from agent_flow._defaults import SESSION_DELETE_WAIT_SECONDS, SESSION_LEASE_SECONDS
 from agent_flow.errors import SessionBusyError, SessionNotFoundError
 from agent_flow.server._errors import run_in_progress
+from agent_flow.server._live import DELETE_CLAIM, brief_claim
 from agent_flow.sessions.models import Lease
 from agent_flow.sessions.protocol import SessionStore
 from agent_flow.sessions.recorder import claim_session, default_holder, end_claim
@@ -56,7 +57,7 @@ async def claim_to_delete(
             return await claim_session(
                 store,
                 session_id,
-                run_id=f"delete-{uuid.uuid4().hex}",
+                run_id=f"{DELETE_CLAIM}{uuid.uuid4().hex}",
                 holder=holder,
                 ttl=SESSION_LEASE_SECONDS,
             )
@@ -68,8 +69,7 @@ async def claim_to_delete(
                 await end_claim(store, session_id, err)
                 ours = None  # once: a claim renewed since is a live run's
                 continue
-            brief = err.run_id.startswith(("recover-", "delete-"))
-            if not (stopped or mine or brief) or loop.time() >= deadline:
+            if not (stopped or mine or brief_claim(err.run_id)) or loop.time() >= deadline:
                 where = " in this process" if err.holder == holder else " in another process"
                 raise run_in_progress(session_id, err.run_id, where) from None
         await asyncio.sleep(pause)

@@ -53,7 +53,17 @@ from agent_flow.sessions.recorder import SessionRecorder, claim_session, default
 from agent_flow.telemetry.propagation import attached_context
 from agent_flow.tools import ApprovalRequest, ApprovalResponse
 
-__all__ = ["BATCH", "LiveSession", "Push", "drive", "interrupted_end", "recover"]
+__all__ = [
+    "BATCH",
+    "DELETE_CLAIM",
+    "RECOVER_CLAIM",
+    "LiveSession",
+    "Push",
+    "brief_claim",
+    "drive",
+    "interrupted_end",
+    "recover",
+]
 
 #: Takes one live event with its id at once (True), or declines it (False: it is queued).
 Push = Callable[[int | None, AgentEvent], bool]
@@ -354,6 +364,16 @@ async def interrupted_end(
     ]
 
 
+#: The run ids of a server's brief claims of its own: ending a dead run as it loads a session
+#: (`recover`), deleting one (`agent_flow.server._delete`).
+RECOVER_CLAIM, DELETE_CLAIM = "recover-", "delete-"
+
+
+def brief_claim(run_id: str) -> bool:
+    """Whether `run_id` names a server's brief claim (`RECOVER_CLAIM`, `DELETE_CLAIM`)."""
+    return run_id.startswith((RECOVER_CLAIM, DELETE_CLAIM))
+
+
 async def recover(store: SessionStore, live: LiveSession) -> None:
     """End a run a dead process left claimed, so that its watchers learn it ended.
 
@@ -362,7 +382,11 @@ async def recover(store: SessionStore, live: LiveSession) -> None:
     """
     try:
         lease = await claim_session(
-            store, live.id, run_id=f"recover-{uuid.uuid4().hex}", holder=default_holder(), ttl=1.0
+            store,
+            live.id,
+            run_id=f"{RECOVER_CLAIM}{uuid.uuid4().hex}",
+            holder=default_holder(),
+            ttl=1.0,
         )
     except (SessionBusyError, SessionNotFoundError):
         return

@@ -433,10 +433,8 @@ class SessionManager:
         if live.running:
             raise not_running(session_id, None)
         # Enqueued by another server (DBOS is the fleet's): cancelled through DBOS.
-        if self.durable is not None and (runs := await self.durable.unfinished(session_id)):
-            for run_handle in runs:
-                await run_handle.cancel()
-            return runs[0].run_id
+        if self.durable is not None and (runs := await self.durable.cancel_unfinished(session_id)):
+            return runs[0]
         raise not_running(session_id, await claimed_by(self.store, session_id))
 
     async def answer(self, session_id: str, call_id: str, response: ApprovalResponse) -> None:
@@ -460,11 +458,8 @@ class SessionManager:
             handle = self._handles.get(session_id)
             if stopped:
                 await (handle.cancel() if handle is not None else self._stop_run(live))
-            elif self.durable is not None and (runs := await self.durable.unfinished(session_id)):
-                # Durable runs another server enqueued: DBOS cancels them wherever they are.
-                for run_handle in runs:
-                    await run_handle.cancel()
-                stopped = True
+            elif self.durable is not None and await self.durable.cancel_unfinished(session_id):
+                stopped = True  # durable runs another server enqueued: DBOS cancelled them
             # A 409 here leaves the session as it was: its watchers keep watching.
             claim = await claim_to_delete(
                 self.store,

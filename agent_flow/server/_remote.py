@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from agent_flow._defaults import DURABLE_STATE_SECONDS
 from agent_flow.errors import StoreError
 from agent_flow.events import RunFinished
+from agent_flow.server._live import brief_claim
 from agent_flow.sessions.protocol import SessionStore
 
 if TYPE_CHECKING:
@@ -35,9 +36,7 @@ async def claimed_by(store: SessionStore, session_id: str) -> str | None:
         run = (await store.info(session_id)).lease_run
     except StoreError:
         return None
-    if run is None or run.startswith(("recover-", "delete-")):
-        return None
-    return run
+    return None if run is None or brief_claim(run) else run
 
 
 async def until_finished(store: SessionStore, handle: RunHandle, offset: int) -> None:
