@@ -128,10 +128,20 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true", help="stream the model's answers")
     parser.add_argument("--loops", default="agent_flow,handwritten,floor", help="comma-separated")
     parser.add_argument("--out", type=Path, default=None, help="directory for the dumps")
+    parser.add_argument(
+        "--server",
+        choices=("same", "own"),
+        default="same",
+        help="the scripted server in the counted process (the default) or in its own, "
+        "outside valgrind: only the loops' instructions counted",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     loops = args.loops.split(",")
     if args.child:
+        import benchmarks.bench_loop
+
+        benchmarks.bench_loop.SERVER_PLACE = args.server
         turns = asyncio.run(_measure(loops, args.stream, args.k, args.runs))
         print(" ".join(f"{loop}={count}" for loop, count in turns.items()))
         return
@@ -152,6 +162,8 @@ def main() -> None:
         str(args.k),
         "--loops",
         args.loops,
+        "--server",
+        args.server,
     ]
     command += ["--stream"] if args.stream else []
     result = subprocess.run(command, capture_output=True, text=True)

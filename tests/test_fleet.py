@@ -330,3 +330,46 @@ async def test_turns_sent_through_both_servers_are_all_kept_and_all_in_the_promp
     # The third turn, on A, is asked with the second one (run on B) in its prompt, and the
     # stored history keeps all three.
     assert {"prompt": asked, "stored": kept} == {"prompt": list(turns), "stored": list(turns)}
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_servers_run_is_over_for_the_other_server_at_once(
+    fleet: Fleet, openai_server: OpenAIServer
+) -> None:
+    """Cancel, answer and delete through the other server after a kill: no dead run named.
+
+    Server A is SIGKILLed mid-run; its claim would stand until it expires (30 s). Server B,
+    asked at once to cancel the session's run, must not answer "its run runs in another
+    process, cancel it there": it ends the dead run (its watcher gets the ``interrupted``
+    end) and says there is no run to cancel; the same for an approval's answer; and the
+    session can be deleted through B at once.
+    """
+    openai_server.handler = lambda request: ANSWER
+    watchers = Watchers()
+    async with asyncio.timeout(100), watchers.stack:
+        a, b, sid = await fleet.two_watching_one_session(watchers)
+        openai_server.script(STALLED)
+        answer = await send(a, sid, "doomed")
+        assert answer.status_code == 202, answer.text
+        doomed = answer.json()["run_id"]
+        await watchers.until(a, sid, "text_delta", doomed)
+        await fleet.kill(a)
+        watchers.forget(a)
+
+        started = time.perf_counter()
+        cancel = await b.http.post(f"/sessions/{sid}/cancel", json={})
+        assert cancel.status_code == 409, cancel.text
+        body = cancel.json()
+        assert (body["code"], body["run_id"]) == ("not_running", None), body
+        assert "another process" not in body["message"], body
+        ends = [s for s in await watchers.finished(b, sid, doomed) if s.kind == "run_finished"]
+        assert [(s.run_id, s.stop_reason) for s in ends][-1:] == [(doomed, "interrupted")]
+
+        approval = await b.http.post(f"/sessions/{sid}/approvals/call-1", json={"approved": True})
+        assert approval.status_code == 409, approval.text
+        assert (approval.json()["code"], approval.json()["run_id"]) == ("not_waiting", None)
+        deleted = await b.http.delete(f"/sessions/{sid}")
+        assert deleted.status_code == 204, deleted.text
+        # All of it well inside the dead claim's 30 s.
+        assert time.perf_counter() - started < 10
+        assert (await b.http.get(f"/sessions/{sid}")).status_code == 404

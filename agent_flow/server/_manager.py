@@ -68,7 +68,7 @@ from agent_flow.server._live import (
 )
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
-from agent_flow.server._remote import claimed_by, until_finished
+from agent_flow.server._remote import held_elsewhere, until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions.models import SessionInfo, SessionState, event_id
@@ -435,7 +435,7 @@ class SessionManager:
         # Enqueued by another server (DBOS is the fleet's): cancelled through DBOS.
         if self.durable is not None and (runs := await self.durable.cancel_unfinished(session_id)):
             return runs[0]
-        raise not_running(session_id, await claimed_by(self.store, session_id))
+        raise not_running(session_id, await self._elsewhere(live))
 
     async def answer(self, session_id: str, call_id: str, response: ApprovalResponse) -> None:
         """Answer the approval the call `call_id` waits for (409 when it waits for none)."""
@@ -443,8 +443,11 @@ class SessionManager:
         if live.answer(call_id, response):
             return
         # An approval waits in the process whose run asked for it; in a fleet, say so.
-        run = None if live.running else await claimed_by(self.store, session_id)
+        run = None if live.running else await self._elsewhere(live)
         raise not_waiting(session_id, call_id, run)
+
+    async def _elsewhere(self, live: LiveSession) -> str | None:
+        return await held_elsewhere(self.store, live, durable=self.durable is not None)
 
     async def delete(self, session_id: str, user: User = ADMIN) -> None:
         """Stop the session's run, release its agent, and delete it from the store.

@@ -5,6 +5,10 @@ agent in the server: it enqueues the run on the DBOS queue and answers at once; 
 process executes it (`agent_flow.durable`). The server learns how the run goes from the store
 (its events, saved by the worker step by step, `SessionStore.follow_events`) and, for a run
 that died without finishing, from DBOS (`RunHandle.state`).
+
+Without durable workers, a session's run may be another server's: `claimed_by` names it, for
+the refusals that say where it runs, once `held_elsewhere` has ended the claim of a process of
+this machine that died.
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ from typing import TYPE_CHECKING
 from agent_flow._defaults import DURABLE_STATE_SECONDS
 from agent_flow.errors import StoreError
 from agent_flow.events import RunFinished
-from agent_flow.server._live import brief_claim
+from agent_flow.server._live import LiveSession, brief_claim, recover
 from agent_flow.sessions.protocol import SessionStore
 
 if TYPE_CHECKING:
     from agent_flow.durable import RunHandle
 
-__all__ = ["claimed_by", "until_finished"]
+__all__ = ["claimed_by", "held_elsewhere", "until_finished"]
 
 logger = logging.getLogger("agent_flow.server")
 
@@ -37,6 +41,28 @@ async def claimed_by(store: SessionStore, session_id: str) -> str | None:
     except StoreError:
         return None
     return None if run is None or brief_claim(run) else run
+
+
+async def held_elsewhere(store: SessionStore, live: LiveSession, *, durable: bool) -> str | None:
+    """`claimed_by`, once the claim of a process of this machine that died is ended.
+
+    A server killed mid-run holds its session's claim until it expires
+    (`SESSION_LEASE_SECONDS`).
+    A cancel or an approval's answer sent meanwhile to another server must not be told to go
+    to a run that no process runs: the dead run is ended here as loading the session would
+    (`recover`: its watchers get its ``interrupted`` end), and the claim read again. A live
+    holder, or one of another machine, keeps its claim. With durable workers (`durable`), a
+    dead worker's run is DBOS's to recover, and its claim is left alone.
+    """
+    run = await claimed_by(store, live.id)
+    if run is None or durable:
+        return run
+    try:
+        async with live.lock:
+            await recover(store, live)
+    except StoreError:
+        return run  # (a hint: the refusal stands without a better one)
+    return await claimed_by(store, live.id)
 
 
 async def until_finished(store: SessionStore, handle: RunHandle, offset: int) -> None:
