@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -514,3 +515,71 @@ async def test_an_agents_tools_truncate_in_the_tokens_its_budget_counts() -> Non
     assert agent.tools.counter.encoding_name == "o200k_base"
     own = ToolExecutor(counter=TiktokenCounter())
     assert AgentExecutor(FunctionLLM(answer), config=gpt4o, tools=own).tools.counter is own.counter
+
+
+async def test_a_run_task_cancelled_before_it_starts_ends_its_subscriptions_at_once() -> None:
+    """A task of `agent.run` cancelled before its first step never ran a line of the run:
+    its subscription waited for the *next* run to end (forever, if none came)."""
+    agent = make_agent(ScriptedLLM(["never", "again"]))
+    subscription = agent.subscribe()
+    running = asyncio.create_task(agent.run("go"))
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    async with asyncio.timeout(5):
+        assert [event async for event in subscription] == []
+    # The agent is free, and its next run is a run like any other.
+    later = agent.subscribe()
+    reader = asyncio.create_task(_kinds(later))
+    assert (await agent.run("again")).final_text == "never"
+    kinds = await asyncio.wait_for(reader, 5)
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+
+
+async def test_a_run_coroutine_closed_unstarted_frees_the_agent_and_its_subscriptions() -> None:
+    agent = make_agent(ScriptedLLM(["one"]))
+    subscription = agent.subscribe()
+    agent.run("go").close()
+    async with asyncio.timeout(5):
+        assert [event async for event in subscription] == []
+    assert (await agent.run("go")).final_text == "one"
+
+
+@settings(max_examples=20, deadline=None)
+@given(yields=st.integers(min_value=0, max_value=12))
+def test_a_run_task_cancelled_at_any_point_ends_its_subscription_and_frees_the_agent(
+    yields: int,
+) -> None:
+    """Cancelled before it starts or anywhere in its run: the subscription ends (never a
+    wait for a run that will not come), what it got ends with the run's own end if the run
+    began, and the agent runs again."""
+
+    async def scene() -> None:
+        agent = make_agent(
+            ScriptedLLM([reply(tool_calls=[call("add", a=1, b=2)]), "three", "again"])
+        )
+        subscription = agent.subscribe()
+        reader = asyncio.create_task(_kinds(subscription))
+        running = asyncio.create_task(agent.run("go"))
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        kinds = await asyncio.wait_for(reader, 5)
+        assert kinds == [] or (kinds[0], kinds[-1]) == ("run_started", "run_finished"), kinds
+        assert (await agent.run("more")).stop_reason is StopReason.ANSWERED
+
+    asyncio.run(scene())
+
+
+async def test_a_run_task_shows_the_run_in_its_repr_and_its_stack() -> None:
+    agent = make_agent(ScriptedLLM(["one"]))
+    running = asyncio.create_task(agent.run("go"))
+    assert "_execute" in repr(running)
+    assert running.get_stack()  # the run's frame, read through the wrapper
+    await running
+
+
+async def _kinds(subscription: AsyncIterator[AgentEvent]) -> list[str]:
+    return [event.kind async for event in subscription]

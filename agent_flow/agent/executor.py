@@ -11,6 +11,7 @@ by step, is in `agent_flow.agent._loop`; saving is its `StepRecorder`'s job
 
 from __future__ import annotations
 
+import functools
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -33,6 +34,7 @@ from agent_flow.agent._mcp import AgentMCP
 from agent_flow.agent._offer import _ToolOffer
 from agent_flow.agent._subscriptions import RunSubscriptions
 from agent_flow.agent._task import resumed_state, set_task
+from agent_flow.agent._unstarted import RunCoroutine, let_go
 from agent_flow.agent.outcome import ExecutionOutcome
 from agent_flow.config import AgentConfig, Skill
 from agent_flow.context import ContextManager
@@ -567,7 +569,7 @@ class AgentExecutor:
         coroutine = self._execute(run, message, objective=objective)
         run.coroutine = weakref.ref(coroutine)
         self._run = run
-        return coroutine
+        return RunCoroutine(coroutine, functools.partial(let_go, self, run))
 
     def _current_run_id(self) -> str | None:
         return self._run.run_id if self._run is not None else None

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+from agent_flow._coroutines import CoroutineWrapper
 from agent_flow._eager import stepped
 
 __all__ = ["StepBatch", "batched_steps", "current"]
@@ -84,11 +85,11 @@ def batched_steps(coroutine: Coroutine[Any, Any, _T]) -> Coroutine[Any, Any, _T]
     return _Batched(coroutine)
 
 
-class _Batched(Coroutine[Any, Any, _T]):
-    __slots__ = ("__weakref__", "_batch", "_coroutine")
+class _Batched(CoroutineWrapper[_T]):
+    __slots__ = ("_batch",)
 
     def __init__(self, coroutine: Coroutine[Any, Any, _T]) -> None:
-        self._coroutine = coroutine
+        super().__init__(coroutine)
         self._batch = StepBatch()
 
     def send(self, value: Any) -> Any:
@@ -106,39 +107,6 @@ class _Batched(Coroutine[Any, Any, _T]):
         finally:
             _state.batch = previous
             self._batch.flush()
-
-    def close(self) -> None:
-        self._coroutine.close()
-
-    @property
-    def __name__(self) -> str:
-        """The wrapped coroutine's qualified name (what ``repr`` of its task shows)."""
-        return str(getattr(self._coroutine, "__qualname__", type(self._coroutine).__name__))
-
-    @property
-    def cr_code(self) -> Any:
-        """The wrapped coroutine's code."""
-        return getattr(self._coroutine, "cr_code", None)
-
-    @property
-    def cr_running(self) -> bool:
-        """Whether the wrapped coroutine is running."""
-        return bool(getattr(self._coroutine, "cr_running", False))
-
-    @property
-    def cr_suspended(self) -> bool:
-        """Whether the wrapped coroutine is suspended (waiting)."""
-        return bool(getattr(self._coroutine, "cr_suspended", False))
-
-    @property
-    def cr_frame(self) -> Any:
-        """The wrapped coroutine's frame (what ``Task.get_stack`` and ``repr`` show)."""
-        return getattr(self._coroutine, "cr_frame", None)
-
-    @property
-    def cr_await(self) -> Any:
-        """What the wrapped coroutine waits on."""
-        return getattr(self._coroutine, "cr_await", None)
 
     def __await__(self) -> Generator[Any, None, _T]:
         # Awaited rather than made a task, it batches the steps of the awaiting task.
