@@ -34,8 +34,11 @@ from hypothesis.stateful import (
 )
 
 from agent_flow.config import AgentConfig, ContextConfig
+from agent_flow.history import UserMessage
 from agent_flow.server import ServerSettings, create_app
+from agent_flow.server._errors import ApiError
 from agent_flow.server._manager import SessionManager
+from agent_flow.server.models import CreateSession
 from agent_flow.sessions import InMemorySessionStore
 from agent_flow.testing import FunctionLLM, reply
 from tests.helpers import stdio_server
@@ -434,3 +437,44 @@ async def test_a_shutdown_cancelled_midway_still_stops_every_session() -> None:
         await closing
     assert first.task.done() and first.closed
     assert second.agent is None and second.closed
+
+
+async def test_a_cancel_that_ends_a_dead_run_leaves_the_agent_it_made_stale_out_of_date() -> None:
+    """Server B asked to cancel ends a dead run's claim under a claim of its own; that claim
+    must not make B's agent, built before another server's run, pass for up to date (its next
+    run saved its old history over the other run's turn)."""
+    prompts: list[list[str]] = []
+
+    def model(request: Any) -> Any:
+        prompts.append([str(message.content) for message in request.messages])
+        return reply("hi")
+
+    def manager(store: Any) -> SessionManager:
+        config = AgentConfig(context=ContextConfig(counter="approx"))
+        factory = lambda config: FunctionLLM(model)  # noqa: E731
+        return SessionManager(config, store, ServerSettings(), llm_factory=factory)
+
+    async def run(server: SessionManager, sid: str, message: str) -> None:
+        await server.send(sid, message)
+        live = server.loaded(sid)
+        assert live is not None and live.task is not None
+        await live.task
+
+    store = InMemorySessionStore()
+    a, b = manager(store), manager(store)
+    try:
+        sid = (await b.create(CreateSession())).id
+        await run(b, sid, "one")
+        await run(a, sid, "two")
+        await store.claim(sid, run_id="dead", holder="1@other-host", ttl=0)  # expired: dead
+        with pytest.raises(ApiError) as refused:
+            await b.cancel(sid)
+        assert (refused.value.status, refused.value.code) == (409, "not_running")
+        await run(b, sid, "three")
+        assert [p for p in prompts[-1] if p in ("one", "two", "three")] == ["one", "two", "three"]
+        state = await store.load(sid)
+        kept = [entry.content for entry in state.entries if isinstance(entry, UserMessage)]
+        assert kept == ["one", "two", "three"]
+    finally:
+        await a.aclose()
+        await b.aclose()

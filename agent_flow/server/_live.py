@@ -391,7 +391,10 @@ async def recover(store: SessionStore, live: LiveSession) -> None:
     except (SessionBusyError, SessionNotFoundError):
         return
     try:
-        live.fence = lease.fence
+        if live.agent is None or lease.fence == live.fence + 1:
+            # Else another process claimed the session since this server's agent was built
+            # (or last ran): the agent stays out of date, for the next run to build again.
+            live.fence = lease.fence
         for found, event in await interrupted_end(store, live, lease):
             live.buffer = [(found, event)]
             await live.bus.publish(event)

@@ -49,12 +49,11 @@ from agent_flow.errors import (
 from agent_flow.llm.base import LLMClient
 from agent_flow.server._auth import ADMIN, User, audit_log
 from agent_flow.server._batching import batched_steps
+from agent_flow.server._cancel import answer_call, cancel_run
 from agent_flow.server._clients import ModelClients
 from agent_flow.server._delete import claim_to_delete
 from agent_flow.server._errors import (
     ApiError,
-    not_running,
-    not_waiting,
     run_in_progress,
     session_exists,
     session_not_found,
@@ -68,7 +67,7 @@ from agent_flow.server._live import (
 )
 from agent_flow.server._options import session_config
 from agent_flow.server._prompts import PromptTap
-from agent_flow.server._remote import held_elsewhere, until_finished
+from agent_flow.server._remote import until_finished
 from agent_flow.server.models import CreateSession, SessionOptions
 from agent_flow.server.settings import ServerSettings
 from agent_flow.sessions.models import SessionInfo, SessionState, event_id
@@ -388,6 +387,8 @@ class SessionManager:
                 await recorder.release()
                 raise
             live.task = asyncio.create_task(batched_steps(drive(session_id, coroutine, trace)))
+            # (A task cancelled before its first step never started the run: let it go.)
+            live.task.add_done_callback(lambda _: coroutine.close())
         return run_id, base
 
     async def _enqueue(
@@ -417,37 +418,12 @@ class SessionManager:
         return handle.run_id, info.last_event_id + 1
 
     async def cancel(self, session_id: str) -> str:
-        """Cancel the session's run and return its id (409 when none runs).
-
-        A durable run is cancelled through DBOS whichever server enqueued it; a run of
-        another server of the fleet only there (409, naming it).
-        """
-        live = await self.live(session_id)
-        handle = self._handles.get(session_id)
-        if handle is not None and live.running:
-            await handle.cancel()
-            return handle.run_id
-        if live.running and live.agent is not None and live.run_id is not None:
-            live.agent.cancel()
-            return live.run_id
-        if live.running:
-            raise not_running(session_id, None)
-        # Enqueued by another server (DBOS is the fleet's): cancelled through DBOS.
-        if self.durable is not None and (runs := await self.durable.cancel_unfinished(session_id)):
-            return runs[0]
-        raise not_running(session_id, await self._elsewhere(live))
+        """Cancel the session's run and return its id (409 when none runs; `cancel_run`)."""
+        return await cancel_run(self, await self.live(session_id))
 
     async def answer(self, session_id: str, call_id: str, response: ApprovalResponse) -> None:
-        """Answer the approval the call `call_id` waits for (409 when it waits for none)."""
-        live = await self.live(session_id)
-        if live.answer(call_id, response):
-            return
-        # An approval waits in the process whose run asked for it; in a fleet, say so.
-        run = None if live.running else await self._elsewhere(live)
-        raise not_waiting(session_id, call_id, run)
-
-    async def _elsewhere(self, live: LiveSession) -> str | None:
-        return await held_elsewhere(self.store, live, durable=self.durable is not None)
+        """Answer the approval `call_id` waits for (409 when it waits for none; `answer_call`)."""
+        await answer_call(self, await self.live(session_id), call_id, response)
 
     async def delete(self, session_id: str, user: User = ADMIN) -> None:
         """Stop the session's run, release its agent, and delete it from the store.

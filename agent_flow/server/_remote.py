@@ -59,7 +59,8 @@ async def held_elsewhere(store: SessionStore, live: LiveSession, *, durable: boo
         return run
     try:
         async with live.lock:
-            await recover(store, live)
+            if not live.closed and not live.running:  # (a run of this server: the caller's)
+                await recover(store, live)
     except StoreError:
         return run  # (a hint: the refusal stands without a better one)
     return await claimed_by(store, live.id)
