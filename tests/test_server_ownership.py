@@ -478,3 +478,87 @@ async def test_a_cancel_that_ends_a_dead_run_leaves_the_agent_it_made_stale_out_
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_an_agent_built_while_another_server_runs_the_session_is_built_again_after() -> None:
+    """`POST /resume` (and every AG-UI request) builds a session's agent without claiming
+    it: built while another server's run held the claim, it is behind that run, and the next
+    run here must build it again, not run (and save) a history without that run's end."""
+    gate = asyncio.Event()
+    prompts: list[list[str]] = []
+
+    def manager(store: Any, *, held: bool) -> SessionManager:
+        async def model(request: Any) -> Any:
+            if held:
+                await gate.wait()
+            prompts.append([str(m.content) for m in request.messages if m.role == "user"])
+            return reply("hi")
+
+        config = AgentConfig(context=ContextConfig(counter="approx"))
+        factory = lambda config: FunctionLLM(model)  # noqa: E731
+        return SessionManager(config, store, ServerSettings(), llm_factory=factory)
+
+    store = InMemorySessionStore()
+    a, b = manager(store, held=True), manager(store, held=False)
+    try:
+        sid = (await a.create(CreateSession())).id
+        await a.send(sid, "one")  # A's run holds the claim, waiting for its model
+        await b.resume(sid)  # B builds its agent meanwhile
+        gate.set()
+        live_a = a.loaded(sid)
+        assert live_a is not None and live_a.task is not None
+        await live_a.task
+        await b.send(sid, "two")
+        live_b = b.loaded(sid)
+        assert live_b is not None and live_b.task is not None
+        await live_b.task
+        assert prompts[-1] == ["one", "two"]
+        state = await store.load(sid)
+        kept = [entry.content for entry in state.entries if isinstance(entry, UserMessage)]
+        assert kept == ["one", "two"]
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_cancel_that_found_no_run_does_not_cancel_the_turn_sent_after_it() -> None:
+    """A "stop" that found no run, still reading the session's claim when the next message
+    started a run, answers 409: that later run is not the one it was sent for."""
+
+    class SlowInfo(InMemorySessionStore):
+        slow = False
+
+        async def info(self, session_id: str) -> Any:
+            info = await super().info(session_id)
+            if self.slow:  # the cancel's read of the claim: answered late
+                self.slow = False
+                await asyncio.sleep(0.2)
+            return info
+
+    async def model(request: Any) -> Any:
+        await asyncio.sleep(0.3)
+        return reply("hi")
+
+    store = SlowInfo()
+    config = AgentConfig(context=ContextConfig(counter="approx"))
+    manager = SessionManager(
+        config, store, ServerSettings(), llm_factory=lambda config: FunctionLLM(model)
+    )
+    try:
+        sid = (await manager.create(CreateSession())).id
+        await manager.send(sid, "one")
+        live = manager.loaded(sid)
+        assert live is not None and live.task is not None
+        await live.task
+        store.slow = True
+        cancel = asyncio.create_task(manager.cancel(sid))
+        await asyncio.sleep(0.05)
+        await manager.send(sid, "two")
+        with pytest.raises(ApiError) as refused:
+            await cancel
+        assert refused.value.code == "not_running"
+        assert live.task is not None
+        outcome = await live.task
+        assert getattr(outcome, "stop_reason", None) == "answered", outcome
+    finally:
+        await manager.aclose()

@@ -4,8 +4,9 @@ A run of this server is cancelled (or its call answered) here. A durable run is 
 through DBOS, whichever server enqueued it (DBOS is the fleet's). A run another server of the
 fleet runs can be reached only there: the answer is 409 naming it, unless its process was one
 of this machine and died, whose run is ended here (`held_elsewhere`) and no run is named. A run
-of this server that starts while the claim is looked at is cancelled (or answered) like any
-run of this server, never named as another process's.
+of this server whose claim the request read as it started is cancelled (or answered) like any
+run of this server, never named as another process's; one started after that read is not
+touched (a "stop" that found nothing must not stop the next turn).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from agent_flow.server._errors import not_running, not_waiting
 from agent_flow.server._live import LiveSession
-from agent_flow.server._remote import held_elsewhere
+from agent_flow.server._remote import claimed_by, held_elsewhere
 from agent_flow.tools import ApprovalResponse
 
 if TYPE_CHECKING:
@@ -33,10 +34,12 @@ async def cancel_run(manager: SessionManager, live: LiveSession) -> str:
         return run
     if manager.durable is not None and (runs := await manager.durable.cancel_unfinished(live.id)):
         return runs[0]
-    elsewhere = await _elsewhere(manager, live)
-    if (run := await _cancel_here(manager, live)) is not None:
+    claim, elsewhere = await _elsewhere(manager, live)
+    # The claim read was this server's run, starting meanwhile: it is cancelled, not named (a
+    # run started after the read is not: the cancel did not find it).
+    if claim is not None and claim == live.run_id and (run := await _cancel_here(manager, live)):
         return run
-    raise not_running(live.id, elsewhere)
+    raise not_running(live.id, None if elsewhere == live.run_id else elsewhere)
 
 
 async def answer_call(
@@ -50,12 +53,13 @@ async def answer_call(
     """
     if live.answer(call_id, response):
         return
-    elsewhere = None if live.running else await _elsewhere(manager, live)
-    if live.running:  # a run of this server, started meanwhile: its approvals are here
-        if live.answer(call_id, response):
-            return
-        elsewhere = None
-    raise not_waiting(live.id, call_id, elsewhere)
+    if live.running:
+        raise not_waiting(live.id, call_id, None)
+    claim, elsewhere = await _elsewhere(manager, live)
+    # (This server's run, starting as the claim was read: its approvals are here.)
+    if claim is not None and claim == live.run_id and live.answer(call_id, response):
+        return
+    raise not_waiting(live.id, call_id, None if elsewhere == live.run_id else elsewhere)
 
 
 async def _cancel_here(manager: SessionManager, live: LiveSession) -> str | None:
@@ -72,5 +76,8 @@ async def _cancel_here(manager: SessionManager, live: LiveSession) -> str | None
     return None
 
 
-async def _elsewhere(manager: SessionManager, live: LiveSession) -> str | None:
-    return await held_elsewhere(manager.store, live, durable=manager.durable is not None)
+async def _elsewhere(manager: SessionManager, live: LiveSession) -> tuple[str | None, str | None]:
+    """The session's claim as first read, and the run holding it once a dead one is ended."""
+    claim = await claimed_by(manager.store, live.id)
+    durable = manager.durable is not None
+    return claim, await held_elsewhere(manager.store, live, claim, durable=durable)

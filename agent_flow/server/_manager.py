@@ -248,7 +248,10 @@ class SessionManager:
         # What the store holds now is what the agent is built from: a later claim whose fence
         # is not the next one means another process wrote the session since (see `send`).
         state = await self.store.load(live.id)
-        live.fence = state.info.lease_fence
+        # Loaded while a claim holds the session, the agent is behind that claim's run (which
+        # may write more; a `send` of this server sets its own claim's fence right after).
+        info = state.info
+        live.fence = info.lease_fence - 1 if info.lease_run is not None else info.lease_fence
         # Building is CPU work (config validation, the client, the tools, decoding the
         # history): off the event loop, so that other sessions' streams do not wait for it.
         agent, close_llm = await asyncio.to_thread(self._build, live, state)

@@ -43,18 +43,18 @@ async def claimed_by(store: SessionStore, session_id: str) -> str | None:
     return None if run is None or brief_claim(run) else run
 
 
-async def held_elsewhere(store: SessionStore, live: LiveSession, *, durable: bool) -> str | None:
-    """`claimed_by`, once the claim of a process of this machine that died is ended.
+async def held_elsewhere(
+    store: SessionStore, live: LiveSession, run: str | None, *, durable: bool
+) -> str | None:
+    """The run holding the session, `run` as `claimed_by` read it, once a dead one is ended.
 
     A server killed mid-run holds its session's claim until it expires
-    (`SESSION_LEASE_SECONDS`).
-    A cancel or an approval's answer sent meanwhile to another server must not be told to go
-    to a run that no process runs: the dead run is ended here as loading the session would
-    (`recover`: its watchers get its ``interrupted`` end), and the claim read again. A live
-    holder, or one of another machine, keeps its claim. With durable workers (`durable`), a
-    dead worker's run is DBOS's to recover, and its claim is left alone.
+    (`SESSION_LEASE_SECONDS`). A cancel or an approval's answer sent meanwhile to another
+    server must not be told to go to a run that no process runs: the dead run is ended here as
+    loading the session would (`recover`: its watchers get its ``interrupted`` end), and the
+    claim read again. A live holder, or one of another machine, keeps its claim. With durable
+    workers (`durable`), a dead worker's run is DBOS's to recover, and its claim is left alone.
     """
-    run = await claimed_by(store, live.id)
     if run is None or durable:
         return run
     try:
