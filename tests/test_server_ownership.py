@@ -562,3 +562,43 @@ async def test_a_cancel_that_found_no_run_does_not_cancel_the_turn_sent_after_it
         assert getattr(outcome, "stop_reason", None) == "answered", outcome
     finally:
         await manager.aclose()
+
+
+async def test_a_message_cancelled_before_its_run_leaves_nothing_its_start_wrote() -> None:
+    """What a send's `start` wrote into the agent (an AG-UI request writes the client's
+    state, context and earlier messages) belongs to a run that never ran when the send is
+    cancelled before the run starts: the next run builds the agent again, without it."""
+    from agent_flow.events import WarningRaised
+
+    def start(agent: Any, run_id: str) -> Any:
+        agent.history.add(UserMessage(content="GHOST"))
+        return agent.send("ignored", run_id=run_id)
+
+    store = InMemorySessionStore()
+    manager = _manager(store)
+    try:
+        sid = (await manager.create(CreateSession(title="t"))).id
+        await manager.send(sid, "one")
+        live = manager.loaded(sid)
+        assert live is not None and live.task is not None
+        await live.task
+        await store.claim(sid, run_id="dead-run", holder="1@elsewhere", ttl=0)  # expired
+        behind = live.bus.subscribe(policy="wait", maxsize=1, max_wait=5.0)
+        await live.bus.publish(WarningRaised(run_id="x", seq=0, message="m", source="s"))
+        sending = asyncio.create_task(manager.send(sid, "ignored", start=start))
+        async with asyncio.timeout(5):
+            while (await store.info(sid)).lease_run in (None, "dead-run"):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # held in the publish of the dead run's end
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        await behind.aclose()
+        await manager.send(sid, "two")
+        assert live.task is not None
+        await live.task
+        state = await store.load(sid)
+        kept = [entry.content for entry in state.entries if isinstance(entry, UserMessage)]
+        assert kept == ["one", "two"]
+    finally:
+        await manager.aclose()

@@ -378,7 +378,6 @@ class SessionManager:
                 else:
                     await self.store.release(lease)
                 raise
-            live.fence = lease.fence
             live.bases[run_id] = base
             live.buffer = ended
             live.run_id = run_id
@@ -389,6 +388,9 @@ class SessionManager:
                 coroutine.close()
                 await recorder.release()
                 raise
+            # Only now: a send that failed above leaves the agent behind its claim, for the next
+            # run to build again (without what `start` wrote for a run that never ran).
+            live.fence = lease.fence
             live.task = asyncio.create_task(batched_steps(drive(session_id, coroutine, trace)))
             # (A task cancelled before its first step never started the run: let it go.)
             live.task.add_done_callback(lambda _: coroutine.close())
