@@ -119,6 +119,14 @@ class LiveSession:
         """Whether a run is under way."""
         return self.task is not None and not self.task.done()
 
+    def current_at(self, fence: int) -> bool:
+        """Whether its agent (if any) is up to date for a claim of `fence`.
+
+        Every claim takes the next fence: up to date when none came since the agent was built
+        or last ran.
+        """
+        return self.agent is None or fence == self.fence + 1
+
     def event_id(self, event: AgentEvent) -> int | None:
         """The SSE id of `event` (None for one no run of this server numbered).
 
@@ -391,9 +399,7 @@ async def recover(store: SessionStore, live: LiveSession) -> None:
     except (SessionBusyError, SessionNotFoundError):
         return
     try:
-        if live.agent is None or lease.fence == live.fence + 1:
-            # Else another process claimed the session since this server's agent was built
-            # (or last ran): the agent stays out of date, for the next run to build again.
+        if live.current_at(lease.fence):  # else the agent stays behind, to be built again
             live.fence = lease.fence
         for found, event in await interrupted_end(store, live, lease):
             live.buffer = [(found, event)]

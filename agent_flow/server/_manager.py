@@ -354,7 +354,7 @@ class SessionManager:
                 where = " (in this or another process)"
                 raise run_in_progress(session_id, err.run_id, where) from None
             try:
-                if live.agent is not None and lease.fence != live.fence + 1:
+                if not live.current_at(lease.fence):
                     # Another process ran the session since this agent was built: its history
                     # and environment are out of date. Build it again from the store.
                     await self._drop_agent(live)
