@@ -373,3 +373,32 @@ async def test_a_killed_servers_run_is_over_for_the_other_server_at_once(
         # All of it well inside the dead claim's 30 s.
         assert time.perf_counter() - started < 10
         assert (await b.http.get(f"/sessions/{sid}")).status_code == 404
+
+
+@pytest.mark.timeout(120)
+async def test_an_agent_resumed_during_the_other_servers_run_goes_on_from_its_end(
+    fleet: Fleet, openai_server: OpenAIServer, store_url: str
+) -> None:
+    """`POST /resume` on B while A's run holds the session builds B's agent mid-run: B's
+    next message must start from the store (A's whole run), not from that copy."""
+    model = Model(openai_server)
+    openai_server.record = True
+    watchers = Watchers()
+    async with asyncio.timeout(100), watchers.stack:
+        a, b, sid = await fleet.two_watching_one_session(watchers)
+        model.open.clear()  # A's run waits for its model
+        first = await send(a, sid, "one")
+        assert first.status_code == 202, first.text
+        resumed = await b.http.post(f"/sessions/{sid}/resume", json={})
+        assert resumed.status_code == 200, resumed.text
+        model.open.set()
+        await watchers.finished(a, sid, first.json()["run_id"])
+        second = await send(b, sid, "two")
+        assert second.status_code == 202, second.text
+        await watchers.finished(b, sid, second.json()["run_id"])
+    last_prompt = openai_server.bodies[-1]["messages"]
+    asked = [m["content"] for m in last_prompt if m["role"] == "user"]
+    async with open_store(store_url) as store:
+        state = await store.load(sid)
+    kept = [entry.content for entry in state.entries if isinstance(entry, UserMessage)]
+    assert {"prompt": asked, "stored": kept} == {"prompt": ["one", "two"], "stored": ["one", "two"]}
